@@ -1,0 +1,4 @@
+"""Generated wire contract (proto/nni_agent/v1/agent.proto) plus its version numbers."""
+
+PROTOCOL_MAJOR = 1
+PROTOCOL_MINOR = 0

@@ -1,0 +1,39 @@
+"""nni-manager: NNI's training-service API over nni-agents.
+
+    async with create_training_service("config.yml") as ts:
+        ts.add_trial_job_metric_listener(print)
+        job = await ts.submit_trial_job(TrialJobApplicationForm(
+            sequence_id=0, hyper_parameters=HyperParameters(value=record_json, index=0)))
+"""
+
+__version__ = "0.1.0"
+
+from nni_manager.config import ConfigError, ExperimentConfig  # noqa: E402
+from nni_manager.types import (  # noqa: E402
+    HyperParameters,
+    TrialJobApplicationForm,
+    TrialJobDetail,
+    TrialJobMetric,
+    TrialJobStatus,
+)
+
+
+def __getattr__(name: str):  # lazy: importing types must not pull in grpc/sqlite machinery
+    if name in ("TrainingService", "create_training_service"):
+        from nni_manager import service
+
+        return getattr(service, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "HyperParameters",
+    "TrainingService",
+    "TrialJobApplicationForm",
+    "TrialJobDetail",
+    "TrialJobMetric",
+    "TrialJobStatus",
+    "create_training_service",
+]

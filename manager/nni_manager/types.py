@@ -1,0 +1,59 @@
+"""NNI's training-service data structures (nni-training-service.md §4), in Python form."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrialJobStatus(str, enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    USER_CANCELED = "USER_CANCELED"
+    SYS_CANCELED = "SYS_CANCELED"
+    EARLY_STOPPED = "EARLY_STOPPED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (TrialJobStatus.UNKNOWN, TrialJobStatus.WAITING, TrialJobStatus.RUNNING)
+
+
+@dataclass
+class HyperParameters:
+    value: str  # the ParameterRecord JSON, stored and delivered verbatim
+    index: int = 0
+
+
+@dataclass
+class TrialJobApplicationForm:
+    sequence_id: int
+    hyper_parameters: HyperParameters
+    placement_constraint: dict[str, Any] | None = None
+    id: str | None = None  # set when resuming a known trial
+
+
+@dataclass
+class TrialJobDetail:
+    id: str
+    status: TrialJobStatus
+    submit_time: int  # epoch milliseconds, like NNI
+    form: TrialJobApplicationForm
+    sequence_id: int
+    working_directory: str = ""
+    start_time: int | None = None
+    end_time: int | None = None
+    tags: list[str] = field(default_factory=list)
+    url: str | None = None
+    is_early_stopped: bool = False
+    message: str = ""  # why it is WAITING, why it failed, or that contact is lost
+    agent_id: str | None = None
+    gpu_indices: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class TrialJobMetric:
+    id: str  # trial id
+    data: str  # the NNI metric JSON string (nni-training-service.md §1.4)
