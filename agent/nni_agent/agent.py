@@ -1,0 +1,91 @@
+"""Assemble one agent process: reaper, outbox, keeper, HTTP trial channel, connection."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from nni_agent.bundles import BundleCache
+from nni_agent.connection import Connection, Timing
+from nni_agent.gpu import make_gpu_provider
+from nni_agent.host import host_info
+from nni_agent.http_channel import HttpChannelServer
+from nni_agent.keeper import Keeper
+from nni_agent.outbox import Outbox
+from nni_agent.process import child_reaper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentOptions:
+    manager: str
+    agent_id: str
+    token: str
+    work_dir: Path
+    orphan_timeout: float = 0.0
+    spool_memory_limit: int = 64 << 20
+    timing: Timing | None = None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"AgentOptions(manager={self.manager!r}, agent_id={self.agent_id!r}, work_dir={str(self.work_dir)!r})"
+
+
+async def run_agent(options: AgentOptions) -> int:
+    """Run until the manager says shut down, refuses us, or stays away past the orphan timeout."""
+    loop = asyncio.get_running_loop()
+    boot_id = uuid.uuid4().hex
+    work_dir = options.work_dir.expanduser().resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    child_reaper()  # reap trial processes (and adopted orphans) on SIGCHLD
+    gpu = make_gpu_provider()
+    http_channel = HttpChannelServer()
+    http_channel.start()
+    outbox = Outbox(work_dir / "spool" / boot_id, memory_limit=options.spool_memory_limit)
+    bundles = BundleCache(work_dir / "bundles")
+    connection: Connection | None = None
+
+    def request_bundle(digest: str) -> None:
+        assert connection is not None
+        connection.request_bundle(digest)
+
+    keeper = Keeper(
+        outbox=outbox,
+        work_dir=work_dir,
+        bundles=bundles,
+        agent_key=boot_id,
+        request_bundle=request_bundle,
+        http_channel=http_channel,
+    )
+    connection = Connection(
+        target=options.manager,
+        agent_id=options.agent_id,
+        token=options.token,
+        boot_id=boot_id,
+        keeper=keeper,
+        outbox=outbox,
+        bundles=bundles,
+        host=host_info(work_dir),
+        gpu_sample=gpu.sample,
+        orphan_timeout=options.orphan_timeout,
+        timing=options.timing,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, connection.stop, f"agent received {signal.Signals(sig).name}")
+    first = gpu.sample()
+    log.info("nni-agent %s starting: boot %s, work dir %s, %d GPU(s) via %s %s", options.agent_id, boot_id, work_dir,
+             len(first.gpus), first.provider, first.unavailable_reason)
+    try:
+        return await connection.run()
+    finally:
+        http_channel.close()
+        _remove_tree(outbox.spool_dir)
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,107 @@
+"""Content-addressed cache of trial code bundles shipped over the agent channel.
+
+A bundle is a tar.gz named by its sha256 digest. It crosses the link once per worker:
+the unpacked copy under `<root>/<hex>/` is reused by every later trial and agent run.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+from nni_agent.v1 import agent_pb2 as pb
+
+
+class BundleError(RuntimeError):
+    """A bundle could not be fetched or unpacked; the reason says why."""
+
+
+def _hex(digest: str) -> str:
+    algo, _, hexdigest = digest.partition(":")
+    if algo != "sha256" or len(hexdigest) != 64 or not all(c in "0123456789abcdef" for c in hexdigest):
+        raise BundleError(f"malformed bundle digest {digest!r}: expected 'sha256:<64 hex digits>'")
+    return hexdigest
+
+
+class BundleCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._waiters: dict[str, asyncio.Future[Path]] = {}
+        self._parts: dict[str, tuple[hashlib._Hash, object]] = {}
+
+    def path_for(self, digest: str) -> Path | None:
+        """The unpacked directory if this bundle is already cached."""
+        path = self.root / _hex(digest)
+        return path if path.is_dir() else None
+
+    async def get(self, digest: str, request: Callable[[str], None]) -> Path:
+        """Return the unpacked bundle, asking the manager for it (once) if needed."""
+        cached = self.path_for(digest)
+        if cached is not None:
+            return cached
+        fut = self._waiters.get(digest)
+        if fut is None:
+            fut = self._waiters[digest] = asyncio.get_running_loop().create_future()
+            request(digest)
+        return await asyncio.shield(fut)
+
+    def pending(self) -> list[str]:
+        """Digests still awaited: re-requested from scratch after a reconnect."""
+        for digest in list(self._parts):
+            self._drop_part(digest)
+        return [d for d, f in self._waiters.items() if not f.done()]
+
+    def on_chunk(self, chunk: pb.BundleChunk) -> None:
+        digest = chunk.digest
+        fut = self._waiters.get(digest)
+        if fut is None or fut.done():
+            return  # not asked for (or already failed): ignore
+        try:
+            if chunk.error:
+                raise BundleError(f"manager could not send bundle {digest}: {chunk.error}")
+            hexdigest = _hex(digest)
+            self.root.mkdir(parents=True, exist_ok=True)
+            part = self.root / f"{hexdigest}.tar.gz.part"
+            if chunk.offset == 0:
+                self._drop_part(digest)
+                self._parts[digest] = (hashlib.sha256(), open(part, "wb"))
+            state = self._parts.get(digest)
+            if state is None:
+                return  # a chunk from a transfer cut before we restarted it
+            hasher, fh = state
+            if fh.tell() != chunk.offset:  # type: ignore[attr-defined]
+                raise BundleError(f"bundle {digest}: chunk at offset {chunk.offset}, expected {fh.tell()}")  # type: ignore[attr-defined]
+            fh.write(chunk.data)  # type: ignore[attr-defined]
+            hasher.update(chunk.data)
+            if chunk.last:
+                fh.close()  # type: ignore[attr-defined]
+                del self._parts[digest]
+                if hasher.hexdigest() != hexdigest:
+                    part.unlink(missing_ok=True)
+                    raise BundleError(f"bundle {digest} arrived corrupted (digest mismatch)")
+                fut.set_result(self._unpack(part, hexdigest))
+        except (BundleError, OSError, tarfile.TarError) as exc:
+            self._drop_part(digest)
+            fut.set_exception(exc if isinstance(exc, BundleError) else BundleError(f"bundle {digest}: {exc}"))
+        finally:
+            if fut.done():
+                self._waiters.pop(digest, None)
+
+    def _unpack(self, archive: Path, hexdigest: str) -> Path:
+        final = self.root / hexdigest
+        tmp = self.root / f"{hexdigest}.unpacking"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+        archive.unlink()
+        tmp.rename(final)
+        return final
+
+    def _drop_part(self, digest: str) -> None:
+        state = self._parts.pop(digest, None)
+        if state is not None:
+            state[1].close()  # type: ignore[attr-defined]

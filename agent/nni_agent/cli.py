@@ -1,0 +1,88 @@
+"""`nni-agent`: run the trial keeper on this worker and connect it to a manager."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from nni_agent import __version__
+
+TOKEN_ENV = "NNI_AGENT_TOKEN"
+
+EPILOG = f"""
+The agent dials the manager and keeps one gRPC stream open; the manager never needs a
+route to this machine. Trials keep running while the link is down; the agent redials
+with backoff and replays every unacknowledged status, metric and log chunk.
+
+Token: the per-agent secret is read from the environment variable {TOKEN_ENV} or from
+--token-file (never from the command line); {TOKEN_ENV} is removed from the environment
+before any trial starts.
+
+Environment variables:
+  {TOKEN_ENV}                  the agent's token (unless --token-file is given)
+  NNI_AGENT_ARTIFICIAL_GPUS=N      TESTING AID: pretend this machine has N GPUs
+  NNI_AGENT_ARTIFICIAL_ACTIVE_GPUS=0,2  TESTING AID: mark those artificial GPUs active
+                                   (busy with a process outside the experiment)
+
+Exit codes: 0 stopped by the manager or a signal; 2 refused by the manager (wrong token or
+incompatible protocol); 3 manager unreachable for longer than --orphan-timeout.
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="nni-agent",
+        description="Trial-keeper agent: runs NNI trial commands on this worker for an nni-manager.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--manager", required=True, metavar="TARGET",
+                        help="manager hub address: HOST:PORT or unix:/path/to/hub.sock")
+    parser.add_argument("--agent-id", required=True, help="this agent's id, as registered with the manager")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help=f"read the token from this file (mode 0600) instead of ${TOKEN_ENV}")
+    parser.add_argument("--work-dir", type=Path, default=Path("~/nni-experiments/agent"),
+                        help="directory for trial directories, code bundles and the record spool "
+                             "(default: %(default)s)")
+    parser.add_argument("--orphan-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="stop all trials and exit when the manager has been unreachable this long "
+                             "(default 0: wait forever)")
+    parser.add_argument("--log-file", type=Path, metavar="PATH", help="write the agent's own log here (default: stderr)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"nni-agent {__version__}")
+    return parser.parse_args(argv)
+
+
+def read_token(token_file: Path | None) -> str:
+    """The token from --token-file or the environment; removed from the environment."""
+    env_token = os.environ.pop(TOKEN_ENV, "")
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"nni-agent: cannot read --token-file {token_file}: {exc.strerror}") from None
+    else:
+        token = env_token.strip()
+    if not token:
+        raise SystemExit(f"nni-agent: no token: set {TOKEN_ENV} or pass --token-file")
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    token = read_token(args.token_file)
+    handler: logging.Handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler()
+    logging.basicConfig(level=args.log_level, handlers=[handler],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nni_agent.agent import AgentOptions, run_agent  # after logging is set up
+
+    options = AgentOptions(manager=args.manager, agent_id=args.agent_id, token=token,
+                           work_dir=args.work_dir, orphan_timeout=args.orphan_timeout)
+    return asyncio.run(run_agent(options))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""The agent's side of the one bidirectional stream: dial, hello, send, receive, redial.
+
+Link loss never touches trials: the connection simply redials with exponential backoff
+and full jitter, and replays every record the manager has not acknowledged. Only a
+refusal (wrong token, incompatible protocol) or a manager silent for longer than the
+orphan timeout ends the agent.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from nni_agent import __version__
+from nni_agent.bundles import BundleCache
+from nni_agent.keeper import Keeper
+from nni_agent.outbox import Outbox
+from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from nni_agent.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+CONNECT_METHOD = "/nni_agent.v1.AgentHub/Connect"
+FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION)
+CHANNEL_OPTIONS = [
+    ("grpc.enable_http_proxy", 0),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
+
+
+class Refused(Exception):
+    """The manager refused this agent for good (token, version): redialling cannot help."""
+
+
+class LinkLost(Exception):
+    """The stream ended or went silent; redial."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def frame_records(records: list[bytes]) -> bytes:
+    """Serialize AgentMessage{records: RecordBatch{records}} from already-serialized
+    Records without re-parsing them (field 2 of AgentMessage, field 1 of RecordBatch)."""
+    inner = b"".join(b"\x0a" + _varint(len(r)) + r for r in records)
+    return b"\x12" + _varint(len(inner)) + inner
+
+
+def _serialize(msg: pb.AgentMessage | bytes) -> bytes:
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+
+
+@dataclass
+class Timing:
+    heartbeat_s: float = 5.0
+    gpu_sample_s: float = 5.0
+    resources_s: float = 2.0
+    silence_factor: float = 3.0  # manager silent for factor x heartbeat -> the link is dead
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 5.0
+
+
+class Connection:
+    def __init__(
+        self,
+        *,
+        target: str,
+        agent_id: str,
+        token: str,
+        boot_id: str,
+        keeper: Keeper,
+        outbox: Outbox,
+        bundles: BundleCache,
+        host: pb.HostInfo,
+        gpu_sample: Callable[[], pb.GpuReport],
+        orphan_timeout: float = 0.0,
+        timing: Timing | None = None,
+    ) -> None:
+        self.target = target
+        self.agent_id = agent_id
+        self._token = token
+        self.boot_id = boot_id
+        self.keeper = keeper
+        self.outbox = outbox
+        self.bundles = bundles
+        self.host = host
+        self.gpu_sample = gpu_sample
+        self.orphan_timeout = orphan_timeout
+        self.timing = timing or Timing()
+        self.connected = asyncio.Event()
+        self.sessions = 0  # how many streams were established (tests, logs)
+        self._control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
+        self._done = asyncio.Event()
+        self._exit_code = 0
+        self._last_gpu: pb.GpuReport | None = None
+        self._last_contact = time.monotonic()
+
+    # ------------------------------------------------------------------ public
+
+    def request_bundle(self, digest: str) -> None:
+        self._send_control(pb.AgentMessage(bundle_request=pb.BundleRequest(digest=digest)))
+
+    def stop(self, reason: str) -> None:
+        """Stop all trials, flush their final records (briefly), then end `run()`."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(reason))
+
+    async def run(self) -> int:
+        """Keep a session open until stopped; return the agent's exit code."""
+        attempt = 0
+        lost_since = time.monotonic()
+        while not self._done.is_set():
+            try:
+                await self._session()
+            except Refused as exc:
+                log.error("%s", exc)
+                self._exit_code = 2
+                self.stop(f"refused by the manager: {exc}")
+                break
+            except (LinkLost, grpc.aio.AioRpcError, OSError) as exc:
+                if self.connected.is_set():
+                    lost_since, attempt = time.monotonic(), 0
+                    log.warning("lost the manager at %s: %s; trials keep running, redialling", self.target, _brief(exc))
+                self.connected.clear()
+            if self._done.is_set():
+                break
+            if self.orphan_timeout and time.monotonic() - lost_since > self.orphan_timeout:
+                log.error("no manager for %.0f s (orphan timeout): stopping all trials", self.orphan_timeout)
+                self._exit_code = 3
+                self.stop(f"manager unreachable for {self.orphan_timeout:.0f} s")
+                break
+            delay = min(self.timing.backoff_cap_s, self.timing.backoff_base_s * 2**attempt)
+            attempt += 1
+            await self._sleep_or_done(random.uniform(0, delay))
+        if self._stopping is not None:
+            await self._stopping
+        return self._exit_code
+
+    # ------------------------------------------------------------------ one session
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
+            call = channel.stream_stream(
+                CONNECT_METHOD, request_serializer=_serialize, response_deserializer=pb.ManagerMessage.FromString
+            )()
+            gpus = self.gpu_sample()
+            await call.write(
+                pb.AgentMessage(
+                    hello=pb.Hello(
+                        agent_id=self.agent_id,
+                        token=self._token,
+                        agent_version=__version__,
+                        protocol_major=PROTOCOL_MAJOR,
+                        protocol_minor=PROTOCOL_MINOR,
+                        boot_id=self.boot_id,
+                        host=self.host,
+                        trials=self.keeper.snapshot(),
+                        gpus=gpus,
+                    )
+                )
+            )
+            first = await self._read(call)
+            if first.WhichOneof("body") != "welcome":
+                raise LinkLost(f"manager answered Hello with {first.WhichOneof('body')}, not Welcome")
+            welcome = first.welcome
+            self._apply_welcome(welcome)
+            self.outbox.ack(welcome.acked_seq)
+            for digest in self.bundles.pending():
+                self.request_bundle(digest)
+            self.sessions += 1
+            self.connected.set()
+            log.info("connected to %s (experiment %s), replaying from seq %d", self.target, welcome.experiment_id, welcome.acked_seq + 1)
+            self._last_contact = time.monotonic()
+            tasks = [
+                asyncio.create_task(self._send_loop(call, welcome.acked_seq)),
+                asyncio.create_task(self._receive_loop(call)),
+                asyncio.create_task(self._telemetry_loop()),
+                asyncio.create_task(self._done.wait()),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # re-raise the reason the session ended
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                call.cancel()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> pb.ManagerMessage:
+        try:
+            msg = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in FATAL_CODES:
+                raise Refused(f"manager at {self.target} refused agent {self.agent_id}: {exc.details()}") from None
+            raise
+        if msg is grpc.aio.EOF:
+            raise LinkLost("the manager closed the stream")
+        self._last_contact = time.monotonic()
+        return msg
+
+    def _apply_welcome(self, welcome: pb.Welcome) -> None:
+        if welcome.heartbeat_interval_ms:
+            self.timing.heartbeat_s = welcome.heartbeat_interval_ms / 1000
+        if welcome.gpu_sample_interval_ms:
+            self.timing.gpu_sample_s = welcome.gpu_sample_interval_ms / 1000
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, cursor: int) -> None:
+        while True:
+            while not self._control.empty():
+                await call.write(self._control.get_nowait())
+            cursor = max(cursor, self.outbox.acked_seq)
+            if self.outbox.last_seq > cursor:
+                first, records = self.outbox.read(cursor)
+                if records:
+                    await call.write(frame_records(records))
+                    cursor = first + len(records) - 1
+                continue
+            self._wake.clear()
+            waiter = asyncio.ensure_future(self.outbox.wait_beyond(cursor))
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({waiter, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                woken.cancel()
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        acked_cmd = 0
+        while True:
+            msg = await self._read(call)
+            kind = msg.WhichOneof("body")
+            if kind == "ack":
+                self.outbox.ack(msg.ack.seq)
+            elif kind == "command":
+                cmd = msg.command
+                if cmd.WhichOneof("body") == "shutdown":
+                    self.stop(cmd.shutdown.reason or "the manager asked the agent to shut down")
+                else:
+                    self.keeper.handle(cmd)
+                if cmd.cmd_seq > acked_cmd:
+                    acked_cmd = cmd.cmd_seq
+                    self._send_control(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=acked_cmd)))
+            elif kind == "bundle_chunk":
+                self.bundles.on_chunk(msg.bundle_chunk)
+
+    async def _telemetry_loop(self) -> None:
+        t = self.timing
+        next_hb = next_gpu = next_res = time.monotonic()
+        while True:
+            now = time.monotonic()
+            silent = now - self._last_contact
+            if silent > t.silence_factor * t.heartbeat_s:
+                raise LinkLost(f"no word from the manager for {silent:.1f} s")
+            if now >= next_hb:
+                self._send_control(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=int(time.time() * 1000))))
+                next_hb = now + t.heartbeat_s
+            if now >= next_gpu:
+                report = self.gpu_sample()
+                if report != self._last_gpu:
+                    self._send_control(pb.AgentMessage(gpus=report))
+                    self._last_gpu = report
+                next_gpu = now + t.gpu_sample_s
+            if now >= next_res:
+                if self.keeper.running:
+                    self._send_control(pb.AgentMessage(resources=self.keeper.resources()))
+                next_res = now + t.resources_s
+            await asyncio.sleep(max(0.0, min(next_hb, next_gpu, next_res) - time.monotonic()))
+
+    def _send_control(self, msg: pb.AgentMessage) -> None:
+        self._control.put_nowait(msg)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ stopping
+
+    async def _stop(self, reason: str) -> None:
+        await self.keeper.shutdown(reason)
+        if self.connected.is_set():  # give the final statuses a moment to reach the manager
+            try:
+                await asyncio.wait_for(self.outbox.wait_drained(), timeout=10)
+            except asyncio.TimeoutError:
+                log.warning("stopping with %d records unacknowledged", self.outbox.last_seq - self.outbox.acked_seq)
+        self._done.set()
+
+    async def _sleep_or_done(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._done.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _brief(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Fresh machine -> a real NNI experiment on this machine (examples/quickstart).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=test bash scripts/setup_env.sh   # the example trains scikit-learn models
+exec .venv/bin/nni-manager run examples/quickstart/config.yml "$@"

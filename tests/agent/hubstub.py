@@ -1,0 +1,227 @@
+"""A small, real AgentHub for testing the agent's half of the protocol.
+
+It authenticates by token, deduplicates records by (boot_id, seq) the way the real
+manager does, acknowledges them, sends commands, serves bundles, and can cut the stream
+at chosen points so tests can prove that nothing is lost or duplicated.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from nni_agent.v1 import PROTOCOL_MAJOR
+from nni_agent.v1 import agent_pb2 as pb
+from nni_agent.v1 import agent_pb2_grpc as pb_grpc
+
+TERMINAL = {
+    pb.TRIAL_STATE_SUCCEEDED,
+    pb.TRIAL_STATE_FAILED,
+    pb.TRIAL_STATE_USER_CANCELED,
+    pb.TRIAL_STATE_EARLY_STOPPED,
+    pb.TRIAL_STATE_SYS_CANCELED,
+}
+
+
+@dataclass
+class TrialView:
+    statuses: list[pb.TrialStatus] = field(default_factory=list)
+    metrics: list[pb.Metric] = field(default_factory=list)
+    logs: dict[int, bytearray] = field(default_factory=lambda: defaultdict(bytearray))
+    parameter_requests: list[int] = field(default_factory=list)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def final(self) -> pb.TrialStatus | None:
+        return self.statuses[-1] if self.statuses and self.statuses[-1].state in TERMINAL else None
+
+
+class HubStub(pb_grpc.AgentHubServicer):
+    def __init__(self, token: str = "secret-token") -> None:
+        self.token = token
+        self.trials: dict[str, TrialView] = defaultdict(TrialView)
+        self.applied: dict[str, int] = defaultdict(int)  # boot_id -> last applied seq
+        self.duplicates = 0
+        self.sessions = 0
+        self.connected = asyncio.Event()
+        self.hellos: list[pb.Hello] = []
+        self.bundle_requests: list[str] = []
+        self.bundles: dict[str, bytes] = {}
+        self.gpu_reports: list[pb.GpuReport] = []
+        self.resource_reports: list[pb.ResourceReport] = []
+        self.cut_after_records: Callable[[], int | None] = lambda: None  # records per session, None = never
+        self._queue: asyncio.Queue[pb.Command] = asyncio.Queue()
+        self._unacked: list[pb.Command] = []
+        self._cmd_seq = 0
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ test API
+
+    def send(self, **body: object) -> None:
+        self._cmd_seq += 1
+        cmd = pb.Command(cmd_seq=self._cmd_seq, **body)  # type: ignore[arg-type]
+        self._unacked.append(cmd)
+        self._queue.put_nowait(cmd)
+
+    def add_bundle(self, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.bundles[digest] = data
+        return digest
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
+        async def loop() -> None:
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+
+    # ------------------------------------------------------------------ servicer
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC naming)
+        first = await request_iterator.__anext__()
+        hello = first.hello
+        if hello.token != self.token:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {hello.agent_id}: invalid token")
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "protocol mismatch")
+        self.hellos.append(hello)
+        self.sessions += 1
+        boot = hello.boot_id
+        yield pb.ManagerMessage(welcome=pb.Welcome(acked_seq=self.applied[boot], experiment_id="stubexp1",
+                                                    heartbeat_interval_ms=1000))
+        for cmd in self._unacked:  # re-send what the agent has not acknowledged
+            yield pb.ManagerMessage(command=cmd)
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self.connected.set()
+        self._changed.set()
+        budget = self.cut_after_records()
+        out: asyncio.Queue[pb.ManagerMessage | None] = asyncio.Queue()
+
+        async def reader() -> None:
+            nonlocal budget
+            try:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("body")
+                    if kind == "records":
+                        records = list(msg.records.records)
+                        if budget is not None and len(records) >= budget:
+                            records = records[:budget]  # apply part of the batch, then cut
+                            self._apply(boot, records)
+                            await out.put(None)
+                            return
+                        self._apply(boot, records)
+                        if budget is not None:
+                            budget -= len(records)
+                        await out.put(pb.ManagerMessage(ack=pb.Ack(seq=self.applied[boot])))
+                    elif kind == "command_ack":
+                        self._unacked = [c for c in self._unacked if c.cmd_seq > msg.command_ack.cmd_seq]
+                    elif kind == "heartbeat":
+                        await out.put(pb.ManagerMessage(ack=pb.Ack(seq=self.applied[boot])))
+                    elif kind == "bundle_request":
+                        self.bundle_requests.append(msg.bundle_request.digest)
+                        data = self.bundles[msg.bundle_request.digest]
+                        step = 1 << 16
+                        for off in range(0, len(data), step):
+                            await out.put(pb.ManagerMessage(bundle_chunk=pb.BundleChunk(
+                                digest=msg.bundle_request.digest, offset=off, data=data[off:off + step],
+                                last=off + step >= len(data))))
+                    elif kind == "gpus":
+                        self.gpu_reports.append(msg.gpus)
+                    elif kind == "resources":
+                        self.resource_reports.append(msg.resources)
+                    self._changed.set()
+            finally:
+                await out.put(None)
+
+        async def commands() -> None:
+            while True:
+                await out.put(pb.ManagerMessage(command=await self._queue.get()))
+
+        tasks = [asyncio.create_task(reader()), asyncio.create_task(commands())]
+        try:
+            while (msg := await out.get()) is not None:
+                yield msg
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.connected.clear()
+            self._changed.set()
+
+    def _apply(self, boot: str, records: list[pb.Record]) -> None:
+        for rec in records:
+            if rec.seq <= self.applied[boot]:
+                self.duplicates += 1
+                continue
+            assert rec.seq == self.applied[boot] + 1, f"gap: got seq {rec.seq} after {self.applied[boot]}"
+            self.applied[boot] = rec.seq
+            kind = rec.WhichOneof("body")
+            if kind == "status":
+                view = self.trials[rec.status.trial_id]
+                view.statuses.append(rec.status)
+                if rec.status.state in TERMINAL:
+                    view.ended.set()
+            elif kind == "metric":
+                self.trials[rec.metric.trial_id].metrics.append(rec.metric)
+            elif kind == "log":
+                buf = self.trials[rec.log.trial_id].logs[rec.log.stream]
+                end = rec.log.offset + len(rec.log.data)
+                if len(buf) < end:
+                    buf.extend(b"\0" * (end - len(buf)))
+                buf[rec.log.offset:end] = rec.log.data
+            elif kind == "parameter_request":
+                self.trials[rec.parameter_request.trial_id].parameter_requests.append(
+                    rec.parameter_request.parameter_index)
+
+
+class StubServer:
+    """Runs a HubStub on 127.0.0.1 and agent subprocesses against it."""
+
+    def __init__(self, hub: HubStub) -> None:
+        self.hub = hub
+        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        pb_grpc.add_AgentHubServicer_to_server(hub, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.agents: list[subprocess.Popen[bytes]] = []
+
+    async def __aenter__(self) -> StubServer:
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc in self.agents:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    await asyncio.to_thread(proc.wait, 20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    await asyncio.to_thread(proc.wait)
+        await self.server.stop(grace=None)
+
+    def start_agent(self, work_dir: Path, *, token: str | None = None, agent_id: str = "agent-1",
+                    extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, NNI_AGENT_TOKEN=token if token is not None else self.hub.token, **(extra_env or {}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
+             "--work-dir", str(work_dir), "--log-file", str(work_dir.parent / f"{agent_id}.log"), *args],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self.agents.append(proc)
+        return proc
+
+
+def start_trial(trial_id: str, command: str, *, parameter: str = '{"parameter_id": 0, "parameters": {}}',
+                **fields: object) -> dict[str, object]:
+    """Keyword arguments for HubStub.send(start_trial=...)."""
+    return {"start_trial": pb.StartTrial(trial_id=trial_id, experiment_id="stubexp1", platform="local",
+                                          command=command, parameter=parameter, **fields)}  # type: ignore[arg-type]
