@@ -5,6 +5,9 @@ Every mistake raises `ConfigError` naming the field (as a dotted path, e.g.
 """
 from __future__ import annotations
 
+import difflib
+import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,7 @@ class TrainingServiceConfig:
     gpu_indices: list[int] | None = None
     machine_list: list[MachineConfig] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    nni_manager_ip: str | None = None
 
 
 @dataclass
@@ -76,3 +80,467 @@ class ExperimentConfig:
     trial_kill_signal: str = "SIGTERM"
     trial_grace_period: float = 5.0
     debug: bool = False
+
+
+# ---------------------------------------------------------------------------------------
+# Loading
+
+_SECRET_WORDS = ("password", "passwd", "passphrase", "token", "secret", "key")
+
+
+class _RedactedDict(dict):
+    """`TrainingServiceConfig.extra`: a plain dict whose repr hides secret-looking values."""
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if _is_secret(k) else v) for k, v in self.items()}
+        return repr(shown)
+
+
+def _is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith(("file", "path", "name"))
+
+
+_MISSING: Any = object()
+
+# Platform-specific `trainingService` fields kept verbatim in `extra` (nni-training-service.md §9).
+_PLATFORM_FIELDS: dict[str, tuple[str, ...]] = {
+    "local": ("reuseMode",),
+    "remote": ("reuseMode",),
+    "openpai": (
+        "host", "username", "token", "trialCpuNumber", "trialMemorySize", "storageConfigName",
+        "dockerImage", "virtualCluster", "localStorageMountPoint", "containerStorageMountPoint",
+        "reuseMode", "openpaiConfig", "openpaiConfigFile",
+    ),
+    "kubeflow": ("operator", "apiVersion", "storage", "worker", "ps", "master", "reuseMode", "namespace"),
+    "frameworkcontroller": ("storage", "serviceAccountName", "taskRoles", "reuseMode", "namespace", "configPath"),
+    "aml": ("subscriptionId", "resourceGroup", "workspaceName", "computeTarget", "dockerImage"),
+    "dlc": (
+        "type", "image", "jobType", "podCount", "ecsSpec", "region", "workspaceId", "nasDataSourceId",
+        "ossDataSourceId", "accessKeyId", "accessKeySecret", "localStorageMountPoint",
+        "containerStorageMountPoint",
+    ),
+}
+# v1 platform sections -> (v2 platform, renames of their keys).
+_V1_PLATFORM_SECTIONS: dict[str, dict[str, str]] = {
+    "localConfig": {"maxTrialNumPerGpu": "maxTrialNumberPerGpu"},
+    "remoteConfig": {"reuse": "reuseMode"},
+    "paiConfig": {"userName": "username", "reuse": "reuseMode"},
+    "kubeflowConfig": {},
+    "frameworkcontrollerConfig": {},
+}
+_SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
+_TS_COMMON = ("platform", "useActiveGpu", "maxTrialNumberPerGpu", "gpuIndices", "machineList")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def supported_platforms() -> list[str]:
+    """Platforms that have a backend in this installation."""
+    from nni_manager.backends import registry
+
+    return sorted(registry._BACKENDS)
+
+
+class _Section:
+    """One mapping of the config: typed reads by name (with v1 aliases), and a final
+    check that flags every key nobody read, suggesting the closest known name."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(path or "(root)", f"must be a mapping, got {_type_name(data)}",
+                              "write it as `key: value` lines")
+        self.data = dict(data)
+        self.path = path
+        self.known: list[str] = []
+
+    def at(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def take(self, name: str, *aliases: str) -> tuple[Any, str]:
+        """(value, dotted path of the key used); value is _MISSING when absent or null."""
+        self.known.append(name)
+        found = [k for k in (name, *aliases) if k in self.data]
+        if len(found) > 1:
+            raise ConfigError(self.at(found[1]), f"given together with `{found[0]}` (the same field)",
+                              f"keep only `{name}`")
+        if not found:
+            return _MISSING, self.at(name)
+        value = self.data.pop(found[0])
+        return (_MISSING if value is None else value), self.at(found[0])
+
+    def str_(self, name: str, *aliases: str, required: bool = False) -> str | None:
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            if required:
+                raise ConfigError(path, "is required", f"add `{name}: ...`")
+            return None
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise ConfigError(path, f"must be a non-empty string, got {_type_name(value)}",
+                              f"write `{name}: \"...\"`")
+        return value
+
+    def int_(self, name: str, *aliases: str, minimum: int = 0, required: bool = False) -> int | None:
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            if required:
+                raise ConfigError(path, "is required", f"add `{name}: <integer >= {minimum}>`")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, f"must be an integer, got {_type_name(value)}",
+                              f"write a whole number >= {minimum}")
+        if value < minimum:
+            raise ConfigError(path, f"must be >= {minimum}, got {value}", f"use a number >= {minimum}")
+        return value
+
+    def bool_(self, name: str, *aliases: str) -> bool | None:
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"must be true or false, got {_type_name(value)}", "write true or false")
+        return value
+
+    def duration(self, name: str, *aliases: str, allow_zero: bool = False) -> float | None:
+        value, path = self.take(name, *aliases)
+        return None if value is _MISSING else parse_duration(value, path, allow_zero=allow_zero)
+
+    def path_(self, name: str, *aliases: str, base: Path) -> Path | None:
+        value = self.str_(name, *aliases)
+        return None if value is None else _resolve(value, base)
+
+    def gpu_indices(self, name: str = "gpuIndices") -> list[int] | None:
+        value, path = self.take(name)
+        if value is _MISSING:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        elif isinstance(value, str):
+            try:
+                value = [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise ConfigError(path, "must list GPU indices", 'write e.g. `gpuIndices: [0, 1]` or "0,1"') from None
+        if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in value):
+            raise ConfigError(path, "must be a list of GPU indices (integers >= 0)",
+                              "write e.g. `gpuIndices: [0, 1]`")
+        return value
+
+    def section(self, name: str, *aliases: str) -> _Section | None:
+        value, path = self.take(name, *aliases)
+        return None if value is _MISSING else _Section(value, path)
+
+    def rest(self) -> dict[str, Any]:
+        """Everything not read yet (removing it from the unknown-field check)."""
+        rest, self.data = self.data, {}
+        return rest
+
+    def finish(self, extra_known: tuple[str, ...] = ()) -> None:
+        for key in self.data:
+            candidates = difflib.get_close_matches(str(key), [*self.known, *extra_known], n=1, cutoff=0.6)
+            hint = f"did you mean `{candidates[0]}`?" if candidates else "remove it"
+            raise ConfigError(self.at(str(key)), "unknown field", hint)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _resolve(value: str, base: Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def parse_duration(value: Any, field: str, *, allow_zero: bool = False) -> float:
+    """NNI durations: seconds as a number, or "45s", "30m", "1.5h", "1d"."""
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(-?\d+(?:\.\d*)?)\s*([smhd]?)\s*", value.lower())
+        if match:
+            seconds = float(match.group(1)) * _DURATION_UNITS.get(match.group(2) or "s", 1)
+    if seconds is None:
+        raise ConfigError(field, f"is not a duration: {value!r}",
+                          'write seconds or a number with a unit s, m, h or d, e.g. "30m" or "1h"')
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(field, f"must be {'>= 0' if allow_zero else 'positive'}, got {value!r}",
+                          'use a positive duration such as "30m"')
+    return seconds
+
+
+def load_config(source: dict[str, Any] | str | Path, *, base_dir: Path | None = None) -> ExperimentConfig:
+    """Parse an NNI experiment config (a YAML file path or an already-loaded mapping).
+
+    Relative paths are relative to the YAML file's directory (NNI's rule), or to
+    `base_dir` / the current directory for a mapping.
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError("(file)", f"cannot read {path}: {exc.strerror}", "pass the path of an existing YAML file") from None
+        data = _load_yaml(text, str(path))
+        base = (base_dir or path.parent).resolve()
+    else:
+        data = source
+        base = (base_dir or Path.cwd()).resolve()
+    if data is None:
+        raise ConfigError("(root)", "the config is empty", "write at least trialCommand, trialConcurrency and trainingService")
+    return _parse(_Section(data, ""), base)
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("(file)", f"{where} is not valid YAML{at}", "fix the YAML syntax there") from None
+
+
+def _parse(root: _Section, base: Path) -> ExperimentConfig:
+    _reject_unsupported(root)
+    trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
+    ts = _training_service_section(root)
+
+    def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[Any, str] | None:
+        """A field allowed at the root, inside trainingService, or (v1) inside `trial`."""
+        places = [(root, (name, *aliases))]
+        if ts is not None:
+            places.append((ts, (name,)))
+        if trial is not None and v1:
+            places.append((trial, (v1,)))
+        given = [(s, s.take(*names)) for s, names in places]
+        given = [(s, v) for s, v in given if v[0] is not _MISSING]
+        if len(given) > 1:
+            raise ConfigError(given[1][1][1], f"also given as `{given[0][1][1]}`", "set it in one place only")
+        if not given:
+            return None
+        section, (value, path) = given[0]
+        section.data[path.rsplit(".", 1)[-1]] = value  # let the section's typed reader check it
+        return section, path.rsplit(".", 1)[-1]
+
+    def read(kind: str, name: str, *aliases: str, v1: str = "", **kw: Any) -> Any:
+        found = shortcut(name, *aliases, v1=v1)
+        if found is None:
+            return getattr(root, kind)(name, *aliases, **kw) if kw.get("required") else None
+        section, key = found
+        return getattr(section, kind)(key, **kw)
+
+    trial_command = read("str_", "trialCommand", v1="command", required=True)
+    code_dir = read("path_", "trialCodeDirectory", v1="codeDir", base=base) or base
+    if not code_dir.is_dir():
+        raise ConfigError("trialCodeDirectory", f"{code_dir} is not an existing directory",
+                          "point it at the folder holding your trial code (relative paths start at the config file's folder)")
+    gpu_number = read("int_", "trialGpuNumber", v1="gpuNum", minimum=0)
+    nni_manager_ip = read("str_", "nniManagerIp")
+    debug = read("bool_", "debug") or False
+
+    config = ExperimentConfig(
+        trial_command=trial_command,
+        trial_code_directory=code_dir,
+        training_service=TrainingServiceConfig(platform="local"),
+        trial_concurrency=root.int_("trialConcurrency", minimum=1, required=True),
+        trial_gpu_number=gpu_number,
+        max_trial_number=root.int_("maxTrialNumber", "maxTrialNum", minimum=1),
+        max_experiment_duration=root.duration("maxExperimentDuration", "maxExecDuration"),
+        max_trial_duration=root.duration("maxTrialDuration"),
+        experiment_name=root.str_("experimentName"),
+        debug=debug,
+    )
+    working_dir = root.path_("experimentWorkingDirectory", "logDir", base=base)
+    if working_dir is not None:
+        config.experiment_working_directory = working_dir
+    config.search_space = _search_space(root, base)
+    config.tuner = _tuner(root)
+    signal_name = root.str_("trialKillSignal")
+    if signal_name is not None:
+        config.trial_kill_signal = _signal(signal_name, root.at("trialKillSignal"))
+    grace = root.duration("trialGracePeriod", allow_zero=True)
+    if grace is not None:
+        config.trial_grace_period = grace
+    for ignored in ("logLevel", "tunerGpuIndices", "authorName", "multiPhase", "multiThread",
+                    "logCollection", "versionCheck"):
+        root.take(ignored)  # accepted for compatibility; they change nothing here
+
+    config.training_service = _training_service(ts, root, trial, base, gpu_number)
+    config.training_service.nni_manager_ip = nni_manager_ip
+    if trial is not None:
+        config.training_service.extra.update(trial.rest())  # v1 k8s roles (worker, ps, taskRoles, ...)
+    root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
+    return config
+
+
+def _reject_unsupported(root: _Section) -> None:
+    fixes = {
+        "assessor": "remove it; assessors are not supported (use maxTrialDuration to bound trials)",
+        "advisor": "replace it with `tuner: {name: Random}` or GridSearch",
+        "useAnnotation": "remove it and call nni.get_next_parameter() in the trial code",
+        "sharedStorage": "remove it; trial code is shipped to workers by nni-manager",
+    }
+    for name, fix in fixes.items():
+        value, path = root.take(name)
+        if value is not _MISSING and value is not False:
+            raise ConfigError(path, "is not supported by nni-manager", fix)
+
+
+def _training_service_section(root: _Section) -> _Section | None:
+    value, path = root.take("trainingService")
+    if value is _MISSING:
+        return None
+    if isinstance(value, list):
+        raise ConfigError(path, "a list of training services (hybrid mode) is not supported",
+                          "give one trainingService mapping")
+    return _Section(value, path)
+
+
+def _training_service(ts: _Section | None, root: _Section, trial: _Section | None, base: Path,
+                      gpu_number: int | None) -> TrainingServiceConfig:
+    # Fields may sit at the root (NNI shortcuts / v1 names) or in v1 platform sections.
+    ts = ts or _Section({}, "trainingService")
+    for name, alias in (("platform", "trainingServicePlatform"), ("useActiveGpu", ""),
+                        ("maxTrialNumberPerGpu", "maxTrialNumPerGpu"), ("gpuIndices", ""), ("machineList", "")):
+        value, path = root.take(name, *([alias] if alias else []))
+        if value is not _MISSING:
+            if name in ts.data:
+                raise ConfigError(path, f"also given as `{ts.at(name)}`", "set it in one place only")
+            ts.data[name] = value
+    for section_name, renames in _V1_PLATFORM_SECTIONS.items():
+        v1 = root.section(section_name)
+        if v1 is not None:
+            for key, value in v1.rest().items():
+                ts.data.setdefault(renames.get(key, key), value)
+
+    platform = ts.str_("platform", required=True)
+    assert platform is not None
+    supported = supported_platforms()
+    if platform not in supported:
+        raise ConfigError(ts.at("platform"), f"platform {platform!r} is not supported",
+                          f"use one of: {', '.join(supported)}")
+    config = TrainingServiceConfig(platform=platform)
+    config.use_active_gpu = ts.bool_("useActiveGpu")
+    per_gpu = ts.int_("maxTrialNumberPerGpu", "maxTrialNumPerGpu", minimum=1)
+    config.gpu_indices = ts.gpu_indices()
+    if platform == "local" and gpu_number and config.use_active_gpu is None:
+        raise ConfigError(ts.at("useActiveGpu"), "must be set when trialGpuNumber > 0 on the local platform",
+                          "add `useActiveGpu: false` (or true to also use GPUs other processes are using)")
+    if per_gpu is not None:
+        _check_per_gpu(per_gpu, gpu_number, ts.at("maxTrialNumberPerGpu"))
+        config.max_trial_number_per_gpu = per_gpu
+    machines, machines_path = ts.take("machineList")
+    if platform == "remote":
+        if machines is _MISSING or not isinstance(machines, list) or not machines:
+            raise ConfigError(machines_path, "must list at least one machine for platform remote",
+                              "add `machineList: [{host: ..., user: ...}]`")
+        config.machine_list = [_machine(_Section(m, f"{machines_path}[{i}]"), base, gpu_number)
+                               for i, m in enumerate(machines)]
+    elif machines is not _MISSING:
+        raise ConfigError(machines_path, f"is only used by platform remote, not {platform}",
+                          "remove it or set `platform: remote`")
+    config.extra = _RedactedDict()
+    for name in _PLATFORM_FIELDS.get(platform, ()):
+        value, _ = ts.take(name)
+        if value is not _MISSING:
+            config.extra[name] = value
+    for key in ts.data:
+        owners = [p for p, names in _PLATFORM_FIELDS.items() if key in names]
+        if owners:
+            raise ConfigError(ts.at(key), f"is a field of platform {' / '.join(owners)}, not {platform}",
+                              "remove it or change `platform`")
+    ts.finish()
+    return config
+
+
+def _check_per_gpu(per_gpu: int, gpu_number: int | None, field: str) -> None:
+    if per_gpu != 1 and not gpu_number:
+        raise ConfigError(field, "is only meaningful when trials use GPUs",
+                          "set trialGpuNumber >= 1, or remove maxTrialNumberPerGpu")
+
+
+def _machine(m: _Section, base: Path, gpu_number: int | None) -> MachineConfig:
+    if "preCommand" in m.data:
+        raise ConfigError(m.at("preCommand"), "is not supported",
+                          "use pythonPath to pick the Python environment, or put the command in trialCommand")
+    host = m.str_("host", "ip", required=True)
+    user = m.str_("user", "username", required=True)
+    assert host is not None and user is not None
+    machine = MachineConfig(host=host, user=user)
+    port = m.int_("port", minimum=1)
+    if port is not None:
+        if port > 65535:
+            raise ConfigError(m.at("port"), f"must be a TCP port (1-65535), got {port}", "use the SSH port, usually 22")
+        machine.port = port
+    machine.password = m.str_("password", "passwd")
+    machine.ssh_key_file = m.path_("sshKeyFile", "sshKeyPath", base=base)
+    if machine.ssh_key_file is not None and not machine.ssh_key_file.is_file():
+        raise ConfigError(m.at("sshKeyFile"), f"{machine.ssh_key_file} does not exist",
+                          "point it at your private key file, e.g. ~/.ssh/id_ed25519")
+    machine.ssh_passphrase = m.str_("sshPassphrase", "passphrase")
+    machine.use_active_gpu = bool(m.bool_("useActiveGpu"))
+    per_gpu = m.int_("maxTrialNumberPerGpu", "maxTrialNumPerGpu", minimum=1)
+    if per_gpu is not None:
+        _check_per_gpu(per_gpu, gpu_number, m.at("maxTrialNumberPerGpu"))
+        machine.max_trial_number_per_gpu = per_gpu
+    machine.gpu_indices = m.gpu_indices()
+    machine.python_path = m.str_("pythonPath")
+    machine.proxy_command = m.str_("proxyCommand")
+    machine.known_hosts_file = m.path_("knownHostsFile", base=base)
+    strict = m.bool_("strictHostKeyChecking")
+    if strict is not None:
+        machine.strict_host_key_checking = strict
+    m.finish()
+    return machine
+
+
+def _search_space(root: _Section, base: Path) -> dict[str, Any] | None:
+    from nni_manager.search_space import validate
+
+    inline, inline_path = root.take("searchSpace")
+    file = root.path_("searchSpaceFile", "searchSpacePath", base=base)
+    if inline is not _MISSING and file is not None:
+        raise ConfigError(inline_path, "given together with searchSpaceFile", "keep only one of them")
+    if file is not None:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise ConfigError("searchSpaceFile", f"cannot read {file}: {exc.strerror}",
+                              "point it at a JSON or YAML file (relative to the config file's folder)") from None
+        inline, inline_path = _load_yaml(text, str(file)), "searchSpaceFile"  # YAML is a superset of JSON
+    if inline is _MISSING:
+        return None
+    validate(inline, inline_path)
+    return inline
+
+
+def _tuner(root: _Section) -> TunerConfig | None:
+    section = root.section("tuner")
+    if section is None:
+        return None
+    for custom in ("className", "codeDirectory", "codeDir", "classFileName"):
+        if custom in section.data:
+            raise ConfigError(section.at(custom), "custom tuners are not supported",
+                              "use a built-in tuner: `name: Random` or `name: GridSearch`")
+    name = section.str_("name", "builtinTunerName", required=True)
+    assert name is not None
+    args, args_path = section.take("classArgs")
+    if args is _MISSING:
+        args = {}
+    elif not isinstance(args, dict):
+        raise ConfigError(args_path, f"must be a mapping, got {_type_name(args)}", "write e.g. `classArgs: {seed: 1}`")
+    for ignored in ("gpuIndices", "includeIntermediateResults"):
+        section.take(ignored)
+    section.finish()
+    return TunerConfig(name=name, class_args=args)
+
+
+def _signal(name: str, field: str) -> str:
+    canonical = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+    if not hasattr(signal, canonical) or not isinstance(getattr(signal, canonical), signal.Signals):
+        raise ConfigError(field, f"unknown signal {name!r}", "use a signal name such as SIGTERM or SIGINT")
+    return canonical

@@ -1,0 +1,169 @@
+"""`nni-manager`: run an NNI experiment config, list its trials, read a trial's logs."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from nni_manager.config import ConfigError, load_config
+from nni_manager.types import TrialJobDetail
+
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """A wrong command-line argument (exit 2, no traceback)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nni-manager", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment (NNI v2 or v1 YAML config)",
+                         description="Run an experiment until maxTrialNumber / maxExperimentDuration / the tuner "
+                                     "is done. Ctrl-C cancels the running trials and stops cleanly.")
+    run.add_argument("config", type=Path, help="experiment config YAML")
+    run.add_argument("--experiment-id", help="resume this experiment (same experimentWorkingDirectory)")
+    run.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
+    trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
+    trials.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
+    logs.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    logs.add_argument("trial_id")
+    logs.add_argument("--stderr", action="store_true", help="print trial.stderr instead of trial.stdout")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the trial ends")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args.config, args.experiment_id, args.plain)
+        if args.command == "trials":
+            return _trials(args.experiment_dir)
+        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow)
+    except (ConfigError, UsageError) as exc:
+        print(f"nni-manager: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _run(config_path: Path, experiment_id: str | None, plain: bool) -> int:
+    from nni_manager.experiment import Experiment
+    from nni_manager.ui import ExperimentView, final_summary
+
+    config = load_config(config_path)
+    view: ExperimentView | None = None
+    experiment = Experiment(config, experiment_id=experiment_id, on_event=lambda k, t: view and view.event(k, t))
+    view = ExperimentView(experiment, live=False if plain else None)
+
+    async def go() -> bool:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        stopping = False
+
+        def stop() -> None:  # first Ctrl-C / SIGTERM: cancel trials and clean up; later ones wait for that
+            nonlocal stopping
+            if not stopping:
+                stopping = True
+                print("\nnni-manager: stopping: cancelling running trials ...", file=sys.stderr, flush=True)
+                task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+        try:
+            await experiment.run()
+        except asyncio.CancelledError:
+            return False
+        return True
+
+    with view:
+        finished = asyncio.run(go())
+    print(final_summary(experiment.result()))
+    return 0 if finished else EXIT_INTERRUPTED
+
+
+def _open_store(experiment_dir: Path):  # -> Store
+    from nni_manager.store import DB_NAME, Store
+
+    if not (experiment_dir / DB_NAME).is_file():
+        raise UsageError(f"{experiment_dir} holds no experiment ({DB_NAME} missing); pass "
+                         "<experimentWorkingDirectory>/<experiment id>, as printed by `nni-manager run`")
+    return Store.open_readonly(experiment_dir)
+
+
+def _trials(experiment_dir: Path) -> int:
+    from rich.console import Console
+
+    from nni_manager.experiment import TrialSummary, metric_number
+    from nni_manager.ui import status_line, trial_table
+
+    store = _open_store(experiment_dir)
+    try:
+        details, metrics = store.trials(), store.metrics()
+    finally:
+        store.close()
+    summaries: dict[str, TrialSummary] = {}
+    for d in details:
+        record = json.loads(d.form.hyper_parameters.value)
+        summaries[d.id] = TrialSummary(d.id, d.sequence_id, int(record.get("parameter_id") or 0),
+                                       record.get("parameters") or {}, d.status, gpu_indices=d.gpu_indices,
+                                       start_time=d.start_time, end_time=d.end_time, message=d.message)
+    for m in metrics:
+        trial = summaries.get(m["trial_id"])
+        if trial is None:
+            continue
+        value = _metric_value(m["data"])
+        if m["type"] == "FINAL":
+            trial.final, trial.metric = value, metric_number(value)
+        elif m["type"] == "PERIODICAL":
+            trial.latest = value
+    rows = sorted(summaries.values(), key=lambda t: t.sequence_id)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(trial_table(rows))
+    console.print(status_line(rows, experiment_dir))
+    return 0
+
+
+def _metric_value(data: str) -> object:
+    value = json.loads(data).get("value")
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _log_path(experiment_dir: Path, trial: TrialJobDetail, name: str) -> Path:
+    """The copy streamed to the manager; else the trial's own directory (local agents)."""
+    streamed = experiment_dir / "trials" / trial.id / name
+    local = Path(trial.working_directory) / name if trial.working_directory else streamed
+    return streamed if streamed.exists() or not local.exists() else local
+
+
+def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool) -> int:
+    store = _open_store(experiment_dir)
+    try:
+        def trial() -> TrialJobDetail:
+            for t in store.trials():
+                if t.id == trial_id:
+                    return t
+            raise UsageError(f"no trial {trial_id!r} in {experiment_dir}; pick one from `nni-manager trials DIR`")
+
+        name = "trial.stderr" if stderr else "trial.stdout"
+        offset = 0
+        out = sys.stdout.buffer
+        while True:
+            ended = trial().status.is_terminal  # read before the file, so no tail bytes are missed
+            path = _log_path(experiment_dir, trial(), name)
+            if path.exists():
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+                offset += len(data)
+                out.write(data)
+                out.flush()
+            if not follow or ended:
+                return 0
+            time.sleep(0.2)
+    finally:
+        store.close()

@@ -1,0 +1,72 @@
+"""`nni-manager run / trials / logs` as subprocesses, including Ctrl-C."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .conftest import processes_under
+
+CLI = [sys.executable, "-m", "nni_manager"]
+
+
+def cli(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_then_trials_and_logs(make_config, tmp_path: Path) -> None:
+    config = make_config()
+    run = cli("run", str(config), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "stopped: maxTrialNumber (4) reached" in run.stdout
+    assert re.search(r"Best trial \(maximize\): \w{5}  metric 4  parameters x=4", run.stdout)
+    (exp_dir,) = (tmp_path / "exps").iterdir()
+    assert f"Results: {exp_dir}" in run.stdout
+
+    table = cli("trials", str(exp_dir), cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    ids = re.findall(r"│ (\w{5}) +│ \d │ SUCCEEDED", table.stdout)
+    assert len(ids) == 4 and "4 succeeded" in table.stdout
+
+    logs = cli("logs", str(exp_dir), ids[0], cwd=tmp_path)
+    assert logs.returncode == 0 and re.fullmatch(r"trial says \d\n", logs.stdout), logs
+    follow = cli("logs", str(exp_dir), ids[0], "--stderr", "--follow", cwd=tmp_path, timeout=20)
+    assert follow.returncode == 0 and follow.stdout == ""
+    missing = cli("logs", str(exp_dir), "nope1", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope1" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_config_error_exits_2_without_traceback(make_config, tmp_path: Path) -> None:
+    config = make_config(trialConcurency=3)
+    result = cli("run", str(config), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "trialConcurency" in result.stderr and "did you mean `trialConcurrency`?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_for_each_command(tmp_path: Path) -> None:
+    for command in ("run", "trials", "logs"):
+        result = cli(command, "--help", cwd=tmp_path)
+        assert result.returncode == 0 and f"nni-manager {command}" in result.stdout
+
+
+def test_ctrl_c_cancels_trials_and_leaves_none(make_config, tmp_path: Path, code_dir: Path) -> None:
+    config = make_config("sleepy.py", maxTrialNumber=2)
+    proc = subprocess.Popen([*CLI, "run", "--plain", str(config)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len([p for p in processes_under(code_dir) if "sleepy.py" in p.cmdline()]) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "trials never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=40)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped: interrupted" in out and "2 user_canceled" in out
+    assert "Traceback" not in err
+    assert processes_under(code_dir) == []

@@ -1,0 +1,97 @@
+"""The experiment loop end to end through the real local backend and agent."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from nni_manager.config import load_config
+from nni_manager.experiment import Experiment
+from nni_manager.store import Store
+from nni_manager.types import TrialJobStatus
+
+from .conftest import processes_under
+
+
+def test_runs_grid_to_the_end_and_picks_best(make_config) -> None:
+    config = load_config(make_config(tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "minimize"}},
+                                     maxTrialNumber=10))
+    events: list[tuple[str, str]] = []
+    experiment = Experiment(config, on_event=lambda kind, t: events.append((kind, t.trial_id)), poll_interval=0.2)
+    result = asyncio.run(experiment.run())
+    assert result.stop_reason == "the tuner has no more parameters"
+    assert sorted(t.parameters["x"] for t in result.trials) == [1, 2, 3, 4]
+    assert all(t.status == TrialJobStatus.SUCCEEDED for t in result.trials)
+    assert all(t.final == {"default": t.parameters["x"], "other": 1} for t in result.trials)
+    assert all(t.latest == t.parameters["x"] * 2 and t.intermediate_count == 3 for t in result.trials)
+    assert result.best is not None and result.best.parameters == {"x": 1}  # minimize
+    assert {kind for kind, _ in events} == {"submitted", "status", "intermediate", "final"}
+    store = Store.open_readonly(result.experiment_dir)
+    try:
+        details = store.trials()
+    finally:
+        store.close()
+    for d in details:
+        record = json.loads(d.form.hyper_parameters.value)
+        assert record["parameter_source"] == "algorithm" and record["parameter_index"] == 0
+        assert record["parameter_id"] == d.sequence_id
+
+
+def test_max_trial_number_and_concurrency(make_config) -> None:
+    config = load_config(make_config(tuner={"name": "Random", "classArgs": {"seed": 3}},
+                                     searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}},
+                                     maxTrialNumber=3, trialConcurrency=2))
+    live_peak = 0
+    experiment = Experiment(config, poll_interval=0.2)
+
+    def watch(kind: str, trial) -> None:
+        nonlocal live_peak
+        live_peak = max(live_peak, experiment.live_count())
+
+    experiment._on_event = watch
+    result = asyncio.run(experiment.run())
+    assert len(result.trials) == 3 and result.stop_reason.startswith("maxTrialNumber")
+    assert live_peak == 2
+    assert result.best is not None and result.best.metric == max(t.metric for t in result.trials)
+
+
+def test_multi_phase_parameter_requests_answered(make_config) -> None:
+    config = load_config(make_config("multiphase.py", maxTrialNumber=1, trialConcurrency=1,
+                                     searchSpace={"x": {"_type": "choice", "_value": [10, 20]}}))
+    result = asyncio.run(Experiment(config, poll_interval=0.2).run())
+    (trial,) = result.trials
+    assert trial.status == TrialJobStatus.SUCCEEDED
+    assert trial.final == 30  # first grid point 10, second 20
+
+
+def test_max_trial_duration_early_stops(make_config) -> None:
+    config = load_config(make_config("sleepy.py", maxTrialNumber=1, trialConcurrency=1, maxTrialDuration=1))
+    result = asyncio.run(Experiment(config, poll_interval=0.2).run())
+    (trial,) = result.trials
+    assert trial.status == TrialJobStatus.EARLY_STOPPED
+    assert processes_under(config.trial_code_directory) == []
+
+
+def test_cancel_stops_trials_user_canceled(make_config) -> None:
+    config = load_config(make_config("sleepy.py", maxTrialNumber=2, trialConcurrency=2))
+    experiment = Experiment(config, poll_interval=0.2)
+
+    async def main() -> None:
+        task = asyncio.create_task(experiment.run())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            running = [t for t in experiment.trials.values() if t.status == TrialJobStatus.RUNNING]
+            if len(running) == 2:
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(main())
+    statuses = {t.status for t in experiment.trials.values()}
+    assert statuses == {TrialJobStatus.USER_CANCELED} and len(experiment.trials) == 2
+    assert experiment.result().stop_reason == "interrupted"
+    assert processes_under(config.trial_code_directory) == []
