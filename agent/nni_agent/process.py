@@ -1,0 +1,182 @@
+"""Trial processes: spawn in their own session, reap on SIGCHLD, kill whole trees.
+
+The agent is a child subreaper (Linux), so a trial's daemonised grandchildren are
+re-parented to the agent instead of init and cannot escape the tree kill. Every trial
+process carries the marker variable MARKER_ENV=<agent_key>/<trial_id>, which finds
+descendants that left the trial's process group or session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+MARKER_ENV = "NNI_AGENT_TRIAL_KEY"
+PR_SET_CHILD_SUBREAPER = 36
+KILL_POLL_S = 0.05
+_ORPHAN_STATUS_TTL_S = 60.0
+
+
+def make_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux); returns whether it worked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class ChildReaper:
+    """Reaps every child of the agent with waitpid(-1) on SIGCHLD, on one asyncio loop.
+
+    Exit statuses go to futures registered by pid. Statuses of pids nobody registered yet
+    (a child can exit before its pid is registered; adopted orphans never are) are kept
+    briefly so a late registration still finds them.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: dict[int, asyncio.Future[int]] = {}
+        self._unclaimed: dict[int, tuple[int, float]] = {}  # pid -> (wait status, monotonic time)
+
+    def install(self) -> None:
+        make_subreaper()
+        self._loop.add_signal_handler(signal.SIGCHLD, self.reap)
+        self.reap()  # children that exited before the handler existed
+
+    def wait_for(self, pid: int) -> asyncio.Future[int]:
+        """A future for the raw wait status of child `pid`."""
+        future = self._loop.create_future()
+        found = self._unclaimed.pop(pid, None)
+        if found is not None:
+            future.set_result(found[0])
+        else:
+            self._waiters[pid] = future
+        return future
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            future = self._waiters.pop(pid, None)
+            if future is None:
+                self._unclaimed[pid] = (status, time.monotonic())
+            elif not future.done():
+                future.set_result(status)
+        cutoff = time.monotonic() - _ORPHAN_STATUS_TTL_S
+        for pid in [p for p, (_, t) in self._unclaimed.items() if t < cutoff]:
+            del self._unclaimed[pid]
+
+
+_reapers: dict[asyncio.AbstractEventLoop, ChildReaper] = {}
+
+
+def child_reaper() -> ChildReaper:
+    """The reaper of the running loop, installed on first use (main thread only)."""
+    loop = asyncio.get_running_loop()
+    reaper = _reapers.get(loop)
+    if reaper is None:
+        for old in [lp for lp in _reapers if lp.is_closed()]:
+            del _reapers[old]
+        reaper = ChildReaper(loop)
+        reaper.install()
+        _reapers[loop] = reaper
+    return reaper
+
+
+def spawn_shell(command: str, *, cwd: Path, env: Mapping[str, str], stdout: Path, stderr: Path) -> int:
+    """Start `/bin/sh -c command` in a new session, output straight into files; returns its pid.
+
+    The child is reaped by ChildReaper, never by subprocess (its Popen is dropped marked done).
+    """
+    with open(stdout, "ab") as out, open(stderr, "ab") as err:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, close_fds=True,
+        )
+    proc.returncode = 0  # keeps subprocess' own cleanup from ever waiting for this pid
+    return proc.pid
+
+
+def _has_marker(proc: psutil.Process, marker: str) -> bool:
+    try:
+        return proc.environ().get(MARKER_ENV) == marker
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def tree_members(pgid: int, marker: str) -> list[psutil.Process]:
+    """Live (non-zombie) processes of a trial: the agent's descendants in the trial's
+    process group or carrying its marker."""
+    members = []
+    try:
+        descendants = psutil.Process(os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for proc in descendants:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if _pgid(proc) == pgid or _has_marker(proc, marker):
+                members.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return members
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+
+
+def _signal_all(procs: list[psutil.Process], pgid: int, sig: int) -> None:
+    if any(_pgid(proc) == pgid for proc in procs):  # the group still exists: its id is not reused
+        try:
+            os.killpg(pgid, sig)  # also hits children forked since the listing
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in procs:
+        try:
+            proc.send_signal(sig)  # psutil checks create_time first: no PID-reuse accidents
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float) -> None:
+    """Send `sig` to the whole trial tree, wait up to `grace_s`, then SIGKILL until none is left."""
+    members = tree_members(pgid, marker)
+    if not members:
+        return
+    _signal_all(members, pgid, sig)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(KILL_POLL_S)
+        members = tree_members(pgid, marker)
+        if not members:
+            return
+    while members:
+        log.info("SIGKILL %d leftover process(es) of trial %s", len(members), marker)
+        _signal_all(members, pgid, signal.SIGKILL)
+        await asyncio.sleep(KILL_POLL_S)
+        members = tree_members(pgid, marker)

@@ -1,0 +1,292 @@
+"""One trial, from spawn to final status.
+
+Lifecycle: make dirs and parameter.cfg, spawn `/bin/sh -c command` with NNI's environment
+(nni-training-service.md §1.1), emit RUNNING, tail its files, and when the main process
+is gone kill what is left of its tree, drain the tails and only then emit the one terminal
+status, so whoever sees the end has seen every metric and log byte before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from nni_agent.http_channel import HttpChannelServer
+from nni_agent.logtail import TrialTail
+from nni_agent.metrics import route_metric
+from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, spawn_shell
+from nni_agent.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 5.0
+REASON_LIMIT = 300
+_STDERR_TAIL_BYTES = 8192
+_EXIT_HINTS = {126: "command not executable", 127: "command not found"}
+
+
+class TrialEvents(Protocol):
+    def status(self, status: pb.TrialStatus) -> None: ...
+    def metric(self, trial_id: str, data: str) -> None: ...
+    def log(self, trial_id: str, stream: int, offset: int, data: bytes) -> None: ...
+    def parameter_request(self, trial_id: str, index: int) -> None: ...
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Trial:
+    def __init__(self, spec: pb.StartTrial, *, events: TrialEvents, work_root: Path,
+                 code_dir: Path | None, http_channel: HttpChannelServer | None, agent_key: str) -> None:
+        self.spec = spec
+        self.trial_id = spec.trial_id
+        self.marker = f"{agent_key}/{spec.trial_id}"  # value of MARKER_ENV in every trial process
+        self.sys_dir = (Path(spec.working_directory) if spec.working_directory
+                        else work_root / spec.experiment_id / "trials" / spec.trial_id)
+        self.output_dir = Path(spec.output_directory) if spec.output_directory else self.sys_dir
+        self.cwd = code_dir or (Path(spec.code_directory) if spec.code_directory else self.sys_dir)
+        self._events = events
+        self._http = http_channel
+        self._agent_key = agent_key
+        self._status = pb.TrialStatus(trial_id=spec.trial_id, working_directory=str(self.sys_dir))
+        self._done = asyncio.Event()
+        self._started = False
+        self._pid: int | None = None
+        self._exited = False
+        self._stop: tuple[int, str] | None = None  # (terminal state, reason) once a stop was asked for
+        self._kill_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._http_requests = 0  # request_parameter commands seen on the HTTP channel
+        self._http_waiting = 0  # of those, still waiting for send_parameter
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def root_pid(self) -> int | None:
+        return self._pid
+
+    def snapshot(self) -> pb.TrialStatus:
+        status = pb.TrialStatus()
+        status.CopyFrom(self._status)
+        return status
+
+    async def wait(self) -> None:
+        await self._done.wait()
+
+    async def start(self) -> None:
+        """Spawn the trial; any setup error becomes a FAILED status, never an exception."""
+        if self._started:  # started already, or canceled before it was started
+            return
+        self._started = True
+        try:
+            pid = self._spawn()
+        except (_SetupError, OSError) as e:
+            if self._http is not None:
+                self._http.unregister(self.trial_id)
+            self._finish(pb.TRIAL_STATE_FAILED, str(e) if isinstance(e, _SetupError)
+                         else f"cannot start the trial command: {e}")
+            return
+        exit_status = child_reaper().wait_for(pid)  # same loop step as the spawn: no exit is missed
+        self._pid = pid
+        self._status.state = pb.TRIAL_STATE_RUNNING
+        self._status.pid = pid
+        self._status.start_time_ms = _now_ms()
+        self._events.status(self.snapshot())
+        self._task = asyncio.create_task(self._supervise(exit_status), name=f"trial-{self.trial_id}")
+
+    async def cancel(self, early_stopped: bool, reason: str) -> None:
+        """Stop the trial (idempotent); returns once the kill signal has been sent."""
+        state = pb.TRIAL_STATE_EARLY_STOPPED if early_stopped else pb.TRIAL_STATE_USER_CANCELED
+        self._request_stop(state, reason or ("early stopped" if early_stopped else "canceled"))
+        await asyncio.sleep(0)  # let the kill task send its first signal
+
+    async def shutdown(self) -> None:
+        await self.cancel(False, "agent shutting down")
+        await self.wait()
+
+    def send_parameter(self, index: int, parameter: str) -> None:
+        """Write parameter_<index>.cfg atomically; answer a waiting HTTP-channel request too."""
+        path = self.sys_dir / ("parameter.cfg" if index == 0 else f"parameter_{index}.cfg")
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(parameter, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("trial %s: cannot write %s: %s", self.trial_id, path, e)
+        if self._http is not None and self._http_waiting > 0:
+            self._http_waiting -= 1
+            self._http.send(self.trial_id, {"type": "parameter", "parameter": parameter})
+
+    # ------------------------------------------------------------------ HTTP channel handler
+
+    def on_command(self, command: dict[str, Any]) -> None:
+        """A command the trial PUT on the HTTP channel (runs on the loop)."""
+        if self.done:
+            return
+        kind = command.get("type")
+        if kind == "metric" and isinstance(command.get("metric"), str):
+            route_metric(self._events, self.trial_id, command["metric"])
+        elif kind == "request_parameter":
+            index = self._http_requests
+            self._http_requests += 1
+            if index == 0:
+                assert self._http is not None
+                self._http.send(self.trial_id, {"type": "parameter", "parameter": self.spec.parameter})
+            else:
+                self._http_waiting += 1
+                self._events.parameter_request(self.trial_id, index)
+        else:
+            log.warning("trial %s sent an unexpected HTTP channel command: %.200r", self.trial_id, command)
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn(self) -> int:
+        for directory, what in ((self.sys_dir, "trial directory"), (self.sys_dir / ".nni", "trial directory"),
+                                (self.output_dir, "output directory")):
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _SetupError(f"cannot create the {what} {directory}: {e.strerror or e}") from e
+        try:
+            (self.sys_dir / ".nni" / "metrics").unlink(missing_ok=True)  # a fresh trial has no old metrics
+            (self.sys_dir / "parameter.cfg").write_text(self.spec.parameter, encoding="utf-8")
+            for name in ("trial.stdout", "trial.stderr"):
+                (self.sys_dir / name).write_bytes(b"")
+        except OSError as e:
+            raise _SetupError(f"cannot prepare the trial directory {self.sys_dir}: {e}") from e
+        if not self.cwd.is_dir():
+            raise _SetupError(f"the trial code directory {self.cwd} does not exist on this worker")
+        env = self._environment()
+        if self._http is not None:
+            self._http.register(self.trial_id, self)
+        return spawn_shell(self.spec.command, cwd=self.cwd, env=env,
+                           stdout=self.sys_dir / "trial.stdout", stderr=self.sys_dir / "trial.stderr")
+
+    def _environment(self) -> dict[str, str]:
+        spec = self.spec
+        env = dict(os.environ)
+        env.pop("NNI_TRIAL_COMMAND_CHANNEL", None)
+        env.update({
+            "NNI_PLATFORM": spec.platform or "local",
+            "NNI_EXP_ID": spec.experiment_id,
+            "NNI_TRIAL_JOB_ID": spec.trial_id,
+            "NNI_SYS_DIR": str(self.sys_dir),
+            "NNI_OUTPUT_DIR": str(self.output_dir),
+            "NNI_TRIAL_SEQ_ID": str(spec.sequence_id),
+            "NNI_CODE_DIR": str(self.cwd),
+            "MULTI_PHASE": "true",
+        })
+        if spec.gpus.scheduled:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpus.indices)
+        if self._http is not None:
+            env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(self._agent_key, spec.trial_id)
+        env.update(spec.env)
+        env[MARKER_ENV] = self.marker
+        return env
+
+    def _kill_signal(self) -> int:
+        return self.spec.limits.kill_signal or signal.SIGTERM
+
+    def _grace_s(self) -> float:
+        return self.spec.limits.grace_period_ms / 1000 if self.spec.limits.grace_period_ms > 0 else DEFAULT_GRACE_S
+
+    def _request_stop(self, state: int, reason: str) -> None:
+        if self.done or self._exited or self._stop is not None:
+            return
+        self._stop = (state, reason)
+        if not self._started:
+            self._started = True
+            self._finish(state, reason)
+        elif self._pid is not None:
+            self._kill_task = asyncio.create_task(
+                kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s()))
+
+    async def _supervise(self, exit_status: asyncio.Future[int]) -> None:
+        assert self._pid is not None
+        exited = asyncio.Event()
+        tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events).run(exited))
+        state, reason = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial"
+        try:
+            max_s = self.spec.limits.max_duration_ms / 1000
+            try:
+                wait_status = await asyncio.wait_for(asyncio.shield(exit_status), max_s if max_s > 0 else None)
+            except asyncio.TimeoutError:
+                self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
+                                   f"exceeded the maximum trial duration of {max_s:g}s")
+                wait_status = await exit_status
+            self._exited = True
+            self._status.end_time_ms = _now_ms()
+            state, reason = self._outcome(wait_status)
+            if self._kill_task is not None:
+                await self._kill_task
+            # a finished trial leaves nothing behind
+            await kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s())
+        finally:
+            exited.set()
+            try:
+                await tail_task
+            except Exception:
+                log.exception("trial %s: reading its output failed", self.trial_id)
+            if self._http is not None:
+                self._http.unregister(self.trial_id)
+            self._finish(state, reason)
+
+    def _outcome(self, wait_status: int) -> tuple[int, str]:
+        code = os.waitstatus_to_exitcode(wait_status)
+        if code >= 0:
+            self._status.has_exit_code = True
+            self._status.exit_code = code
+        else:
+            self._status.signal = -code
+        if self._stop is not None:
+            return self._stop
+        if code == 0:
+            return pb.TRIAL_STATE_SUCCEEDED, ""
+        if code < 0:
+            return pb.TRIAL_STATE_FAILED, f"killed by signal {_signal_name(-code)}"
+        hint = f" ({_EXIT_HINTS[code]})" if code in _EXIT_HINTS else ""
+        last = self._last_stderr_line()
+        return pb.TRIAL_STATE_FAILED, f"exit code {code}{hint}" + (f": {last}" if last else "")
+
+    def _last_stderr_line(self) -> str:
+        try:
+            with open(self.sys_dir / "trial.stderr", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - _STDERR_TAIL_BYTES))
+                tail = f.read()
+        except OSError:
+            return ""
+        lines = [ln.strip() for ln in tail.decode("utf-8", errors="replace").splitlines() if ln.strip()]
+        if not lines:
+            return ""
+        last = lines[-1]
+        return last if len(last) <= REASON_LIMIT else last[:REASON_LIMIT] + "..."
+
+    def _finish(self, state: int, reason: str) -> None:
+        if self.done:
+            return
+        self._status.state = state  # type: ignore[assignment]
+        self._status.reason = reason
+        if not self._status.end_time_ms:
+            self._status.end_time_ms = _now_ms()
+        self._events.status(self.snapshot())
+        self._done.set()
+
+
+class _SetupError(Exception):
+    """The trial could not be started; the message is the FAILED reason."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)

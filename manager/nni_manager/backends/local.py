@@ -1,0 +1,112 @@
+"""platform: local — one nni-agent subprocess on this machine, connected over hub.sock.
+
+The agent gets the manager's environment (so NNI_AGENT_ARTIFICIAL_GPUS and friends reach
+it) plus its token in NNI_AGENT_TOKEN, and `--orphan-timeout`, so it stops its trials and
+exits if the manager dies; a manager restarted within that time re-attaches to it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from nni_manager.backends.base import Backend, BackendContext, PlacementHints
+
+AGENT_NAME = "local"
+ORPHAN_TIMEOUT = 30.0  # seconds the agent outlives an unreachable manager
+
+
+class LocalBackend(Backend):
+    platform = "local"
+
+    _proc: subprocess.Popen[bytes] | None = None
+    _pid: int | None = None
+    _stop_wait: float = 15.0
+
+    async def start(self, ctx: BackendContext) -> None:
+        ts = self.config.training_service
+        hints = PlacementHints(
+            gpu_indices=None if ts.gpu_indices is None else tuple(ts.gpu_indices),
+            max_trial_number_per_gpu=ts.max_trial_number_per_gpu,
+            use_active_gpu=bool(ts.use_active_gpu),
+        )
+        spec = ctx.add_agent(AGENT_NAME, hints)
+        work_dir = ctx.experiment_dir / "agents" / AGENT_NAME
+        work_dir.mkdir(parents=True, exist_ok=True)
+        pid_file = work_dir / "agent.pid"
+        self._stop_wait = self.config.trial_grace_period + 10
+        adopted = _running_agent(pid_file, work_dir)
+        if adopted is not None:  # a restarted manager: the old agent re-attaches by itself
+            self._pid = adopted
+            return
+        env = dict(os.environ, NNI_AGENT_TOKEN=spec.token)
+        argv = [
+            sys.executable, "-m", "nni_agent",
+            "--manager", f"unix:{spec.hub_unix_socket}",
+            "--agent-id", spec.agent_id,
+            "--work-dir", str(work_dir),
+            "--orphan-timeout", str(ORPHAN_TIMEOUT),
+        ]
+        with open(work_dir / "agent.log", "ab") as out:
+            self._proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C on the manager's terminal is the manager's to handle
+            )
+        self._pid = self._proc.pid
+        pid_file.write_text(str(self._pid))
+
+    async def stop(self) -> None:
+        """The hub already sent Shutdown: wait for the agent to exit, then TERM, then KILL."""
+        if self._pid is None:
+            return
+        for sig, wait in ((None, self._stop_wait), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if sig is not None:
+                try:
+                    os.kill(self._pid, sig)
+                except ProcessLookupError:
+                    break
+            if await self._exited(wait):
+                break
+        self._pid = None
+
+    async def _exited(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None:
+                if self._proc.poll() is not None:
+                    return True
+            elif not psutil.pid_exists(self._pid or 0) or _zombie(self._pid or 0):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    def render(self) -> str:
+        return (
+            f"local: one nni-agent subprocess ({sys.executable} -m nni_agent) over "
+            f"<experiment dir>/hub.sock, orphan timeout {ORPHAN_TIMEOUT:g} s"
+        )
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _running_agent(pid_file: Path, work_dir: Path) -> int | None:
+    """The pid of this experiment's agent from an earlier manager run, if it still runs."""
+    try:
+        pid = int(pid_file.read_text())
+        cmdline = psutil.Process(pid).cmdline()
+    except (OSError, ValueError, psutil.Error):
+        return None
+    if "nni_agent" in cmdline and str(work_dir) in cmdline and not _zombie(pid):
+        return pid
+    return None

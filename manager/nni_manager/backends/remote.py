@@ -1,0 +1,300 @@
+"""platform: remote — agents on SSH machines that need no route to the manager.
+
+Per machine: connect (host keys checked), find Python >= 3.10, install the agent from a
+wheel the manager builds from itself (reused when already installed), start it detached,
+and forward a worker-side loopback port to the hub over the same SSH connection. If the
+link drops, reconnect with backoff and re-open the forward on the same port, so the
+running agent simply redials and its trials carry on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import nni_agent
+import paramiko
+
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, PlacementHints
+from nni_manager.config import MachineConfig
+from nni_manager.ssh import bootstrap
+from nni_manager.ssh.bootstrap import AgentLaunch, BootstrapError
+from nni_manager.ssh.connection import SshError, connect, machine_label, proxy_command_line
+from nni_manager.ssh.tunnel import RemoteForward
+from nni_manager.ssh.wheel import AgentWheel, build_agent_wheel
+
+if TYPE_CHECKING:
+    from nni_manager.config import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+BACKOFF_MAX_S = 10.0
+SAME_PORT_PATIENCE_S = 30.0  # then give up the old port: restart the agent on a new one
+
+
+@dataclass
+class RemoteOptions:
+    """Backend options from `trainingService` (extra keys of the remote platform)."""
+
+    reconnect_window: float = 600.0  # `reconnectWindow`: seconds to retry a dropped machine
+    agent_env: dict[str, str] = field(default_factory=dict)  # `agentEnv`: extra agent environment
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> RemoteOptions:
+        extra = config.training_service.extra
+        return cls(
+            reconnect_window=float(extra.get("reconnectWindow", cls.reconnect_window)),
+            agent_env={str(k): str(v) for k, v in (extra.get("agentEnv") or {}).items()},
+        )
+
+
+class _Machine:
+    """One worker: its SSH connection, forward and agent, and the watch that repairs them."""
+
+    def __init__(self, machine: MachineConfig, spec: AgentSpec, options: RemoteOptions, experiment_id: str,
+                 grace: float) -> None:
+        self.machine = machine
+        self.spec = spec
+        self.options = options
+        self.experiment_id = experiment_id
+        self.grace = grace
+        self.label = machine_label(machine)
+        host, _, port = spec.hub_address.rpartition(":")
+        self.hub = (host, int(port))
+        self.client: paramiko.SSHClient | None = None
+        self.forward: RemoteForward | None = None
+        self.launch: AgentLaunch | None = None
+        self.failed = False
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    # -- blocking parts (worker threads) --
+
+    def bootstrap(self, wheel: AgentWheel) -> None:
+        self.client = connect(self.machine)
+        files = AgentLaunch(self.experiment_id, self.spec.agent_id, wheel.tag, "", "", None, 0, 0)
+        found = bootstrap.probe(self.client, self.machine.python_path, wheel.tag, files)
+        if not found.installed:
+            bootstrap.install(self.client, found, wheel)
+        port = found.running_port if found.running_pid is not None else None
+        self.launch = AgentLaunch(
+            self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
+            self.machine.python_path, 0, self.options.reconnect_window + 60.0, dict(self.options.agent_env),
+        )
+        if port is not None and self._open_forward(port):  # manager restart: re-attach to the running agent
+            log.info("%s: re-attached to running agent pid %s on port %s", self.label, found.running_pid, port)
+            return
+        if found.running_pid is not None:
+            bootstrap.stop_agent(self.client, self.launch, self.grace)
+        self._open_forward(0)
+        self._start_agent()
+
+    def _open_forward(self, port: int) -> bool:
+        assert self.client is not None and self.launch is not None
+        forward = RemoteForward(self.client.get_transport(), self.hub)  # type: ignore[arg-type]
+        try:
+            bound = forward.open(port)
+        except (paramiko.SSHException, EOFError) as e:
+            if port == 0:
+                raise BootstrapError(f"the server refused a remote port forward ({e}); set "
+                                     "`AllowTcpForwarding yes` (or `remote`) in its sshd_config") from None
+            return False
+        self.forward = forward
+        self.launch = _with_port(self.launch, bound)
+        return True
+
+    def _start_agent(self) -> None:
+        assert self.client is not None and self.launch is not None
+        pid = bootstrap.start_agent(self.client, self.launch, self.spec.token)
+        log.info("%s: agent %s started (pid %s), hub via worker port %s", self.label, self.spec.agent_id, pid,
+                 self.launch.remote_port)
+
+    def reconnect(self) -> bool:
+        """Reconnect and re-open the forward on the same port; False if the port is still taken."""
+        self.close()
+        self.client = connect(self.machine)
+        assert self.launch is not None
+        if not self._open_forward(self.launch.remote_port):
+            return False
+        alive, output = bootstrap.agent_alive(self.client, self.launch)
+        if not alive:
+            log.warning("%s: agent was gone after reconnect, restarting it: %s", self.label, output[-300:])
+            self._start_agent()
+        return True
+
+    def restart_on_new_port(self) -> None:
+        assert self.client is not None and self.launch is not None
+        bootstrap.stop_agent(self.client, self.launch, self.grace)
+        self._open_forward(0)
+        self._start_agent()
+
+    def connected(self) -> bool:
+        transport = self.client.get_transport() if self.client else None
+        return transport is not None and transport.is_active()
+
+    def stop(self) -> str:
+        if not self.connected() and self.launch is not None:
+            try:
+                self.client = connect(self.machine)
+            except SshError as e:
+                return f"{self.label}: could not reconnect to stop the agent: {e}"
+        result = ""
+        if self.client is not None and self.launch is not None:
+            try:
+                done = bootstrap.stop_agent(self.client, self.launch, self.grace)
+                if done["still_running"]:
+                    result = f"{self.label}: processes still running after SIGKILL: {done['still_running']}"
+            except (BootstrapError, paramiko.SSHException, OSError) as e:
+                result = f"{self.label}: stopping the agent failed: {e}"
+        self.close()
+        return result
+
+    def close(self) -> None:
+        if self.forward is not None:
+            self.forward.close()
+            self.forward = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    # -- the watch (event loop) --
+
+    async def watch(self, ctx: BackendContext) -> None:
+        """Repair dropped links; give up on the machine after the reconnect window."""
+        ever_connected = False
+        started = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+            if not self.connected():
+                if not await self._reconnect_loop(ctx):
+                    return
+                continue
+            if not ever_connected:
+                ever_connected = ctx.agent_connected(self.spec.agent_id)
+                if not ever_connected and time.monotonic() - started > 2.0:
+                    alive, output = await asyncio.to_thread(bootstrap.agent_alive, self.client, self.launch)
+                    if not alive:
+                        self._fail(ctx, f"the agent exited right after start; its output: {output[-800:]}")
+                        return
+                    started = time.monotonic()
+
+    async def _reconnect_loop(self, ctx: BackendContext) -> bool:
+        log.warning("%s: SSH connection lost; reconnecting for up to %.0f s", self.label, self.options.reconnect_window)
+        lost = time.monotonic()
+        delay, last_error = 0.2, "no attempt yet"
+        while (elapsed := time.monotonic() - lost) < self.options.reconnect_window:
+            try:
+                if await asyncio.to_thread(self.reconnect):
+                    log.info("%s: reconnected after %.1f s; tunnel on port %s", self.label, elapsed,
+                             self.launch.remote_port if self.launch else "?")
+                    return True
+                last_error = "the worker port of the tunnel is still taken"
+                if elapsed > SAME_PORT_PATIENCE_S:
+                    await asyncio.to_thread(self.restart_on_new_port)
+                    return True
+            except (SshError, BootstrapError, paramiko.SSHException, OSError, EOFError) as e:
+                last_error = str(e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+        self._fail(ctx, f"machine unreachable for {self.options.reconnect_window:.0f} s "
+                        f"(reconnect window); last error: {last_error}")
+        return False
+
+    def _fail(self, ctx: BackendContext, reason: str) -> None:
+        self.failed = True
+        log.error("%s: %s", self.label, reason)
+        ctx.agent_failed(self.spec.agent_id, f"{self.label}: {reason}")
+
+
+def _with_port(launch: AgentLaunch, port: int) -> AgentLaunch:
+    from dataclasses import replace
+
+    return replace(launch, remote_port=port)
+
+
+def _hints(m: MachineConfig) -> PlacementHints:
+    return PlacementHints(
+        gpu_indices=tuple(m.gpu_indices) if m.gpu_indices is not None else None,
+        max_trial_number_per_gpu=m.max_trial_number_per_gpu,
+        use_active_gpu=m.use_active_gpu,
+    )
+
+
+def agent_names(machines: list[MachineConfig]) -> list[str]:
+    """Stable agent names (same after a manager restart): user@host:port, #n for repeats."""
+    names: list[str] = []
+    for m in machines:
+        base = machine_label(m)
+        names.append(base if base not in names else f"{base}#{names.count(base) + 1}")
+    return names
+
+
+class RemoteBackend(Backend):
+    platform = "remote"
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.options = RemoteOptions.from_config(config)
+        self.machines: list[_Machine] = []
+
+    async def start(self, ctx: BackendContext) -> None:
+        machine_list = self.config.training_service.machine_list
+        if not machine_list:
+            raise ValueError("config field `trainingService.machineList`: empty; list at least one machine")
+        wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
+        grace = self.config.trial_grace_period + 5.0
+        for m, name in zip(machine_list, agent_names(machine_list)):
+            spec = ctx.add_agent(name, _hints(m))
+            self.machines.append(_Machine(m, spec, self.options, ctx.experiment_id, grace))
+        await asyncio.gather(*(self._bootstrap(ctx, mach, wheel) for mach in self.machines))
+
+    async def _bootstrap(self, ctx: BackendContext, mach: _Machine, wheel: AgentWheel) -> None:
+        try:
+            await asyncio.to_thread(mach.bootstrap, wheel)
+        except (SshError, BootstrapError, paramiko.SSHException, OSError, EOFError) as e:
+            await asyncio.to_thread(mach.close)
+            mach._fail(ctx, f"bootstrap failed: {e}")
+            return
+        mach.task = asyncio.create_task(mach.watch(ctx), name=f"remote-watch {mach.label}")
+
+    async def agent_lost(self, agent_id: str) -> None:
+        for mach in self.machines:
+            if mach.spec.agent_id == agent_id:
+                mach.wake.set()
+
+    async def stop(self) -> None:
+        for mach in self.machines:
+            if mach.task is not None:
+                mach.task.cancel()
+        await asyncio.gather(*(m.task for m in self.machines if m.task), return_exceptions=True)
+        problems = await asyncio.gather(*(asyncio.to_thread(m.stop) for m in self.machines if not m.failed))
+        for problem in filter(None, problems):
+            log.error("%s", problem)
+        self.machines.clear()
+
+    def render(self) -> str:
+        lines = [f"remote: {len(self.config.training_service.machine_list)} machine(s); agent nni-agent "
+                 f"{nni_agent.__version__} from a wheel built from this manager"]
+        for m, name in zip(self.config.training_service.machine_list, agent_names(self.config.training_service.machine_list)):
+            launch = AgentLaunch("<experiment-id>", "<agent-id>", f"{nni_agent.__version__}-<hash>",
+                                 "<python found by the probe>", "<py>", m.python_path, 0,
+                                 self.options.reconnect_window + 60.0, dict(self.options.agent_env))
+            proxy = proxy_command_line(m)
+            lines += [
+                f"- {name}: ssh {'via proxyCommand `' + proxy + '`' if proxy else 'direct'}, "
+                f"host key {'checked against ' + str(m.known_hosts_file or '~/.ssh/known_hosts') if m.strict_host_key_checking else 'NOT checked'}",
+                f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= 3.10 wins)",
+                f"  install (unless present): upload wheel by SFTP, unpack into ~/.nni-agent/{launch.tag}/lib",
+                "  forward: worker 127.0.0.1:<forwarded-port> -> hub over this SSH connection",
+                "  start (token written from stdin to a 0600 file, never on a command line):",
+                *("    " + line for line in bootstrap.start_command(launch).splitlines()),
+            ]
+        return "\n".join(lines)

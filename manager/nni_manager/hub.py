@@ -1,0 +1,326 @@
+"""The gRPC hub every agent dials: one bidirectional stream per agent.
+
+The hub owns the transport half of the protocol: token check, protocol-version check,
+record dedup by (boot_id, seq) and cumulative acks, the per-agent command queue that is
+re-sent after a reconnect until acknowledged, trial log chunks written at their offsets,
+bundle serving, and the reconnect window. What records *mean* is the handler's business
+(the TrainingService).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+import nni_manager
+from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from nni_agent.v1 import agent_pb2 as pb
+from nni_agent.v1 import agent_pb2_grpc as pb_grpc
+from nni_manager import bundle
+from nni_manager.store import Store
+
+log = logging.getLogger(__name__)
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_MAX_UNIX_PATH = 107
+
+
+class HubHandler(Protocol):
+    """What the hub reports to the manager core (all calls on the asyncio thread)."""
+
+    def agent_hello(self, agent_id: str, hello: pb.Hello, restarted: bool) -> None:
+        """A stream opened; `restarted`: the agent process is not the one seen before."""
+        ...
+
+    def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
+        """Apply fresh records and store (boot_id, last_seq) in the same transaction."""
+        ...
+
+    def telemetry(self, agent_id: str, report: pb.GpuReport | pb.ResourceReport) -> None: ...
+
+    def agent_lost(self, agent_id: str, since: float) -> None: ...
+
+    def agent_back(self, agent_id: str) -> None: ...
+
+    def agent_expired(self, agent_id: str) -> None: ...
+
+
+@dataclass
+class _Link:
+    """Everything the hub keeps about one agent across its streams."""
+
+    agent_id: str
+    token: str
+    boot_id: str = ""
+    applied_seq: int = 0
+    next_cmd_seq: int = 1
+    pending: dict[int, pb.Command] = field(default_factory=dict)  # unacknowledged, by cmd_seq
+    session: _Session | None = None
+    lost_since: float | None = None  # wall-clock time contact was lost
+    expired: bool = False
+
+
+@dataclass
+class _Session:
+    agent_id: str
+    context: grpc.aio.ServicerContext
+    queue: asyncio.Queue[pb.ManagerMessage] = field(default_factory=asyncio.Queue)
+    replaced: asyncio.Event = field(default_factory=asyncio.Event)
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    async def write(self, msg: pb.ManagerMessage) -> None:
+        async with self.write_lock:
+            await self.context.write(msg)
+
+
+def version_mismatch(agent_major: int, agent_minor: int) -> str:
+    """Why an agent with another protocol major is refused, and which side to upgrade."""
+    ours = f"{PROTOCOL_MAJOR}.x"
+    head = f"agent speaks protocol {agent_major}.{agent_minor}, this manager speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
+    series = nni_manager.__version__.split(".")[0] + ".x"
+    if agent_major > PROTOCOL_MAJOR:
+        return (
+            f"{head}: upgrade nni-manager to a version that speaks {agent_major}.x, "
+            f"or install nni-agent {series} on the worker (it speaks {ours})"
+        )
+    return f"{head}: upgrade nni-agent on the worker to {nni_manager.__version__} (it speaks {ours})"
+
+
+class Hub(pb_grpc.AgentHubServicer):
+    def __init__(
+        self,
+        *,
+        experiment_id: str,
+        experiment_dir: Path,
+        store: Store,
+        handler: HubHandler,
+        reconnect_window: float = 60.0,
+        heartbeat_interval: float = 2.0,
+        gpu_sample_interval: float = 1.0,
+    ) -> None:
+        self.experiment_id = experiment_id
+        self.experiment_dir = experiment_dir
+        self.socket_path = experiment_dir / "hub.sock"
+        self.reconnect_window = reconnect_window
+        self.heartbeat_interval = heartbeat_interval
+        self.gpu_sample_interval = gpu_sample_interval
+        self.address = ""  # "127.0.0.1:<port>" once started
+        self._store = store
+        self._handler = handler
+        self._links: dict[str, _Link] = {}
+        self._server: grpc.aio.Server | None = None
+        self._monitor: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def register(self, agent_id: str, token: str, *, boot_id: str = "", applied_seq: int = 0, next_cmd_seq: int = 1) -> None:
+        """Allow `agent_id` to connect. It counts as out of contact until it does."""
+        self._links[agent_id] = _Link(
+            agent_id, token, boot_id, applied_seq, next_cmd_seq, lost_since=time.time()
+        )
+
+    async def start(self) -> None:
+        if len(str(self.socket_path)) > _MAX_UNIX_PATH:
+            raise OSError(
+                f"hub socket path {self.socket_path} is longer than {_MAX_UNIX_PATH} bytes, the Unix limit: "
+                "use a shorter experimentWorkingDirectory"
+            )
+        self.socket_path.unlink(missing_ok=True)  # a stale one from a killed manager
+        options = [
+            ("grpc.enable_http_proxy", 0),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ]
+        self._server = grpc.aio.server(options=options)
+        pb_grpc.add_AgentHubServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix:{self.socket_path}")
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        await self._server.start()
+        self._monitor = asyncio.create_task(self._watch_contact())
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self._monitor:
+            self._monitor.cancel()
+        if self._server:
+            await self._server.stop(grace)
+        self.socket_path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ to agents
+    def send(self, agent_id: str, command: pb.Command) -> int:
+        """Queue `command` (its cmd_seq is assigned here); re-sent until acknowledged."""
+        link = self._links[agent_id]
+        command.cmd_seq = link.next_cmd_seq
+        link.next_cmd_seq += 1
+        self._store.set_next_cmd_seq(agent_id, link.next_cmd_seq)
+        link.pending[command.cmd_seq] = command
+        if link.session:
+            link.session.queue.put_nowait(pb.ManagerMessage(command=command))
+        return command.cmd_seq
+
+    def pending_commands(self, agent_id: str) -> list[pb.Command]:
+        return list(self._links[agent_id].pending.values())
+
+    def connected(self, agent_id: str) -> bool:
+        link = self._links.get(agent_id)
+        return bool(link and link.session and link.lost_since is None)
+
+    async def wait_idle(self, agent_id: str, timeout: float) -> bool:
+        """Wait until every command to `agent_id` is acknowledged (or it is gone)."""
+        deadline = time.monotonic() + timeout
+        link = self._links[agent_id]
+        while link.pending and link.session and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not link.pending
+
+    # ------------------------------------------------------------------ the stream
+    async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+        hello = first.hello
+        link = self._links.get(hello.agent_id)
+        if link is None or not hmac.compare_digest(link.token.encode(), hello.token.encode()):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {hello.agent_id}: invalid token")
+        assert link is not None
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, version_mismatch(hello.protocol_major, hello.protocol_minor)
+            )
+        restarted = bool(link.boot_id) and hello.boot_id != link.boot_id
+        if hello.boot_id != link.boot_id:
+            link.boot_id, link.applied_seq = hello.boot_id, 0
+            self._store.set_agent_progress(link.agent_id, link.boot_id, 0)
+        session = _Session(link.agent_id, context)
+        old, link.session = link.session, session
+        if old:
+            old.replaced.set()
+        link.lost_since, link.expired = None, False
+        self._handler.agent_hello(link.agent_id, hello, restarted)
+        await session.write(
+            pb.ManagerMessage(
+                welcome=pb.Welcome(
+                    manager_version=nni_manager.__version__,
+                    protocol_major=PROTOCOL_MAJOR,
+                    protocol_minor=PROTOCOL_MINOR,
+                    acked_seq=link.applied_seq,
+                    experiment_id=self.experiment_id,
+                    heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
+                    gpu_sample_interval_ms=int(self.gpu_sample_interval * 1000),
+                )
+            )
+        )
+        for command in link.pending.values():
+            session.queue.put_nowait(pb.ManagerMessage(command=command))
+        reader = asyncio.create_task(self._read(link, session))
+        writer = asyncio.create_task(self._write(session))
+        replaced = asyncio.create_task(session.replaced.wait())
+        try:
+            await asyncio.wait({reader, writer, replaced}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, writer, replaced):
+                task.cancel()
+            if link.session is session:
+                link.session = None
+                self._lost(link, time.time())
+        if reader.done() and not reader.cancelled() and reader.exception():
+            log.warning("agent %s: stream ended: %s", link.agent_id, reader.exception())
+        if session.replaced.is_set():
+            await context.abort(grpc.StatusCode.ABORTED, f"agent {link.agent_id}: replaced by a newer connection")
+
+    async def _write(self, session: _Session) -> None:
+        while True:
+            await session.write(await session.queue.get())
+
+    async def _read(self, link: _Link, session: _Session) -> None:
+        while True:
+            msg = await session.context.read()
+            if msg is grpc.aio.EOF:
+                return
+            session.last_seen = time.monotonic()
+            if link.lost_since is not None and link.session is session:
+                link.lost_since, link.expired = None, False
+                self._handler.agent_back(link.agent_id)
+            kind = msg.WhichOneof("body")
+            if kind == "records":
+                await self._records(link, session, list(msg.records.records))
+            elif kind == "command_ack":
+                for seq in [s for s in link.pending if s <= msg.command_ack.cmd_seq]:
+                    del link.pending[seq]
+            elif kind == "heartbeat":  # answered, so the agent knows the manager is alive
+                await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
+            elif kind == "gpus":
+                self._handler.telemetry(link.agent_id, msg.gpus)
+            elif kind == "resources":
+                self._handler.telemetry(link.agent_id, msg.resources)
+            elif kind == "bundle_request":
+                await self._serve_bundle(session, msg.bundle_request.digest)
+
+    async def _records(self, link: _Link, session: _Session, records: list[pb.Record]) -> None:
+        fresh = [r for r in records if r.seq > link.applied_seq]
+        if fresh:
+            for r in fresh:
+                if r.HasField("log"):
+                    self._write_log(r.log)
+            last = max(r.seq for r in fresh)
+            self._handler.apply_records(link.agent_id, link.boot_id, last, fresh)
+            link.applied_seq = last
+        await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
+
+    def _write_log(self, chunk: pb.LogChunk) -> None:
+        if not _SAFE_ID.match(chunk.trial_id):
+            log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
+            return
+        name = "trial.stderr" if chunk.stream == pb.LOG_STREAM_STDERR else "trial.stdout"
+        path = self.experiment_dir / "trials" / chunk.trial_id / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, chunk.data, chunk.offset)
+        finally:
+            os.close(fd)
+
+    async def _serve_bundle(self, session: _Session, digest: str) -> None:
+        path = bundle.cached(self.experiment_dir / "bundles", digest)
+        if path is None:
+            await session.write(
+                pb.ManagerMessage(
+                    bundle_chunk=pb.BundleChunk(digest=digest, last=True, error=f"this manager has no bundle {digest}")
+                )
+            )
+            return
+        for offset, data, last in bundle.chunks(path):
+            await session.write(
+                pb.ManagerMessage(bundle_chunk=pb.BundleChunk(digest=digest, offset=offset, data=data, last=last))
+            )
+
+    # ------------------------------------------------------------------ contact
+    def _lost(self, link: _Link, since: float) -> None:
+        if link.lost_since is None:
+            link.lost_since = since
+            self._handler.agent_lost(link.agent_id, since)
+
+    async def _watch_contact(self) -> None:
+        """Silent streams count as lost; lost agents expire after the reconnect window."""
+        silence = 3 * self.heartbeat_interval + 2.0
+        while True:
+            await asyncio.sleep(0.2)
+            now = time.time()
+            for link in list(self._links.values()):
+                s = link.session
+                if s and link.lost_since is None and time.monotonic() - s.last_seen > silence:
+                    self._lost(link, now - (time.monotonic() - s.last_seen))
+                if link.lost_since is not None and not link.expired and now - link.lost_since > self.reconnect_window:
+                    link.expired = True
+                    if link.session:
+                        link.session.replaced.set()  # end the silent stream
+                        link.session = None
+                    self._handler.agent_expired(link.agent_id)

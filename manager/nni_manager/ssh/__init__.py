@@ -1,0 +1,1 @@
+"""SSH plumbing for the remote backend: connect, tunnel, build and install the agent."""

@@ -1,0 +1,266 @@
+"""Bootstrap one worker over SSH: find Python, install the agent, start and stop it.
+
+Layout on the worker (all under the SSH user's home, umask 077, never /tmp):
+  ~/.nni-agent/<version>-<hash>/lib          the agent, unpacked from the manager's wheel
+  ~/.nni-agent/<version>-<hash>/deps-<py>    agent dependencies pip had to add (if any)
+  ~/.nni-agent/run/<exp>/<agent>.{token,pid,port,log,out}
+  ~/nni-experiments/<exp>/agents/<agent>     the agent's work dir (trials, bundles, spool)
+The fast path (agent installed, Python known good) is one probe command and one start.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import paramiko
+
+from nni_manager.ssh.wheel import AgentWheel
+
+MIN_PYTHON = (3, 10)
+EXEC_TIMEOUT = 120.0
+RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
+# import name -> distribution name, for the agent's requirements
+MODULES = {"grpc": "grpcio", "google.protobuf": "protobuf", "psutil": "psutil", "pynvml": "nvidia-ml-py"}
+
+
+class BootstrapError(RuntimeError):
+    """The agent cannot be installed or started on a machine; the message is for the user."""
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    """Everything that names one agent's process and files on its worker."""
+
+    experiment_id: str
+    agent_id: str
+    tag: str  # install dir name
+    python: str  # interpreter to run (as it reports sys.executable)
+    python_version: str
+    python_dir: str | None  # the machine's pythonPath, put in front of PATH like NNI does
+    remote_port: int
+    orphan_timeout: float
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> str:
+        return f".nni-agent/run/{self.experiment_id}"
+
+    def run_file(self, suffix: str) -> str:
+        return f"{self.run_dir}/{self.agent_id}.{suffix}"
+
+    @property
+    def work_dir(self) -> str:
+        return f"nni-experiments/{self.experiment_id}/agents/{self.agent_id}"
+
+    @property
+    def marker(self) -> str:
+        return f"{self.experiment_id}/{self.agent_id}"
+
+
+def home_path(rel: str) -> str:
+    """A shell word for ~/<rel> that survives any characters in rel."""
+    return '"$HOME"/' + shlex.quote(rel)
+
+
+def run(client: paramiko.SSHClient, command: str, stdin: bytes | None = None,
+        timeout: float = EXEC_TIMEOUT) -> tuple[int, str, str]:
+    """Run `command` on the worker; `stdin` (a script, a token) never goes to argv."""
+    chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+    chan.settimeout(timeout)
+    chan.exec_command(command)
+    if stdin is not None:
+        chan.sendall(stdin)
+    chan.shutdown_write()
+    out, err = bytearray(), bytearray()
+    stdout, stderr = chan.makefile("rb"), chan.makefile_stderr("rb")
+    out += stdout.read()
+    err += stderr.read()
+    rc = chan.recv_exit_status()
+    chan.close()
+    return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _script(name: str) -> bytes:
+    return resources.files("nni_manager.ssh").joinpath(name).read_bytes()
+
+
+# ------------------------------------------------------------------------------ probe
+
+@dataclass
+class Probe:
+    home: str
+    python: str | None = None
+    python_version: str = ""
+    installed_for: list[str] = field(default_factory=list)  # pythons the install was checked with
+    running_pid: int | None = None  # an agent of this id already running (manager restart)
+    running_port: int | None = None
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def installed(self) -> bool:
+        return self.python is not None and self.python in self.installed_for
+
+
+def candidates(python_dir: str | None) -> list[str]:
+    """NNI's order: pythonPath's python3/python when set (only those), else PATH's."""
+    if python_dir:
+        return [f"{python_dir.rstrip('/')}/python3", f"{python_dir.rstrip('/')}/python"]
+    return ["python3", "python"]
+
+
+def probe_command(python_dir: str | None, tag: str, launch_files: AgentLaunch | None) -> str:
+    version = "import sys; sys.stdout.write('%d.%d.%d %s\\n' % (sys.version_info[:3] + (sys.executable,)))"
+    lines = ['echo "HOME	$HOME"']
+    for c in candidates(python_dir):
+        q = shlex.quote(c)
+        found = f"[ -x {q} ] && [ -f {q} ]" if "/" in c else f"command -v {q} >/dev/null 2>&1"
+        lines.append(
+            f"if {found}; then echo \"PY	{c}	$({q} -c {shlex.quote(version)} 2>&1 | head -c 300 | tr '\\n\\t' '  ')\"; "
+            f"else echo \"PY	{c}	(not found)\"; fi"
+        )
+    lines.append(f"cat {home_path(f'.nni-agent/{tag}/pythons')} 2>/dev/null | sed 's/^/INSTALLED	/'")
+    if launch_files is not None:
+        pid, port = home_path(launch_files.run_file("pid")), home_path(launch_files.run_file("port"))
+        lines.append(
+            f"p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && grep -q nni_agent /proc/$p/cmdline 2>/dev/null "
+            f"&& echo \"RUNNING	$p	$(cat {port} 2>/dev/null)\""
+        )
+    lines.append("true")
+    return "\n".join(lines)
+
+
+def parse_probe(text: str) -> Probe:
+    probe = Probe(home="")
+    for line in text.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind == "HOME":
+            probe.home = rest
+        elif kind == "INSTALLED":
+            probe.installed_for.append(rest)
+        elif kind == "RUNNING":
+            pid, _, port = rest.partition("\t")
+            probe.running_pid, probe.running_port = int(pid), int(port) if port.strip().isdigit() else None
+        elif kind == "PY" and probe.python is None:
+            cand, _, answer = rest.partition("\t")
+            m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+) (\S.*)", answer.strip())
+            if m is None:
+                probe.rejected.append(f"{cand}: {answer.strip() or 'no output'}")
+            elif (int(m[1]), int(m[2])) < MIN_PYTHON:
+                probe.rejected.append(f"{cand}: Python {m[1]}.{m[2]}.{m[3]} is older than 3.10")
+            else:
+                probe.python, probe.python_version = m[4].strip(), f"{m[1]}.{m[2]}"
+    return probe
+
+
+def probe(client: paramiko.SSHClient, python_dir: str | None, tag: str, launch_files: AgentLaunch | None) -> Probe:
+    rc, out, err = run(client, probe_command(python_dir, tag, launch_files))
+    result = parse_probe(out)
+    if rc != 0 or not result.home:
+        raise BootstrapError(f"probing the worker failed (exit {rc}): {err.strip()[-300:]}")
+    if result.python is None:
+        where = f"pythonPath {python_dir}" if python_dir else "PATH (set pythonPath to choose another Python)"
+        raise BootstrapError(
+            f"no Python >= 3.10 found in {where}; tried: {'; '.join(result.rejected)}"
+        )
+    return result
+
+
+# ------------------------------------------------------------------------------ install
+
+def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel) -> None:
+    """Upload the wheel by SFTP, unpack it, check (and if possible add) the dependencies."""
+    target = f"{found.home}/.nni-agent/{wheel.tag}"
+    rc, _, err = run(client, f"umask 077 && mkdir -p {home_path(f'.nni-agent/{wheel.tag}')}")
+    if rc != 0:
+        raise BootstrapError(f"cannot create {target}: {err.strip()[-300:]}")
+    remote_wheel = f"{target}/.upload-{wheel.path.name}"
+    try:
+        with client.open_sftp() as sftp:
+            sftp.put(str(wheel.path), remote_wheel)
+    except (OSError, paramiko.SSHException) as e:
+        raise BootstrapError(f"uploading the agent wheel to {remote_wheel} failed: {e}") from None
+    reqs = _requirements_by_module(wheel)
+    command = (f"umask 077 && cd && {shlex.quote(found.python)} - {shlex.quote(remote_wheel)} "
+               f"{shlex.quote(target)} {shlex.quote(json.dumps(reqs))}")
+    rc, out, err = run(client, command, stdin=_script("worker_install.py"))
+    try:
+        result = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BootstrapError(f"installing the agent into {target} failed (exit {rc}): {err.strip()[-500:]}") from None
+    if not result["ok"]:
+        missing = "; ".join(f"{m} ({e})" for m, e in result["missing"].items())
+        pip = f"; `pip install` could not add them: {result['pip_error']}" if result["pip_error"] else ""
+        wanted = " ".join(shlex.quote(r) for r in sorted(set(reqs.values())))
+        raise BootstrapError(
+            f"{found.python} cannot import the agent's dependencies: {missing}{pip}. Fix: install them for "
+            f"that Python (`{found.python} -m pip install --user {wanted}`), or point pythonPath at a Python "
+            f"that has them"
+        )
+
+
+def _requirements_by_module(wheel: AgentWheel) -> dict[str, str]:
+    by_dist = {re.split(r"[<>=!~; ]", r, maxsplit=1)[0].lower(): r.split(";")[0].strip() for r in wheel.requirements}
+    return {mod: by_dist.get(dist, dist) for mod, dist in MODULES.items()}
+
+
+# ------------------------------------------------------------------------------ start / stop
+
+def start_command(launch: AgentLaunch) -> str:
+    """Shell that stores the token read from stdin (0600) and starts the agent detached."""
+    lib = f".nni-agent/{launch.tag}"
+    pythonpath = f'PYTHONPATH="$HOME"/{shlex.quote(lib + "/lib")}:"$HOME"/{shlex.quote(f"{lib}/deps-{launch.python_version}")}'
+    env = {RUN_MARKER_ENV: launch.marker, **launch.env}
+    assigns = " ".join([pythonpath] + [f"{k}={shlex.quote(v)}" for k, v in env.items()])
+    if launch.python_dir:
+        assigns = f'PATH={shlex.quote(launch.python_dir)}:"$PATH" ' + assigns
+    rf = launch.run_file
+    argv = " ".join([
+        shlex.quote(launch.python), "-m", "nni_agent",
+        "--manager", f"127.0.0.1:{launch.remote_port}",
+        "--agent-id", shlex.quote(launch.agent_id),
+        "--work-dir", home_path(launch.work_dir),
+        "--token-file", home_path(rf("token")),
+        "--orphan-timeout", f"{launch.orphan_timeout:g}",
+        "--log-file", home_path(rf("log")),
+    ])
+    return "\n".join([
+        "umask 077",
+        f"mkdir -p {home_path(launch.run_dir)} {home_path(launch.work_dir)} || exit 1",
+        f"cat > {home_path(rf('token'))} || exit 1",
+        f"echo {launch.remote_port} > {home_path(rf('port'))}",
+        f"cd {home_path(launch.work_dir)} || exit 1",
+        f"{assigns} setsid {argv} </dev/null >>{home_path(rf('out'))} 2>&1 &",
+        f"echo $! > {home_path(rf('pid'))}",
+        "echo $!",
+    ])
+
+
+def start_agent(client: paramiko.SSHClient, launch: AgentLaunch, token: str) -> int:
+    rc, out, err = run(client, start_command(launch), stdin=token.encode())
+    if rc != 0 or not out.strip().isdigit():
+        raise BootstrapError(f"starting the agent failed (exit {rc}): {err.strip()[-300:] or out.strip()[-300:]}")
+    return int(out.strip())
+
+
+def agent_alive(client: paramiko.SSHClient, launch: AgentLaunch) -> tuple[bool, str]:
+    """Whether the agent process runs; when not, the tail of its output for the error."""
+    pid, out = home_path(launch.run_file("pid")), home_path(launch.run_file("out"))
+    rc, text, _ = run(client, f"p=$(cat {pid}) && grep -q nni_agent /proc/$p/cmdline 2>/dev/null && echo ALIVE "
+                              f"|| tail -c 1500 {out} 2>/dev/null")
+    return text.startswith("ALIVE"), text.strip()
+
+
+def stop_agent(client: paramiko.SSHClient, launch: AgentLaunch, grace: float) -> dict[str, object]:
+    """Terminate the agent and every process it started (trial outputs stay)."""
+    command = (f"cd && {shlex.quote(launch.python)} - {shlex.quote(launch.marker)} {grace:g} "
+               f"{home_path(launch.run_file('token'))}")
+    rc, out, err = run(client, command, stdin=_script("worker_stop.py"), timeout=grace + 30)
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BootstrapError(f"stopping the agent failed (exit {rc}): {err.strip()[-300:]}") from None
+

@@ -1,0 +1,167 @@
+"""Open an SSH connection to one machine: host-key checking, proxyCommand, precise errors.
+
+Every failure raises `SshError` whose message says what went wrong on which machine and
+how to fix it; passwords and passphrases never appear in it.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+from pathlib import Path
+from select import select
+
+import paramiko
+
+from nni_manager.config import MachineConfig
+
+CONNECT_TIMEOUT = 15.0
+
+
+class SshError(RuntimeError):
+    """A machine could not be reached or logged into; the message is for the user."""
+
+
+def machine_label(m: MachineConfig) -> str:
+    return f"{m.user}@{m.host}:{m.port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style `SHA256:<base64>` fingerprint."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_path(m: MachineConfig) -> Path:
+    return Path(m.known_hosts_file or "~/.ssh/known_hosts").expanduser()
+
+
+def _host_entry(m: MachineConfig) -> str:
+    return m.host if m.port == 22 else f"[{m.host}]:{m.port}"
+
+
+def _trust_hint(m: MachineConfig, key: paramiko.PKey) -> str:
+    path = known_hosts_path(m)
+    return (
+        f"If you trust this key (compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` "
+        f"on the machine), add it with `ssh-keyscan -p {m.port} {m.host} >> {path}` or append this line to "
+        f"{path}: {_host_entry(m)} {key.get_name()} {key.get_base64()} "
+        "(or point the machine's knownHostsFile at a file that has it)"
+    )
+
+
+class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
+    """paramiko's RejectPolicy, but the error shows the offered key and how to trust it."""
+
+    def __init__(self, machine: MachineConfig) -> None:
+        self.machine = machine
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        m = self.machine
+        raise SshError(
+            f"{machine_label(m)}: host key is not known: {key.get_name()} {fingerprint(key)} is not in "
+            f"{known_hosts_path(m)}. {_trust_hint(m, key)}"
+        )
+
+
+class _ProxyCommand(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand spins forever once the command exits (reads keep returning
+    b''), so a dropped link never ends the transport. Return short reads like a socket,
+    and b'' at EOF, which closes the transport so the backend reconnects."""
+
+    def recv(self, size: int) -> bytes:
+        ready, _, _ = select([self.process.stdout], [], [], self.timeout)
+        if not ready:
+            raise socket.timeout()
+        try:
+            return os.read(self.process.stdout.fileno(), size)
+        except OSError as e:
+            raise paramiko.ProxyCommandFailure(" ".join(self.cmd), e.strerror) from None
+
+
+def proxy_command_line(m: MachineConfig) -> str | None:
+    """OpenSSH ProxyCommand tokens: %h host, %p port, %r user, %% a literal %."""
+    if not m.proxy_command:
+        return None
+    out, it = [], iter(m.proxy_command)
+    for ch in it:
+        if ch != "%":
+            out.append(ch)
+            continue
+        nxt = next(it, "")
+        subst = {"h": m.host, "p": str(m.port), "r": m.user, "%": "%"}.get(nxt)
+        if subst is None:
+            raise SshError(f"{machine_label(m)}: proxyCommand has unknown token %{nxt}; use %h, %p, %r or %%")
+        out.append(subst)
+    return "".join(out)
+
+
+def _auth_kwargs(m: MachineConfig) -> dict[str, object]:
+    if m.ssh_key_file is not None:
+        key_file = Path(m.ssh_key_file).expanduser()
+        if not key_file.is_file():
+            raise SshError(f"{machine_label(m)}: sshKeyFile {key_file} does not exist; fix the path in machineList")
+        return {"key_filename": str(key_file), "passphrase": m.ssh_passphrase, "allow_agent": False, "look_for_keys": False}
+    if m.password is not None:
+        return {"password": m.password, "allow_agent": False, "look_for_keys": False}
+    return {}  # neither given: the SSH agent and ~/.ssh/id_* keys, like `ssh` does
+
+
+def _auth_method(m: MachineConfig) -> str:
+    if m.ssh_key_file is not None:
+        return f"key {m.ssh_key_file}"
+    return "password" if m.password is not None else "SSH agent / default keys"
+
+
+def connect(m: MachineConfig) -> paramiko.SSHClient:
+    """Connect and authenticate (blocking; call it from a worker thread)."""
+    label = machine_label(m)
+    client = paramiko.SSHClient()
+    if m.strict_host_key_checking:
+        path = known_hosts_path(m)
+        if path.exists():
+            client.load_host_keys(str(path))
+        client.set_missing_host_key_policy(_RejectUnknownHost(m))
+    else:
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # in memory only
+    sock = None
+    try:
+        line = proxy_command_line(m)
+        sock = _ProxyCommand(line) if line else None
+        client.connect(
+            m.host, port=m.port, username=m.user, sock=sock, timeout=CONNECT_TIMEOUT,
+            banner_timeout=CONNECT_TIMEOUT, auth_timeout=CONNECT_TIMEOUT, **_auth_kwargs(m),
+        )
+    except SshError:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        client.close()
+        raise SshError(
+            f"{label}: HOST KEY CHANGED: the server offered {e.key.get_name()} {fingerprint(e.key)} but "
+            f"{known_hosts_path(m)} expects {e.expected_key.get_name()} {fingerprint(e.expected_key)}. This can "
+            f"be an attack. If the machine was really reinstalled, remove the old entry with "
+            f"`ssh-keygen -R '{_host_entry(m)}' -f {known_hosts_path(m)}`; then {_trust_hint(m, e.key)}"
+        ) from None
+    except paramiko.BadAuthenticationType as e:
+        client.close()
+        raise SshError(
+            f"{label}: the server does not accept {_auth_method(m)} authentication; it allows: "
+            f"{', '.join(e.allowed_types)}. Set sshKeyFile or password accordingly"
+        ) from None
+    except paramiko.PasswordRequiredException:
+        client.close()
+        raise SshError(f"{label}: key {m.ssh_key_file} is encrypted; set sshPassphrase") from None
+    except paramiko.AuthenticationException:
+        client.close()
+        what = "the password was rejected" if m.ssh_key_file is None and m.password is not None else "the key was rejected"
+        raise SshError(f"{label}: authentication failed with {_auth_method(m)}: {what}; check user, password/sshKeyFile") from None
+    except paramiko.ProxyCommandFailure as e:
+        client.close()
+        raise SshError(f"{label}: proxyCommand failed: {e.error} (command: {e.command})") from None
+    except (OSError, socket.timeout, paramiko.SSHException, EOFError) as e:
+        client.close()
+        via = f" via proxyCommand `{proxy_command_line(m)}`" if m.proxy_command else ""
+        raise SshError(f"{label}: cannot connect{via}: {type(e).__name__}: {e}") from None
+    return client

@@ -1,0 +1,69 @@
+"""Runs ON THE WORKER (stdlib only, Python >= 3.10), fed to `python -` over SSH.
+
+argv: <wheel> <install dir> <JSON {module: requirement}>. Unpacks the agent wheel into
+<dir>/lib (a pure-Python wheel installs by unpacking: no pip, no index, no deps), checks
+that the agent's dependencies import with this Python, installs only the missing ones into
+<dir>/deps-<pyver> with `pip --target` when pip can reach an index (never touching what
+the user installed), and records this Python in <dir>/pythons. Prints one JSON line.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+CHECK = """
+import importlib, json, sys
+bad = {}
+for mod in sys.argv[1:] + ["nni_agent.v1.agent_pb2_grpc"]:
+    try:
+        importlib.import_module(mod)
+    except Exception as e:
+        bad[mod] = f"{type(e).__name__}: {e}"[:300]
+print(json.dumps(bad))
+"""
+
+
+def missing(python_path: str, modules: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=python_path, PYTHONNOUSERSITE="1")
+    out = subprocess.run([sys.executable, "-c", CHECK, *modules], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"python": out.stderr.strip()[-300:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    wheel, target, reqs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    lib = os.path.join(target, "lib")
+    deps = os.path.join(target, "deps-%d.%d" % sys.version_info[:2])
+    if not os.path.isdir(lib):  # unpack beside, then rename: concurrent installs (shared homes) are safe
+        tmp = tempfile.mkdtemp(prefix=".lib-", dir=target)
+        zipfile.ZipFile(wheel).extractall(tmp)
+        try:
+            os.rename(tmp, lib)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    os.unlink(wheel)
+    path = lib + os.pathsep + deps
+    bad = missing(path, list(reqs))
+    pip_error = ""
+    if bad and "python" not in bad:
+        wanted = {reqs[m] for m in bad if m in reqs}
+        if "nni_agent.v1.agent_pb2_grpc" in bad:  # e.g. a too old protobuf: bring the pinned pair
+            wanted |= {reqs["grpc"], reqs["google.protobuf"]}
+        cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               "--retries", "0", "--timeout", "10", "--target", deps, *sorted(wanted)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode == 0:
+            bad = missing(path, list(reqs))
+        else:
+            pip_error = (out.stderr.strip().splitlines() or ["pip failed"])[-1][:300]
+    if not bad:
+        with open(os.path.join(target, "pythons"), "a") as f:
+            f.write(sys.executable + "\n")
+    print(json.dumps({"ok": not bad, "missing": bad, "pip_error": pip_error, "deps_dir": deps}))
+
+
+main()

@@ -1,0 +1,226 @@
+"""SQLite persistence of one experiment (<experiment_dir>/experiment.db).
+
+Everything a restarted manager needs lives here: the trial table, every metric, the
+parameters sent, and per agent the last record seq applied for its current boot, so
+replayed records are recognised and each metric takes effect exactly once. Written
+from the asyncio thread only; one transaction per received RecordBatch.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from nni_manager.types import (
+    HyperParameters,
+    TrialJobApplicationForm,
+    TrialJobDetail,
+    TrialJobStatus,
+)
+
+DB_NAME = "experiment.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS experiment (
+    id TEXT PRIMARY KEY, config TEXT NOT NULL, start_time INTEGER NOT NULL, status TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    id TEXT PRIMARY KEY, sequence_id INTEGER NOT NULL, status TEXT NOT NULL, message TEXT NOT NULL,
+    submit_time INTEGER NOT NULL, start_time INTEGER, end_time INTEGER, form TEXT NOT NULL,
+    agent_id TEXT, gpu_indices TEXT, working_directory TEXT NOT NULL, is_early_stopped INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trial_events (
+    trial_id TEXT NOT NULL, status TEXT NOT NULL, message TEXT NOT NULL, time INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parameters (
+    trial_id TEXT NOT NULL, idx INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (trial_id, idx)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    trial_id TEXT NOT NULL, agent_id TEXT NOT NULL, boot_id TEXT NOT NULL, agent_seq INTEGER NOT NULL,
+    trial_seq INTEGER NOT NULL, type TEXT NOT NULL, sequence INTEGER NOT NULL, data TEXT NOT NULL,
+    timestamp INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS metrics_trial ON metrics (trial_id);
+CREATE TABLE IF NOT EXISTS agents (
+    agent_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, token TEXT NOT NULL, hints TEXT NOT NULL,
+    boot_id TEXT NOT NULL DEFAULT '', applied_seq INTEGER NOT NULL DEFAULT 0,
+    next_cmd_seq INTEGER NOT NULL DEFAULT 1
+);
+"""
+
+
+class Store:
+    """One experiment's database. `open` creates it; `open_readonly` is for the CLI."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._in_tx = False
+
+    @classmethod
+    def open(cls, experiment_dir: Path) -> Store:
+        experiment_dir.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(experiment_dir / DB_NAME, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        return cls(conn)
+
+    @classmethod
+    def open_readonly(cls, experiment_dir: Path) -> Store:
+        path = Path(experiment_dir) / DB_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: is {experiment_dir} an experiment directory?")
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        return cls(conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes; nested use joins the outer transaction."""
+        if self._in_tx:
+            yield
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+        finally:
+            self._in_tx = False
+
+    # ------------------------------------------------------------------ experiment
+    def init_experiment(self, experiment_id: str, config: dict[str, Any], start_time: int) -> None:
+        self._conn.execute(
+            "INSERT OR IGNORE INTO experiment VALUES (?, ?, ?, 'RUNNING')",
+            (experiment_id, json.dumps(config, default=str), start_time),
+        )
+
+    def set_experiment_status(self, status: str) -> None:
+        self._conn.execute("UPDATE experiment SET status = ?", (status,))
+
+    def experiment(self) -> dict[str, Any]:
+        row = self._conn.execute("SELECT id, config, start_time, status FROM experiment").fetchone()
+        if row is None:
+            return {}
+        return {"id": row[0], "config": json.loads(row[1]), "start_time": row[2], "status": row[3]}
+
+    # ------------------------------------------------------------------ trials
+    def save_trial(self, t: TrialJobDetail) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                t.id, t.sequence_id, t.status.value, t.message, t.submit_time, t.start_time, t.end_time,
+                json.dumps(asdict(t.form)), t.agent_id,
+                None if t.gpu_indices is None else json.dumps(t.gpu_indices),
+                t.working_directory, int(t.is_early_stopped),
+            ),
+        )
+
+    def add_event(self, trial_id: str, status: TrialJobStatus, message: str, time_ms: int) -> None:
+        self._conn.execute("INSERT INTO trial_events VALUES (?, ?, ?, ?)", (trial_id, status.value, message, time_ms))
+
+    def events(self, trial_id: str) -> list[tuple[str, str, int]]:
+        return self._conn.execute(
+            "SELECT status, message, time FROM trial_events WHERE trial_id = ? ORDER BY rowid", (trial_id,)
+        ).fetchall()
+
+    def trials(self) -> list[TrialJobDetail]:
+        rows = self._conn.execute(
+            "SELECT id, sequence_id, status, message, submit_time, start_time, end_time, form, agent_id,"
+            " gpu_indices, working_directory, is_early_stopped FROM trials ORDER BY submit_time, rowid"
+        ).fetchall()
+        return [_trial_from_row(r) for r in rows]
+
+    def add_parameter(self, trial_id: str, index: int, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO parameters VALUES (?, ?, ?)", (trial_id, index, value))
+
+    def parameters(self, trial_id: str) -> list[tuple[int, str]]:
+        return self._conn.execute(
+            "SELECT idx, value FROM parameters WHERE trial_id = ? ORDER BY idx", (trial_id,)
+        ).fetchall()
+
+    # ------------------------------------------------------------------ metrics
+    def add_metric(
+        self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int
+    ) -> None:
+        kind, sequence = _metric_kind(data)
+        self._conn.execute(
+            "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (trial_id, agent_id, boot_id, agent_seq, trial_seq, kind, sequence, data, timestamp),
+        )
+
+    def metrics(self, trial_id: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT trial_id, type, sequence, data, timestamp FROM metrics"
+        args: tuple[Any, ...] = ()
+        if trial_id is not None:
+            sql += " WHERE trial_id = ?"
+            args = (trial_id,)
+        rows = self._conn.execute(sql + " ORDER BY rowid", args).fetchall()
+        keys = ("trial_id", "type", "sequence", "data", "timestamp")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # ------------------------------------------------------------------ agents
+    def agent_by_name(self, name: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            "SELECT agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq FROM agents WHERE name = ?",
+            (name,),
+        ).fetchone()
+        return None if row is None else _agent_from_row(row)
+
+    def agents(self) -> list[dict[str, Any]]:
+        rows = self._conn.execute(
+            "SELECT agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq FROM agents ORDER BY rowid"
+        ).fetchall()
+        return [_agent_from_row(r) for r in rows]
+
+    def add_agent(self, agent_id: str, name: str, token: str, hints: dict[str, Any]) -> None:
+        self._conn.execute(
+            "INSERT INTO agents (agent_id, name, token, hints) VALUES (?, ?, ?, ?)",
+            (agent_id, name, token, json.dumps(hints)),
+        )
+
+    def set_agent_progress(self, agent_id: str, boot_id: str, applied_seq: int) -> None:
+        self._conn.execute(
+            "UPDATE agents SET boot_id = ?, applied_seq = ? WHERE agent_id = ?", (boot_id, applied_seq, agent_id)
+        )
+
+    def set_next_cmd_seq(self, agent_id: str, next_cmd_seq: int) -> None:
+        self._conn.execute("UPDATE agents SET next_cmd_seq = ? WHERE agent_id = ?", (next_cmd_seq, agent_id))
+
+
+def _metric_kind(data: str) -> tuple[str, int]:
+    """(type, sequence) of an NNI metric JSON; unparsable data is kept as CUSTOM."""
+    try:
+        obj = json.loads(data)
+        return str(obj.get("type", "CUSTOM")), int(obj.get("sequence", 0) or 0)
+    except (ValueError, AttributeError, TypeError):
+        return "CUSTOM", 0
+
+
+def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:
+    form = json.loads(r[7])
+    hp = form.pop("hyper_parameters")
+    return TrialJobDetail(
+        id=r[0], sequence_id=r[1], status=TrialJobStatus(r[2]), message=r[3], submit_time=r[4],
+        start_time=r[5], end_time=r[6],
+        form=TrialJobApplicationForm(hyper_parameters=HyperParameters(**hp), **form),
+        agent_id=r[8], gpu_indices=None if r[9] is None else json.loads(r[9]),
+        working_directory=r[10], is_early_stopped=bool(r[11]),
+    )
+
+
+def _agent_from_row(r: tuple[Any, ...]) -> dict[str, Any]:
+    keys = ("agent_id", "name", "token", "hints", "boot_id", "applied_seq", "next_cmd_seq")
+    d = dict(zip(keys, r))
+    d["hints"] = json.loads(d["hints"])
+    return d

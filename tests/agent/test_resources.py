@@ -1,0 +1,46 @@
+"""CPU and memory of a trial's whole process tree, escaped descendants included."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nni_agent.resources import TreeSampler
+from nni_agent.v1 import agent_pb2 as pb
+from tests.agent.trialkit import AGENT_KEY, Recorder, make_spec, new_trial, python_command, run, wait_until
+
+BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
+HOLD_MEMORY = "import time; block = bytearray(64 * 1024 * 1024); block[::4096] = b'x' * len(block[::4096]); time.sleep(60)"
+
+
+def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    escaped = python_command(
+        "import os, time, pathlib\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(60)\n"
+        "os._exit(0)\n")
+    command = f"{python_command(BUSY)} & {python_command(HOLD_MEMORY)} & {escaped}; wait"
+    rec = Recorder()
+    spec = make_spec(tmp_path, command)
+
+    async def body() -> list[pb.TrialResources]:
+        trial = new_trial(spec, tmp_path, rec)
+        await trial.start()
+        sampler = TreeSampler(trial.root_pid(), f"{AGENT_KEY}/trA01")
+        await wait_until(ready.exists)
+        await wait_until(lambda: sampler.sample().rss_bytes > 64 * 1024 * 1024, what="the memory to be touched")
+        time.sleep(0.5)  # let the busy loop burn CPU between two samples
+        samples = [sampler.sample()]
+        await trial.cancel(False, "done")
+        await trial.wait()
+        samples.append(sampler.sample())
+        return samples
+
+    running, after = run(body)
+    assert running.trial_id == "trA01"
+    assert running.num_processes == 4  # sh, busy loop, memory holder, the escaped daemon
+    assert running.rss_bytes > 64 * 1024 * 1024
+    assert running.cpu_percent > 5
+    assert after.num_processes == 0 and after.rss_bytes == 0

@@ -1,0 +1,237 @@
+"""The hub against a scripted agent speaking the wire protocol over real gRPC."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from nni_agent.v1 import agent_pb2 as pb
+from nni_agent.v1 import agent_pb2_grpc as pb_grpc
+from nni_manager.bundle import pack
+from nni_manager.hub import Hub
+from nni_manager.store import Store
+from tests.manager.helpers import until
+
+TOKEN = "s3cret-token-value"
+
+
+class Recorder:
+    """The hub's handler: records what the hub reports and stores progress like the service."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.events: list[tuple[str, Any]] = []
+        self.records: list[pb.Record] = []
+
+    def agent_hello(self, agent_id: str, hello: pb.Hello, restarted: bool) -> None:
+        self.events.append(("hello", restarted))
+
+    def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
+        with self.store.transaction():
+            self.records.extend(records)
+            self.store.set_agent_progress(agent_id, boot_id, last_seq)
+
+    def telemetry(self, agent_id: str, report: Any) -> None:
+        self.events.append(("telemetry", type(report).__name__))
+
+    def agent_lost(self, agent_id: str, since: float) -> None:
+        self.events.append(("lost", agent_id))
+
+    def agent_back(self, agent_id: str) -> None:
+        self.events.append(("back", agent_id))
+
+    def agent_expired(self, agent_id: str) -> None:
+        self.events.append(("expired", agent_id))
+
+
+class Agent:
+    """A scripted agent: one stream, explicit messages."""
+
+    def __init__(self, hub: Hub, token: str = TOKEN, boot_id: str = "boot1", major: int = PROTOCOL_MAJOR) -> None:
+        self.channel = grpc.aio.insecure_channel(f"unix:{hub.socket_path}", options=[("grpc.enable_http_proxy", 0)])
+        self.call = pb_grpc.AgentHubStub(self.channel).Connect()
+        self.hello = pb.Hello(agent_id="a1", token=token, agent_version="0.1.0", protocol_major=major,
+                              protocol_minor=PROTOCOL_MINOR, boot_id=boot_id)
+
+    async def connect(self) -> pb.Welcome:
+        await self.call.write(pb.AgentMessage(hello=self.hello))
+        msg = await self.call.read()
+        assert msg.HasField("welcome"), msg
+        return msg.welcome
+
+    async def send(self, **body: Any) -> None:
+        await self.call.write(pb.AgentMessage(**body))
+
+    async def read(self, kind: str) -> Any:
+        while True:
+            msg = await asyncio.wait_for(self.call.read(), 5)
+            assert msg is not grpc.aio.EOF
+            if msg.WhichOneof("body") == kind:
+                return getattr(msg, kind)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def records(*items: tuple[int, dict[str, Any]]) -> pb.RecordBatch:
+    return pb.RecordBatch(records=[pb.Record(seq=seq, **body) for seq, body in items])
+
+
+async def started_hub(tmp: Path, **kw: Any) -> tuple[Hub, Recorder]:
+    store = Store.open(tmp)
+    store.add_agent("a1", "a1", TOKEN, {})
+    rec = Recorder(store)
+    hub = Hub(experiment_id="Exp12345", experiment_dir=tmp, store=store, handler=rec, **kw)
+    hub.register("a1", TOKEN)
+    await hub.start()
+    return hub, rec
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_wrong_token_refused_without_echo(short_dir: Path) -> None:
+    async def body() -> None:
+        hub, _ = await started_hub(short_dir)
+        agent = Agent(hub, token="wrong-guess-123")
+        await agent.call.write(pb.AgentMessage(hello=agent.hello))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent.call.read()
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert err.value.details() == "agent a1: invalid token"
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
+@pytest.mark.parametrize("major, upgrade", [(PROTOCOL_MAJOR + 1, "upgrade nni-manager"), (0, "upgrade nni-agent")])
+def test_protocol_major_mismatch_names_both_versions(short_dir: Path, major: int, upgrade: str) -> None:
+    async def body() -> None:
+        hub, _ = await started_hub(short_dir)
+        agent = Agent(hub, major=major)
+        await agent.call.write(pb.AgentMessage(hello=agent.hello))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent.call.read()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = err.value.details()
+        assert f"agent speaks protocol {major}." in details
+        assert f"this manager speaks {PROTOCOL_MAJOR}." in details and upgrade in details
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
+def test_records_deduplicated_acked_and_logs_written(short_dir: Path) -> None:
+    async def body() -> None:
+        hub, rec = await started_hub(short_dir)
+        agent = Agent(hub)
+        assert (await agent.connect()).acked_seq == 0
+        log1 = pb.LogChunk(trial_id="t1", stream=pb.LOG_STREAM_STDOUT, offset=0, data=b"hello ")
+        log2 = pb.LogChunk(trial_id="t1", stream=pb.LOG_STREAM_STDOUT, offset=6, data=b"world\n")
+        await agent.send(records=records(
+            (1, {"metric": pb.Metric(trial_id="t1", trial_seq=1, data="{}")}), (2, {"log": log1})))
+        assert (await agent.read("ack")).seq == 2
+        await agent.close()
+
+        agent = Agent(hub)  # same boot reconnects: replay from 3, overlap is dropped
+        assert (await agent.connect()).acked_seq == 2
+        await agent.send(records=records((2, {"log": log1}), (3, {"log": log2})))
+        assert (await agent.read("ack")).seq == 3
+        assert [r.seq for r in rec.records] == [1, 2, 3]
+        assert (short_dir / "trials" / "t1" / "trial.stdout").read_bytes() == b"hello world\n"
+        await agent.send(heartbeat=pb.Heartbeat(time_ms=1))
+        assert (await agent.read("ack")).seq == 3  # heartbeats are answered
+        await agent.close()
+
+        agent = Agent(hub, boot_id="boot2")  # a restarted agent starts over
+        assert (await agent.connect()).acked_seq == 0
+        assert rec.events.count(("hello", True)) == 1
+        await agent.close()
+        await hub.stop()
+        assert Store.open(short_dir).agent_by_name("a1")["boot_id"] == "boot2"
+
+    run(body())
+
+
+def test_commands_resent_until_acked_and_new_stream_replaces_old(short_dir: Path) -> None:
+    async def body() -> None:
+        hub, _ = await started_hub(short_dir)
+        first = Agent(hub)
+        await first.connect()
+        hub.send("a1", pb.Command(cancel_trial=pb.CancelTrial(trial_id="t1")))
+        hub.send("a1", pb.Command(cancel_trial=pb.CancelTrial(trial_id="t2")))
+        cmd = await first.read("command")
+        assert (cmd.cmd_seq, cmd.cancel_trial.trial_id) == (1, "t1")
+        await first.send(command_ack=pb.CommandAck(cmd_seq=1))
+        await until(lambda: len(hub.pending_commands("a1")) == 1, what="ack of command 1")
+
+        second = Agent(hub)  # replaces the first stream; command 2 is sent again
+        await second.connect()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while True:
+                await first.call.read()
+        assert err.value.code() == grpc.StatusCode.ABORTED
+        cmd = await second.read("command")
+        assert (cmd.cmd_seq, cmd.cancel_trial.trial_id) == (2, "t2")
+        await second.send(command_ack=pb.CommandAck(cmd_seq=2))
+        assert await hub.wait_idle("a1", timeout=5)
+        assert Store.open(short_dir).agent_by_name("a1")["next_cmd_seq"] == 3
+        await first.close()
+        await second.close()
+        await hub.stop()
+
+    run(body())
+
+
+def test_reconnect_window(short_dir: Path) -> None:
+    async def body() -> None:
+        hub, rec = await started_hub(short_dir, reconnect_window=0.3)
+        agent = Agent(hub)
+        await agent.connect()
+        assert hub.connected("a1")
+        await agent.close()
+        await until(lambda: ("lost", "a1") in rec.events, what="lost")
+        assert not hub.connected("a1")
+        await until(lambda: ("expired", "a1") in rec.events, what="expired")
+        agent = Agent(hub)  # it may still come back later
+        await agent.connect()
+        assert hub.connected("a1")
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
+def test_bundle_served_in_chunks(short_dir: Path) -> None:
+    async def body() -> None:
+        code = short_dir / "code"
+        code.mkdir()
+        (code / "rand.bin").write_bytes(os.urandom(3 * 1024 * 1024))  # incompressible: several chunks
+        b = pack(code, short_dir / "bundles")
+        hub, _ = await started_hub(short_dir)
+        agent = Agent(hub)
+        await agent.connect()
+        await agent.send(bundle_request=pb.BundleRequest(digest=b.digest))
+        data = b""
+        while True:
+            chunk = await agent.read("bundle_chunk")
+            assert chunk.offset == len(data) and not chunk.error
+            data += chunk.data
+            if chunk.last:
+                break
+        assert data == b.path.read_bytes()
+        await agent.send(bundle_request=pb.BundleRequest(digest="sha256:" + "0" * 64))
+        chunk = await agent.read("bundle_chunk")
+        assert chunk.last and "no bundle" in chunk.error
+        await agent.close()
+        await hub.stop()
+
+    run(body())

@@ -1,0 +1,105 @@
+"""Connecting: host keys, key and password auth, proxyCommand, precise errors."""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import subprocess
+
+import paramiko
+import pytest
+
+from nni_manager.config import MachineConfig
+from nni_manager.ssh.bootstrap import run
+from nni_manager.ssh.connection import SshError, connect, fingerprint, proxy_command_line
+
+pytestmark = pytest.mark.ssh
+
+
+def test_key_auth_and_exec(plain_sshd):
+    client = connect(plain_sshd.machine)
+    try:
+        assert run(client, "id -un; echo $HOME") == (0, "root\n/root\n", "")
+    finally:
+        client.close()
+
+
+def test_password_auth(plain_sshd, password_user):
+    user, password = password_user
+    m = dataclasses.replace(plain_sshd.machine, user=user, password=password, ssh_key_file=None)
+    client = connect(m)
+    try:
+        assert run(client, "id -un")[1].strip() == user
+    finally:
+        client.close()
+
+
+def test_wrong_password_is_precise_and_secret_free(plain_sshd, password_user):
+    user, password = password_user
+    wrong = password + "x"
+    m = dataclasses.replace(plain_sshd.machine, user=user, password=wrong, ssh_key_file=None)
+    with pytest.raises(SshError) as e:
+        connect(m)
+    msg = str(e.value)
+    assert f"{user}@127.0.0.1:{plain_sshd.port}" in msg and "password was rejected" in msg
+    assert wrong not in msg
+
+
+def test_unknown_host_key_shows_fingerprint_and_fix(plain_sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(SshError) as e:
+        connect(dataclasses.replace(plain_sshd.machine, known_hosts_file=empty))
+    msg = str(e.value)
+    key = paramiko.Ed25519Key.from_private_key_file(str(_hostkey(plain_sshd)))
+    assert "not known" in msg and fingerprint(key) in msg
+    assert f"ssh-keyscan -p {plain_sshd.port} 127.0.0.1 >> {empty}" in msg
+    assert f"[127.0.0.1]:{plain_sshd.port} ssh-ed25519 {key.get_base64()}" in msg
+
+
+def test_changed_host_key_is_refused_with_both_fingerprints(plain_sshd, tmp_path):
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    other_pub = (tmp_path / "other.pub").read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{plain_sshd.port} {' '.join(other_pub)}\n")
+    with pytest.raises(SshError) as e:
+        connect(dataclasses.replace(plain_sshd.machine, known_hosts_file=kh))
+    msg = str(e.value)
+    real = paramiko.Ed25519Key.from_private_key_file(str(_hostkey(plain_sshd)))
+    expected = paramiko.Ed25519Key(data=base64.b64decode(other_pub[1]))
+    assert "HOST KEY CHANGED" in msg and fingerprint(real) in msg and fingerprint(expected) in msg
+    assert "ssh-keygen -R" in msg
+
+
+def test_strict_checking_off_accepts_unknown_key(plain_sshd, tmp_path):
+    m = dataclasses.replace(plain_sshd.machine, known_hosts_file=tmp_path / "missing", strict_host_key_checking=False)
+    client = connect(m)
+    client.close()
+
+
+def test_connection_refused_names_machine(plain_sshd):
+    m = dataclasses.replace(plain_sshd.machine, port=1)
+    with pytest.raises(SshError, match=r"root@127.0.0.1:1: cannot connect"):
+        connect(m)
+
+
+def test_proxy_command_through_netns(netns_hosts):
+    host = netns_hosts[0]
+    client = connect(host.machine)
+    try:
+        # inside the namespace only lo exists
+        rc, out, _ = run(client, "ls /sys/class/net")
+        assert rc == 0 and out.split() == ["lo"]
+    finally:
+        client.close()
+
+
+def test_proxy_command_tokens():
+    m = MachineConfig(host="h", port=2222, user="u", proxy_command="ssh -W %h:%p %r@bastion 100%%")
+    assert proxy_command_line(m) == "ssh -W h:2222 u@bastion 100%"
+    with pytest.raises(SshError, match="unknown token %x"):
+        proxy_command_line(dataclasses.replace(m, proxy_command="nc %x"))
+
+
+def _hostkey(host):
+    return host.machine.ssh_key_file.parent / "hostkey"
