@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=test bash scripts/setup_env.sh   # the example trains scikit-learn models
-exec .venv/bin/nni-manager run examples/quickstart/config.yml "$@"
+export PATH="$PWD/.venv/bin:$PATH"      # trials run `python train.py` with the venv's Python
+exec nni-manager run examples/quickstart/config.yml "$@"
