@@ -138,7 +138,7 @@ def supported_platforms() -> list[str]:
     """Platforms that have a backend in this installation."""
     from nni_manager.backends import registry
 
-    return sorted(registry._BACKENDS)
+    return registry.platforms()
 
 
 class _Section:

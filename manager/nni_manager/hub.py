@@ -73,9 +73,11 @@ class _Session:
     agent_id: str
     context: grpc.aio.ServicerContext
     queue: asyncio.Queue[pb.ManagerMessage] = field(default_factory=asyncio.Queue)
-    replaced: asyncio.Event = field(default_factory=asyncio.Event)
+    replaced: asyncio.Event = field(default_factory=asyncio.Event)  # ended by the hub, see `why`
+    why: str = ""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_seen: float = field(default_factory=time.monotonic)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # bundle transfers
 
     async def write(self, msg: pb.ManagerMessage) -> None:
         async with self.write_lock:
@@ -173,14 +175,6 @@ class Hub(pb_grpc.AgentHubServicer):
         link = self._links.get(agent_id)
         return bool(link and link.session and link.lost_since is None)
 
-    async def wait_idle(self, agent_id: str, timeout: float) -> bool:
-        """Wait until every command to `agent_id` is acknowledged (or it is gone)."""
-        deadline = time.monotonic() + timeout
-        link = self._links[agent_id]
-        while link.pending and link.session and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return not link.pending
-
     # ------------------------------------------------------------------ the stream
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
         first = await context.read()
@@ -202,8 +196,11 @@ class Hub(pb_grpc.AgentHubServicer):
         session = _Session(link.agent_id, context)
         old, link.session = link.session, session
         if old:
+            old.why = "replaced by a newer connection"
             old.replaced.set()
         link.lost_since, link.expired = None, False
+        for command in link.pending.values():  # unacknowledged: sent again, after the Welcome
+            session.queue.put_nowait(pb.ManagerMessage(command=command))
         self._handler.agent_hello(link.agent_id, hello, restarted)
         await session.write(
             pb.ManagerMessage(
@@ -218,15 +215,13 @@ class Hub(pb_grpc.AgentHubServicer):
                 )
             )
         )
-        for command in link.pending.values():
-            session.queue.put_nowait(pb.ManagerMessage(command=command))
         reader = asyncio.create_task(self._read(link, session))
         writer = asyncio.create_task(self._write(session))
         replaced = asyncio.create_task(session.replaced.wait())
         try:
             await asyncio.wait({reader, writer, replaced}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (reader, writer, replaced):
+            for task in (reader, writer, replaced, *session.tasks):
                 task.cancel()
             if link.session is session:
                 link.session = None
@@ -234,7 +229,7 @@ class Hub(pb_grpc.AgentHubServicer):
         if reader.done() and not reader.cancelled() and reader.exception():
             log.warning("agent %s: stream ended: %s", link.agent_id, reader.exception())
         if session.replaced.is_set():
-            await context.abort(grpc.StatusCode.ABORTED, f"agent {link.agent_id}: replaced by a newer connection")
+            await context.abort(grpc.StatusCode.ABORTED, f"agent {link.agent_id}: {session.why}")
 
     async def _write(self, session: _Session) -> None:
         while True:
@@ -261,8 +256,10 @@ class Hub(pb_grpc.AgentHubServicer):
                 self._handler.telemetry(link.agent_id, msg.gpus)
             elif kind == "resources":
                 self._handler.telemetry(link.agent_id, msg.resources)
-            elif kind == "bundle_request":
-                await self._serve_bundle(session, msg.bundle_request.digest)
+            elif kind == "bundle_request":  # in the background: records keep flowing meanwhile
+                task = asyncio.create_task(self._serve_bundle(session, msg.bundle_request.digest))
+                session.tasks.add(task)
+                task.add_done_callback(session.tasks.discard)
 
     async def _records(self, link: _Link, session: _Session, records: list[pb.Record]) -> None:
         fresh = [r for r in records if r.seq > link.applied_seq]
@@ -320,7 +317,8 @@ class Hub(pb_grpc.AgentHubServicer):
                     self._lost(link, now - (time.monotonic() - s.last_seen))
                 if link.lost_since is not None and not link.expired and now - link.lost_since > self.reconnect_window:
                     link.expired = True
-                    if link.session:
-                        link.session.replaced.set()  # end the silent stream
+                    if link.session:  # end the silent stream
+                        link.session.why = f"silent for longer than the reconnect window ({self.reconnect_window:g} s)"
+                        link.session.replaced.set()
                         link.session = None
                     self._handler.agent_expired(link.agent_id)

@@ -24,7 +24,7 @@ class AgentView:
     hints: PlacementHints = field(default_factory=PlacementHints)
     gpus: pb.GpuReport | None = None  # latest report; None = never received
     trials: dict[str, tuple[int, ...]] = field(default_factory=dict)  # its live trials -> GPU indices
-    pids: frozenset[int] = frozenset()  # pids of this experiment's trials on it
+    pids: frozenset[int] = frozenset()  # pids of this experiment's trials on it (live or just ended)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ class TrainingService:
             await self._open()
         except BaseException:
             if self._hub is not None:
+                await self._backend.stop()  # whatever it started before failing
                 await self._hub.stop()
             if self._store is not None:
                 self._store.close()
@@ -451,7 +452,7 @@ class TrainingService:
             views.append(AgentView(
                 agent_id=a.agent_id, name=a.name, connected=self.agent_connected(a.agent_id), hints=a.hints,
                 gpus=a.gpus, trials={t.id: tuple(t.gpu_indices or ()) for t in live},
-                pids=frozenset(self._pids[t.id] for t in live if t.id in self._pids),
+                pids=frozenset(pid for tid, pid in self._pids.items() if self._trials[tid].agent_id == a.agent_id),
             ))
         gpu_number = self.config.trial_gpu_number
         requests = [Request(t.id, _gpu_request(t, gpu_number)) for t in waiting]

@@ -63,7 +63,7 @@ class Store:
     @classmethod
     def open(cls, experiment_dir: Path) -> Store:
         experiment_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(experiment_dir / DB_NAME, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(experiment_dir / DB_NAME, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)

@@ -29,6 +29,8 @@ if action == "fail":
 if action == "sleep":
     release = Path(p["release"])
     while not release.exists():
+        if not release.parent.exists():  # the test is over: never outlive it
+            sys.exit(9)
         time.sleep(0.05)
 if action == "phases":
     q = get_next_parameter()
@@ -72,3 +74,19 @@ async def wait_status(ts: Any, trial_id: str, *statuses: str, timeout: float = 2
     except AssertionError:
         d = await ts.get_trial_job(trial_id)
         raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {statuses}") from None
+
+
+def kill_tree(pid: int) -> None:
+    """Kill a trial process left behind on purpose (its agent was killed) and its children."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass

@@ -39,6 +39,8 @@ def test_fractional_sharing_then_release(make_config: Callable[..., ExperimentCo
             assert waiting.status == TrialJobStatus.WAITING
             owners = ", ".join(sorted(j.id for j in jobs[:4]))
             assert waiting.message == f"waiting for a GPU: all 2 GPUs of local are taken by trials {owners}"
+            await until(lambda: ts.trial_resources(jobs[0].id) is not None, what="resource telemetry")
+            assert ts.trial_resources(jobs[0].id).rss_bytes > 0
             release.touch()
             await wait_status(ts, jobs[4].id, "SUCCEEDED")
 

@@ -182,7 +182,7 @@ def test_commands_resent_until_acked_and_new_stream_replaces_old(short_dir: Path
         cmd = await second.read("command")
         assert (cmd.cmd_seq, cmd.cancel_trial.trial_id) == (2, "t2")
         await second.send(command_ack=pb.CommandAck(cmd_seq=2))
-        assert await hub.wait_idle("a1", timeout=5)
+        await until(lambda: not hub.pending_commands("a1"), what="ack of command 2")
         assert Store.open(short_dir).agent_by_name("a1")["next_cmd_seq"] == 3
         await first.close()
         await second.close()
@@ -231,6 +231,23 @@ def test_bundle_served_in_chunks(short_dir: Path) -> None:
         await agent.send(bundle_request=pb.BundleRequest(digest="sha256:" + "0" * 64))
         chunk = await agent.read("bundle_chunk")
         assert chunk.last and "no bundle" in chunk.error
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
+def test_silent_stream_counts_as_lost_and_is_ended(short_dir: Path) -> None:
+    async def body() -> None:
+        hub, rec = await started_hub(short_dir, reconnect_window=0.3, heartbeat_interval=0.05)
+        agent = Agent(hub)
+        await agent.connect()
+        await until(lambda: ("lost", "a1") in rec.events, what="silence noticed")
+        await until(lambda: ("expired", "a1") in rec.events, what="expiry")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while True:
+                await agent.call.read()
+        assert err.value.code() == grpc.StatusCode.ABORTED and "silent" in err.value.details()
         await agent.close()
         await hub.stop()
 

@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
 import pytest
 
 from nni_manager.config import ExperimentConfig
 from nni_manager.service import TrainingService, create_training_service
 from nni_manager.store import Store
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobMetric, TrialJobStatus
-from tests.manager.helpers import form, param_record, until, wait_status
+from tests.manager.helpers import form, kill_tree, param_record, until, wait_status
 
 TERMINAL = ("SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED")
 
@@ -73,11 +72,14 @@ def test_succeeded_metrics_logs_and_listeners(make_config: Callable[..., Experim
             assert f"trial {job.id} params" in (logs / "trial.stdout").read_text()
             assert (logs / "trial.stderr").read_text() == "to stderr\n"
             assert [t.id for t in await ts.list_trial_jobs()] == [job.id, second.id]
+            [info] = ts.agents()
+            assert info["name"] == "local" and info["connected"] and info["host"].pid > 0
             exp_dir = ts.experiment_dir
         ro = Store.open_readonly(exp_dir)
         assert ro.experiment()["status"] == "STOPPED"
         assert len(ro.metrics(job.id)) == 4 and len(ro.metrics()) == 8
         assert [t.status for t in ro.trials()] == [TrialJobStatus.SUCCEEDED] * 2
+        assert [e[0] for e in ro.events(job.id)] == ["WAITING", "RUNNING", "SUCCEEDED"]
 
     run(body())
 
@@ -165,8 +167,7 @@ def test_sys_canceled_after_reconnect_window(make_config: Callable[..., Experime
             assert (await ts.get_trial_job(job.id)).status == TrialJobStatus.RUNNING
             d = await wait_status(ts, job.id, "SYS_CANCELED")
             assert d.message == "agent local did not reconnect within 1 s"
-        for p in psutil.Process(trial_pid).children(recursive=True) + [psutil.Process(trial_pid)]:
-            p.kill()
+        kill_tree(trial_pid)
 
     run(body())
 
@@ -204,6 +205,7 @@ def test_from_yaml_config_and_secrets_not_stored(short_dir: Path, code_dir: Path
 def test_real_agent_with_wrong_token_is_refused(make_config: Callable[..., ExperimentConfig], short_dir: Path) -> None:
     async def body() -> tuple[int, str]:
         async with create_training_service(make_config()) as ts:
+            await until(lambda: ts.agent_connected("local"), what="the real agent")
             env = dict(os.environ, NNI_AGENT_TOKEN="not-the-token-42")
             proc = await asyncio.to_thread(  # the hub must keep serving meanwhile
                 subprocess.run,
@@ -249,7 +251,7 @@ def test_restarted_agent_that_lost_a_trial(make_config: Callable[..., Experiment
             )
             d = await wait_status(ts, job.id, "SYS_CANCELED")
             assert d.message == "agent local restarted and lost the trial"
-            psutil.Process(trial_pid).kill()
+            kill_tree(trial_pid)
             later = await ts.submit_trial_job(form(1))  # the new agent takes new trials
             await wait_status(ts, later.id, "SUCCEEDED")
         return again

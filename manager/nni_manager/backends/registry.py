@@ -11,12 +11,17 @@ _BACKENDS: dict[str, str] = {
 }
 
 
+def platforms() -> list[str]:
+    """The `platform` names this manager can run."""
+    return sorted(_BACKENDS)
+
+
 def backend_class(platform: str) -> type[Backend]:
     """Return the backend class for `platform` or raise ValueError naming the known ones."""
     try:
         target = _BACKENDS[platform]
     except KeyError:
-        known = ", ".join(sorted(_BACKENDS))
+        known = ", ".join(platforms())
         raise ValueError(f"unknown platform {platform!r}; supported platforms: {known}") from None
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
