@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 MARKER_ENV = "NNI_AGENT_TRIAL_KEY"
 PR_SET_CHILD_SUBREAPER = 36
 KILL_POLL_S = 0.05
+KILL_GIVE_UP_S = 30.0  # SIGKILL retries before reporting survivors and moving on
 _ORPHAN_STATUS_TTL_S = 60.0
 
 
@@ -175,7 +176,12 @@ async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float) -> None:
         members = tree_members(pgid, marker)
         if not members:
             return
+    give_up = time.monotonic() + KILL_GIVE_UP_S
     while members:
+        if time.monotonic() > give_up:  # e.g. stuck in uninterruptible I/O: do not hang the trial's end
+            log.error("trial %s: %d process(es) survive SIGKILL: %s", marker, len(members),
+                      ", ".join(str(p.pid) for p in members))
+            return
         log.info("SIGKILL %d leftover process(es) of trial %s", len(members), marker)
         _signal_all(members, pgid, signal.SIGKILL)
         await asyncio.sleep(KILL_POLL_S)

@@ -80,8 +80,14 @@ def test_unmodified_nni_trial_through_each_channel(tmp_path: Path) -> None:
             ("FINAL", 0, 3, f"t{name}")], name
         assert rec.metric_values() == [0.0, 0.1, 0.2, {"default": 0.1, "note": "it's done"}], name
         assert rec.parameter_requests == [], name
-    assert b"NNISDK_MEb'" in recs["stdout"].stdout  # it really used the stdout channel
+    # each trial really used its channel
+    def metrics_file(name: str) -> Path:
+        return tmp_path / name / "work" / "expABCDE" / "trials" / f"t{name}" / ".nni" / "metrics"
+
+    assert b"NNISDK_MEb'" in recs["stdout"].stdout
     assert b"NNISDK_MEb'" not in recs["file"].stdout + recs["http"].stdout
+    assert metrics_file("file").stat().st_size > 0
+    assert not metrics_file("http").exists()
 
 
 def test_nni_multi_phase_over_file_and_http_channels(tmp_path: Path) -> None:
