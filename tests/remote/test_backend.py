@@ -86,7 +86,7 @@ def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, tmp_p
                 await hub.wait_for(lambda: len({h.agent_id for h in hub.hellos}) == 3, timeout=30)
                 assert ctx.failures == {}
                 names = {name for name, _ in ctx.added.values()}
-                assert names == {f"root@{h.name}:{h.port}" for h in netns_hosts}
+                assert names == {f"root_{h.name}_{h.port}" for h in netns_hosts}
                 # the hub is not reachable from inside a host: only the tunnel carries the agent
                 probe = subprocess.run(["ip", "netns", "exec", netns_hosts[0].name, "nc", "-z", "-w1",
                                         "127.0.0.1", str(srv.port)])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import nni_agent
@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 BACKOFF_MAX_S = 10.0
+HEALTH_TIMEOUT_S = 10.0  # an agent check slower than this means a half-dead link: reconnect
+KEEPALIVE_S = 5.0  # ping the SSH server this often
+KEEPALIVE_TIMEOUT_S = 15.0
+WAKE_PING_TIMEOUT_S = 3.0  # after the hub lost the agent, be quick: its tunnel is broken anyway
+STARTUP_CHECK_S = 2.0  # not connected this long after start: look whether the agent died
 SAME_PORT_PATIENCE_S = 30.0  # then give up the old port: restart the agent on a new one
 
 
@@ -104,7 +109,7 @@ class _Machine:
                                      "`AllowTcpForwarding yes` (or `remote`) in its sshd_config") from None
             return False
         self.forward = forward
-        self.launch = _with_port(self.launch, bound)
+        self.launch = replace(self.launch, remote_port=bound)
         return True
 
     def _start_agent(self) -> None:
@@ -120,11 +125,17 @@ class _Machine:
         assert self.launch is not None
         if not self._open_forward(self.launch.remote_port):
             return False
-        alive, output = bootstrap.agent_alive(self.client, self.launch)
-        if not alive:
-            log.warning("%s: agent was gone after reconnect, restarting it: %s", self.label, output[-300:])
-            self._start_agent()
+        log.info("%s: reconnected; tunnel on worker port %s again", self.label, self.launch.remote_port)
+        self.check_agent()
         return True
+
+    def check_agent(self) -> None:
+        """Restart the agent (same port) if its process is gone; a hung link raises."""
+        assert self.client is not None and self.launch is not None
+        alive, output = bootstrap.agent_alive(self.client, self.launch, timeout=HEALTH_TIMEOUT_S)
+        if not alive:
+            log.warning("%s: agent process is gone, restarting it: %s", self.label, output[-300:])
+            self._start_agent()
 
     def restart_on_new_port(self) -> None:
         assert self.client is not None and self.launch is not None
@@ -164,27 +175,53 @@ class _Machine:
     # -- the watch (event loop) --
 
     async def watch(self, ctx: BackendContext) -> None:
-        """Repair dropped links; give up on the machine after the reconnect window."""
-        ever_connected = False
-        started = time.monotonic()
+        """Repair dropped links and dead agents; give up after the reconnect window."""
+        ever_connected, started, last_ping = False, time.monotonic(), time.monotonic()
         while True:
+            woken = await self._sleep()
             try:
-                await asyncio.wait_for(self.wake.wait(), POLL_S)
-            except asyncio.TimeoutError:
-                pass
-            self.wake.clear()
-            if not self.connected():
-                if not await self._reconnect_loop(ctx):
-                    return
-                continue
-            if not ever_connected:
-                ever_connected = ctx.agent_connected(self.spec.agent_id)
-                if not ever_connected and time.monotonic() - started > 2.0:
-                    alive, output = await asyncio.to_thread(bootstrap.agent_alive, self.client, self.launch)
-                    if not alive:
-                        self._fail(ctx, f"the agent exited right after start; its output: {output[-800:]}")
+                if self.connected() and (woken or time.monotonic() - last_ping > KEEPALIVE_S):
+                    # a link can die without EOF (partition, a proxy that keeps its pipe open)
+                    last_ping = time.monotonic()
+                    if not await self._link_alive(WAKE_PING_TIMEOUT_S if woken else KEEPALIVE_TIMEOUT_S):
+                        log.warning("%s: SSH link does not answer; dropping it", self.label)
+                        await asyncio.to_thread(self.close)
+                    elif woken:  # the hub lost the agent but the link is fine: is the agent alive?
+                        await asyncio.to_thread(self.check_agent)
+                if not self.connected():
+                    if not await self._reconnect_loop(ctx):
                         return
-                    started = time.monotonic()
+                    continue
+                if not ever_connected:
+                    ever_connected = ctx.agent_connected(self.spec.agent_id)
+                    if not ever_connected and time.monotonic() - started > STARTUP_CHECK_S:
+                        alive, output = await asyncio.to_thread(bootstrap.agent_alive, self.client, self.launch)
+                        if not alive:
+                            self._fail(ctx, f"the agent exited right after start; its output: {output[-800:]}")
+                            return
+                        started = time.monotonic()
+            except (SshError, BootstrapError, paramiko.SSHException, OSError, EOFError) as e:
+                log.warning("%s: health check failed (%s: %s); reconnecting", self.label, type(e).__name__, e)
+                await asyncio.to_thread(self.close)
+
+    async def _link_alive(self, timeout: float) -> bool:
+        transport = self.client.get_transport() if self.client else None
+        if transport is None:
+            return False
+        try:  # OpenSSH answers this global request (with a failure): a round trip through sshd
+            await asyncio.wait_for(asyncio.to_thread(transport.global_request, "keepalive@openssh.com"), timeout)
+        except asyncio.TimeoutError:
+            return False  # the blocked thread ends when close() deactivates the transport
+        return True
+
+    async def _sleep(self) -> bool:
+        """Wait one poll period; True if agent_lost woke us."""
+        try:
+            await asyncio.wait_for(self.wake.wait(), POLL_S)
+        except asyncio.TimeoutError:
+            return False
+        self.wake.clear()
+        return True
 
     async def _reconnect_loop(self, ctx: BackendContext) -> bool:
         log.warning("%s: SSH connection lost; reconnecting for up to %.0f s", self.label, self.options.reconnect_window)
@@ -193,8 +230,6 @@ class _Machine:
         while (elapsed := time.monotonic() - lost) < self.options.reconnect_window:
             try:
                 if await asyncio.to_thread(self.reconnect):
-                    log.info("%s: reconnected after %.1f s; tunnel on port %s", self.label, elapsed,
-                             self.launch.remote_port if self.launch else "?")
                     return True
                 last_error = "the worker port of the tunnel is still taken"
                 if elapsed > SAME_PORT_PATIENCE_S:
@@ -202,6 +237,7 @@ class _Machine:
                     return True
             except (SshError, BootstrapError, paramiko.SSHException, OSError, EOFError) as e:
                 last_error = str(e)
+                log.info("%s: reconnect attempt failed: %s", self.label, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
         self._fail(ctx, f"machine unreachable for {self.options.reconnect_window:.0f} s "
@@ -214,12 +250,6 @@ class _Machine:
         ctx.agent_failed(self.spec.agent_id, f"{self.label}: {reason}")
 
 
-def _with_port(launch: AgentLaunch, port: int) -> AgentLaunch:
-    from dataclasses import replace
-
-    return replace(launch, remote_port=port)
-
-
 def _hints(m: MachineConfig) -> PlacementHints:
     return PlacementHints(
         gpu_indices=tuple(m.gpu_indices) if m.gpu_indices is not None else None,
@@ -229,11 +259,12 @@ def _hints(m: MachineConfig) -> PlacementHints:
 
 
 def agent_names(machines: list[MachineConfig]) -> list[str]:
-    """Stable agent names (same after a manager restart): user@host:port, #n for repeats."""
+    """Stable agent names (same after a manager restart): user_host_port, -n for repeats."""
     names: list[str] = []
     for m in machines:
-        base = machine_label(m)
-        names.append(base if base not in names else f"{base}#{names.count(base) + 1}")
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", machine_label(m))
+        n = sum(1 for name in names if name == base or name.startswith(base + "-"))
+        names.append(base if n == 0 else f"{base}-{n + 1}")
     return names
 
 

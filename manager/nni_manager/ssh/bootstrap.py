@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 
 import paramiko
 
@@ -177,7 +177,7 @@ def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel) -> None
     rc, _, err = run(client, f"umask 077 && mkdir -p {home_path(f'.nni-agent/{wheel.tag}')}")
     if rc != 0:
         raise BootstrapError(f"cannot create {target}: {err.strip()[-300:]}")
-    remote_wheel = f"{target}/.upload-{wheel.path.name}"
+    remote_wheel = f"{target}/.upload-{secrets.token_hex(4)}-{wheel.path.name}"  # homes may be shared
     try:
         with client.open_sftp() as sftp:
             sftp.put(str(wheel.path), remote_wheel)
@@ -246,11 +246,11 @@ def start_agent(client: paramiko.SSHClient, launch: AgentLaunch, token: str) -> 
     return int(out.strip())
 
 
-def agent_alive(client: paramiko.SSHClient, launch: AgentLaunch) -> tuple[bool, str]:
+def agent_alive(client: paramiko.SSHClient, launch: AgentLaunch, timeout: float = EXEC_TIMEOUT) -> tuple[bool, str]:
     """Whether the agent process runs; when not, the tail of its output for the error."""
     pid, out = home_path(launch.run_file("pid")), home_path(launch.run_file("out"))
     rc, text, _ = run(client, f"p=$(cat {pid}) && grep -q nni_agent /proc/$p/cmdline 2>/dev/null && echo ALIVE "
-                              f"|| tail -c 1500 {out} 2>/dev/null")
+                              f"|| tail -c 1500 {out} 2>/dev/null", timeout=timeout)
     return text.startswith("ALIVE"), text.strip()
 
 

@@ -1,0 +1,126 @@
+"""Benchmark the remote (SSH) backend against the local one, side by side in one run.
+
+Needs root, /usr/sbin/sshd, ip and nc (like tests/remote). Three hosts are network
+namespaces with only loopback, reached by proxyCommand; agents reach the manager only
+through the SSH tunnel. Prints:
+  * run() -> all three agents connected: first start (agent installed from the wheel) and
+    second start (already installed; target < 1 s);
+  * per-trial overhead (submit -> SUCCEEDED of a trivial trial, sequential) over SSH vs
+    local (target: within 1.5x of local).
+
+    python scripts/bench_remote.py [--trials 20]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nni_manager.config import ExperimentConfig, MachineConfig, TrainingServiceConfig  # noqa: E402
+from nni_manager.service import create_training_service  # noqa: E402
+from nni_manager.ssh.wheel import build_agent_wheel  # noqa: E402
+from tests.manager.helpers import form, wait_status  # noqa: E402
+from tests.remote.conftest import SSHD, SshKeys, _stop, _wait_listening  # noqa: E402
+
+
+def hosts(keys: SshKeys, run_id: str) -> tuple[list[MachineConfig], list[subprocess.Popen[bytes]], list[str]]:
+    machines, procs, names = [], [], []
+    for i in range(3):
+        name = f"nnib{i}-{run_id}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        names.append(name)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        port = 2300 + i
+        proc = subprocess.Popen(["ip", "netns", "exec", name, SSHD, "-D", "-e", "-f", str(keys.sshd_config(port, name))],
+                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        _wait_listening(name, port, proc)
+        keys.trust(name, port)
+        machines.append(MachineConfig(host=name, port=port, user="root", ssh_key_file=keys.root / "client",
+                                      known_hosts_file=keys.known_hosts, python_path=str(Path(sys.executable).parent),
+                                      proxy_command="ip netns exec %h nc 127.0.0.1 %p"))
+    return machines, procs, names
+
+
+def config(work: Path, code: Path, platform: str, machines: list[MachineConfig]) -> ExperimentConfig:
+    return ExperimentConfig(
+        trial_command="true", trial_code_directory=code, trial_concurrency=1, trial_grace_period=1.0,
+        experiment_working_directory=work,
+        training_service=TrainingServiceConfig(platform=platform, machine_list=machines),
+    )
+
+
+async def time_to_connected(cfg: ExperimentConfig) -> float:
+    ts = create_training_service(cfg)
+    t0 = time.perf_counter()
+    await ts.start()
+    while not (ts._agents and all(ts.agent_connected(a) for a in ts._agents)):
+        if failed := [a.failed for a in ts._agents.values() if a.failed]:
+            await ts.clean_up()
+            raise SystemExit(f"bench_remote: {failed}")
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - t0
+    await ts.clean_up()
+    return elapsed
+
+
+async def per_trial(cfg: ExperimentConfig, n: int) -> list[float]:
+    times = []
+    async with create_training_service(cfg) as ts:
+        for i in range(n):
+            t0 = time.perf_counter()
+            job = await ts.submit_trial_job(form(i))
+            await wait_status(ts, job.id, "SUCCEEDED", timeout=30)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+async def main(n: int) -> None:
+    if os.geteuid() != 0 or not os.path.exists(SSHD):
+        raise SystemExit("bench_remote: needs root and /usr/sbin/sshd (apt-get install -y openssh-server)")
+    os.makedirs("/run/sshd", exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="nbr", dir="/tmp"))
+    procs: list[subprocess.Popen[bytes]] = []
+    names: list[str] = []
+    try:
+        keys_dir = tmp / "ssh"
+        keys_dir.mkdir()
+        keys = SshKeys(keys_dir)
+        machines, procs, names = hosts(keys, secrets.token_hex(3))
+        code = tmp / "code"
+        code.mkdir()
+        tag = build_agent_wheel(tmp / "wheel").tag
+        shutil.rmtree(Path.home() / ".nni-agent" / tag, ignore_errors=True)  # force a fresh install
+        first = await time_to_connected(config(tmp / "e1", code, "remote", machines))
+        second = await time_to_connected(config(tmp / "e2", code, "remote", machines))
+        remote = await per_trial(config(tmp / "e3", code, "remote", machines[:1]), n)
+        local = await per_trial(config(tmp / "e4", code, "local", []), n)
+        ratio = statistics.median(remote) / statistics.median(local)
+        print(f"3 hosts, run() -> all agents connected: first start (install) {first:.2f} s, "
+              f"second start (installed) {second:.2f} s  [target < 1 s: {'OK' if second < 1 else 'MISSED'}]")
+        print(f"per-trial submit -> SUCCEEDED over {n} trials (median / p90): "
+              f"remote {statistics.median(remote) * 1000:.0f} / {sorted(remote)[int(n * .9) - 1] * 1000:.0f} ms, "
+              f"local {statistics.median(local) * 1000:.0f} / {sorted(local)[int(n * .9) - 1] * 1000:.0f} ms, "
+              f"ratio {ratio:.2f}x  [target <= 1.5x: {'OK' if ratio <= 1.5 else 'MISSED'}]")
+    finally:
+        for proc in procs:
+            _stop(proc)
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    asyncio.run(main(parser.parse_args().trials))
