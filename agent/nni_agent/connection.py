@@ -133,7 +133,9 @@ class Connection:
                 self._exit_code = 2
                 self.stop(f"refused by the manager: {exc}")
                 break
-            except (LinkLost, grpc.aio.AioRpcError, OSError) as exc:
+            except Exception as exc:  # any other failure of a session is a lost link: trials must live on
+                if not isinstance(exc, (LinkLost, grpc.aio.AioRpcError, OSError, asyncio.InvalidStateError)):
+                    log.exception("session with %s failed unexpectedly; redialling", self.target)
                 if self.connected.is_set():
                     lost_since, attempt = time.monotonic(), 0
                     log.warning("lost the manager at %s: %s; trials keep running, redialling", self.target, _brief(exc))

@@ -54,6 +54,11 @@ class TrainingServiceConfig:
     machine_list: list[MachineConfig] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     nni_manager_ip: str | None = None
+    # Our extensions. `reconnectWindow`: how long a silent agent's trials are kept alive (and
+    # how long an orphaned agent waits for its manager); None = the backend's default.
+    reconnect_window: float | None = None
+    # `agentEnv`: extra environment for every agent (and so its trials), e.g. CUDA paths.
+    agent_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -433,6 +438,12 @@ def _training_service(ts: _Section | None, root: _Section, trial: _Section | Non
     if per_gpu is not None:
         _check_per_gpu(per_gpu, gpu_number, ts.at("maxTrialNumberPerGpu"))
         config.max_trial_number_per_gpu = per_gpu
+    config.reconnect_window = ts.duration("reconnectWindow")
+    env, env_path = ts.take("agentEnv")
+    if env is not _MISSING:
+        if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+            raise ConfigError(env_path, "must map variable names to values", "e.g. `agentEnv: {CUDA_HOME: /usr/local/cuda}`")
+        config.agent_env = {k: str(v) for k, v in env.items()}
     machines, machines_path = ts.take("machineList")
     if platform == "remote":
         if machines is _MISSING or not isinstance(machines, list) or not machines:

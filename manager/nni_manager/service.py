@@ -80,14 +80,13 @@ class TrainingService:
         config: ExperimentConfig,
         *,
         experiment_id: str | None = None,
-        reconnect_window: float = 60.0,
     ) -> None:
         self.config = config
         self.experiment_id = experiment_id or new_id(8)
         self.experiment_dir: Path = Path(config.experiment_working_directory).expanduser() / self.experiment_id
-        self.reconnect_window = reconnect_window
         self.platform = config.training_service.platform
         self._backend: Backend = backend_class(self.platform)(config)
+        self.reconnect_window = self._backend.reconnect_window
         self._trials: dict[str, TrialJobDetail] = {}
         self._pids: dict[str, int] = {}
         self._resources: dict[str, pb.TrialResources] = {}
@@ -600,7 +599,6 @@ def create_training_service(
     config: ExperimentConfig | dict[str, Any] | str | Path,
     *,
     experiment_id: str | None = None,
-    reconnect_window: float = 60.0,
 ) -> TrainingService:
     """A TrainingService for `config` (an ExperimentConfig, a config dict or a YAML path).
 
@@ -611,4 +609,4 @@ def create_training_service(
         from nni_manager.config import load_config
 
         config = load_config(config)
-    return TrainingService(config, experiment_id=experiment_id, reconnect_window=reconnect_window)
+    return TrainingService(config, experiment_id=experiment_id)

@@ -191,3 +191,21 @@ def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
     (tmp_path / "bad.yml").write_text("trialCommand: x\n  trialConcurrency: [\n")
     with pytest.raises(ConfigError, match="line"):
         load_config(tmp_path / "bad.yml")
+
+
+def test_reconnect_window_and_agent_env(tmp_path: Path) -> None:
+    ts = {"platform": "local", "reconnectWindow": "2m", "agentEnv": {"CUDA_HOME": "/opt/cuda", "N": 3}}
+    config = load_config(v2(trainingService=ts), base_dir=tmp_path)
+    assert config.training_service.reconnect_window == 120
+    assert config.training_service.agent_env == {"CUDA_HOME": "/opt/cuda", "N": "3"}
+    assert load_config(v2(), base_dir=tmp_path).training_service.reconnect_window is None
+
+
+@pytest.mark.parametrize("ts,fix", [
+    ({"platform": "local", "agentEnv": ["A=1"]}, "agentEnv: {CUDA_HOME"),
+    ({"platform": "local", "reconnectWindow": "soon"}, "trainingService.reconnectWindow"),
+])
+def test_reconnect_window_and_agent_env_mistakes(ts: dict[str, Any], fix: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(v2(trainingService=ts), base_dir=tmp_path)
+    assert fix in str(err.value)

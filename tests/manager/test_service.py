@@ -155,7 +155,7 @@ def test_cancel_waiting_trial_and_cluster_metadata(make_config: Callable[..., Ex
 
 def test_sys_canceled_after_reconnect_window(make_config: Callable[..., ExperimentConfig], short_dir: Path) -> None:
     async def body() -> None:
-        ts = create_training_service(make_config(), reconnect_window=1.0)
+        ts = create_training_service(make_config(platform_fields={"reconnect_window": 1.0}))
         async with ts:
             job = await ts.submit_trial_job(form(0, action="sleep", release=str(short_dir / "never")))
             await wait_status(ts, job.id, "RUNNING")
@@ -237,7 +237,7 @@ def test_bad_code_directory_fails_start_cleanly(make_config: Callable[..., Exper
 
 def test_restarted_agent_that_lost_a_trial(make_config: Callable[..., ExperimentConfig], short_dir: Path) -> None:
     async def body() -> subprocess.Popen[bytes]:
-        async with create_training_service(make_config(), reconnect_window=30) as ts:
+        async with create_training_service(make_config(platform_fields={"reconnect_window": 30})) as ts:
             job = await ts.submit_trial_job(form(0, action="sleep", release=str(short_dir / "never")))
             await wait_status(ts, job.id, "RUNNING")
             work = ts.experiment_dir / "agents" / "local"

@@ -46,11 +46,11 @@ class FakeContext:
         return any(h.agent_id == agent_id for h in self.hub.hellos)
 
 
-def config(machines: list[MachineConfig], **extra: object) -> ExperimentConfig:
+def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:
     return ExperimentConfig(
         trial_command="true", trial_code_directory=Path("."),
         training_service=TrainingServiceConfig(platform="remote", machine_list=machines,
-                                               extra={"reconnectWindow": 30, **extra}),
+                                               reconnect_window=30, agent_env=agent_env or {}),
         trial_grace_period=1.0,
     )
 
@@ -80,7 +80,7 @@ def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, tmp_p
         async with StubServer(hub) as srv:
             ctx = FakeContext(hub, srv.port, tmp_path)
             backend = RemoteBackend(config([h.machine for h in netns_hosts],
-                                           agentEnv={"NNI_AGENT_ARTIFICIAL_GPUS": "2"}))
+                                           agent_env={"NNI_AGENT_ARTIFICIAL_GPUS": "2"}))
             try:
                 await backend.start(ctx)
                 await hub.wait_for(lambda: len({h.agent_id for h in hub.hellos}) == 3, timeout=30)

@@ -54,7 +54,7 @@ def test_three_hosts_gpu_placement_link_drop_metrics_once_and_clean_up(netns_hos
         experiment_working_directory=short_dir / "exps",
         training_service=TrainingServiceConfig(
             platform="remote", machine_list=[h.machine for h in netns_hosts],
-            extra={"agentEnv": {"NNI_AGENT_ARTIFICIAL_GPUS": "1"}, "reconnectWindow": 30}),
+            agent_env={"NNI_AGENT_ARTIFICIAL_GPUS": "1"}, reconnect_window=30),
     )
     metrics: list[TrialJobMetric] = []
 

@@ -67,9 +67,22 @@ class Backend(abc.ABC):
     `start` and `stop`; everything else has a sensible default."""
 
     platform: ClassVar[str]
+    # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
+    # overrides it): the hub waits this long for the agent, and the agent for its manager.
+    default_reconnect_window: ClassVar[float] = 60.0
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
+
+    @property
+    def reconnect_window(self) -> float:
+        configured = self.config.training_service.reconnect_window
+        return configured if configured is not None else self.default_reconnect_window
+
+    @property
+    def agent_env(self) -> dict[str, str]:
+        """Extra environment for every agent (`trainingService.agentEnv`)."""
+        return dict(self.config.training_service.agent_env)
 
     @abc.abstractmethod
     async def start(self, ctx: BackendContext) -> None:

@@ -19,11 +19,13 @@ import psutil
 from nni_manager.backends.base import Backend, BackendContext, PlacementHints
 
 AGENT_NAME = "local"
-ORPHAN_TIMEOUT = 30.0  # seconds the agent outlives an unreachable manager
 
 
 class LocalBackend(Backend):
     platform = "local"
+    # The agent outlives an unreachable manager this long (then stops every trial), so a
+    # manager restarted quickly re-attaches, and a killed one leaves nothing running for long.
+    default_reconnect_window = 30.0
 
     _proc: subprocess.Popen[bytes] | None = None
     _pid: int | None = None
@@ -45,13 +47,13 @@ class LocalBackend(Backend):
         if adopted is not None:  # a restarted manager: the old agent re-attaches by itself
             self._pid = adopted
             return
-        env = dict(os.environ, NNI_AGENT_TOKEN=spec.token)
+        env = dict(os.environ, **self.agent_env, NNI_AGENT_TOKEN=spec.token)
         argv = [
             sys.executable, "-m", "nni_agent",
             "--manager", f"unix:{spec.hub_unix_socket}",
             "--agent-id", spec.agent_id,
             "--work-dir", str(work_dir),
-            "--orphan-timeout", str(ORPHAN_TIMEOUT),
+            "--orphan-timeout", str(self.reconnect_window),
         ]
         with open(work_dir / "agent.log", "ab") as out:
             self._proc = subprocess.Popen(
@@ -89,7 +91,7 @@ class LocalBackend(Backend):
     def render(self) -> str:
         return (
             f"local: one nni-agent subprocess ({sys.executable} -m nni_agent) over "
-            f"<experiment dir>/hub.sock, orphan timeout {ORPHAN_TIMEOUT:g} s"
+            f"<experiment dir>/hub.sock, orphan timeout {self.reconnect_window:g} s"
         )
 
 

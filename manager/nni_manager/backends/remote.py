@@ -43,18 +43,10 @@ SAME_PORT_PATIENCE_S = 30.0  # then give up the old port: restart the agent on a
 
 @dataclass
 class RemoteOptions:
-    """Backend options from `trainingService` (extra keys of the remote platform)."""
+    """What every machine of this backend shares."""
 
-    reconnect_window: float = 600.0  # `reconnectWindow`: seconds to retry a dropped machine
+    reconnect_window: float  # seconds to retry a dropped machine (`reconnectWindow`)
     agent_env: dict[str, str] = field(default_factory=dict)  # `agentEnv`: extra agent environment
-
-    @classmethod
-    def from_config(cls, config: ExperimentConfig) -> RemoteOptions:
-        extra = config.training_service.extra
-        return cls(
-            reconnect_window=float(extra.get("reconnectWindow", cls.reconnect_window)),
-            agent_env={str(k): str(v) for k, v in (extra.get("agentEnv") or {}).items()},
-        )
 
 
 class _Machine:
@@ -270,10 +262,11 @@ def agent_names(machines: list[MachineConfig]) -> list[str]:
 
 class RemoteBackend(Backend):
     platform = "remote"
+    default_reconnect_window = 600.0  # machines behind flaky links get ten minutes to come back
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
-        self.options = RemoteOptions.from_config(config)
+        self.options = RemoteOptions(reconnect_window=self.reconnect_window, agent_env=self.agent_env)
         self.machines: list[_Machine] = []
 
     async def start(self, ctx: BackendContext) -> None:
