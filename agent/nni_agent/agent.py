@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import signal
 import uuid
@@ -42,8 +43,7 @@ async def run_agent(options: AgentOptions) -> int:
     work_dir.mkdir(parents=True, exist_ok=True)
     child_reaper()  # reap trial processes (and adopted orphans) on SIGCHLD
     gpu = make_gpu_provider()
-    http_channel = HttpChannelServer()
-    http_channel.start()
+    http_channel = HttpChannelServer()  # listens once the first trial needs it
     outbox = Outbox(work_dir / "spool" / boot_id, memory_limit=options.spool_memory_limit)
     bundles = BundleCache(work_dir / "bundles")
     connection: Connection | None = None
@@ -78,11 +78,24 @@ async def run_agent(options: AgentOptions) -> int:
     first = gpu.sample()
     log.info("nni-agent %s starting: boot %s, work dir %s, %d GPU(s) via %s %s", options.agent_id, boot_id, work_dir,
              len(first.gpus), first.provider, first.unavailable_reason)
+    trim = loop.create_task(_trim_after_connect(connection))
     try:
         return await connection.run()
     finally:
+        trim.cancel()
         http_channel.close()
         _remove_tree(outbox.spool_dir)
+
+
+async def _trim_after_connect(connection: Connection) -> None:
+    """Hand the start-up garbage (imports, TLS of the first dial) back to the OS once: an
+    idle agent should cost its worker as little memory as possible."""
+    await connection.connected.wait()
+    await asyncio.sleep(1.0)
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # glibc; elsewhere there is nothing to trim
+    except (OSError, AttributeError):
+        pass
 
 
 def _remove_tree(path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +82,7 @@ class BundleCache:
                     part.unlink(missing_ok=True)
                     raise BundleError(f"bundle {digest} arrived corrupted (digest mismatch)")
                 fut.set_result(self._unpack(part, hexdigest))
-        except (BundleError, OSError, tarfile.TarError) as exc:
+        except Exception as exc:  # a broken transfer fails its trials, never the agent
             self._drop_part(digest)
             fut.set_exception(exc if isinstance(exc, BundleError) else BundleError(f"bundle {digest}: {exc}"))
         finally:
@@ -91,6 +90,8 @@ class BundleCache:
                 self._waiters.pop(digest, None)
 
     def _unpack(self, archive: Path, hexdigest: str) -> Path:
+        import tarfile  # only workers that receive code pay for it
+
         final = self.root / hexdigest
         tmp = self.root / f"{hexdigest}.unpacking"
         shutil.rmtree(tmp, ignore_errors=True)

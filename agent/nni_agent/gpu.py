@@ -10,7 +10,9 @@ indices, so placement with and without useActiveGpu can be tested on any machine
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -118,10 +120,26 @@ def _artificial(env: Mapping[str, str]) -> GpuProvider:
     return ArtificialGpus(count, active)
 
 
+NO_NVML_LIBRARY = "NVML library not found (libnvidia-ml.so.1): no NVIDIA driver on this machine"
+
+
+def _nvml_library_present() -> bool:
+    """Whether the library pynvml loads on Linux can be loaded at all."""
+    if not sys.platform.startswith("linux"):
+        return True  # let pynvml search its own places
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def make_gpu_provider(env: Mapping[str, str] = os.environ) -> GpuProvider:
     """NVML if it works, else NoGpus saying why; artificial GPUs when the testing aid asks."""
     if env.get(ARTIFICIAL_GPUS_ENV):
         return _artificial(env)
+    if not _nvml_library_present():  # skip importing pynvml (MBs of bindings) on GPU-less workers
+        return NoGpus(NO_NVML_LIBRARY)
     try:
         import pynvml
     except ImportError:
@@ -130,7 +148,7 @@ def make_gpu_provider(env: Mapping[str, str] = os.environ) -> GpuProvider:
         pynvml.nvmlInit()
         return NvmlGpus(pynvml)
     except pynvml.NVMLError_LibraryNotFound:
-        return NoGpus("NVML library not found (libnvidia-ml.so.1): no NVIDIA driver on this machine")
+        return NoGpus(NO_NVML_LIBRARY)
     except pynvml.NVMLError_DriverNotLoaded:
         return NoGpus("NVIDIA driver is not loaded (NVML: driver not loaded)")
     except pynvml.NVMLError as e:

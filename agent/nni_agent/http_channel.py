@@ -3,7 +3,8 @@
 URL `/env/<envId>/<trialId>`: the trial PUTs JSON commands (metric, request_parameter)
 and long-polls GET for replies (200 with one queued command, 408 after ~1 s without one,
 410 once the trial is unregistered or the server closed). The stdlib server runs in a
-daemon thread; commands hop to the asyncio loop of the trial that registered.
+daemon thread; commands hop to the asyncio loop of the trial that registered. It starts
+with the first trial that asks for its URL, so an idle agent carries none of it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import re
 import threading
 from collections import deque
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +47,22 @@ class HttpChannelServer:
         self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> None:
-        channel = self
+        """Listen on 127.0.0.1 (idempotent; `port` and `url` call it too)."""
+        if self._server is not None:
+            return
+        from http.server import ThreadingHTTPServer  # only agents that run trials pay for it
 
-        class Handler(_RequestHandler):
-            server_channel = channel
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(self))
         self._server.daemon_threads = True
         threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
             name="nni-http-channel", daemon=True,
         ).start()
 
     @property
     def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("HttpChannelServer.start() was not called")
+        self.start()
+        assert self._server is not None
         return self._server.server_address[1]
 
     def url(self, env_id: str, trial_id: str) -> str:
@@ -120,49 +123,55 @@ class HttpChannelServer:
             return HTTPStatus.REQUEST_TIMEOUT, None
 
 
-class _RequestHandler(BaseHTTPRequestHandler):
-    server_channel: HttpChannelServer
+def _handler_class(channel: HttpChannelServer) -> type:
+    """The request handler class, bound to `channel` (http.server is imported lazily)."""
+    from http.server import BaseHTTPRequestHandler
 
-    def do_PUT(self) -> None:
-        trial_id = self._trial_id()
-        if trial_id is None:
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-            return
-        try:
-            command = json.loads(self.rfile.read(length))
-        except ValueError:
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body must be a JSON object"})
-            return
-        if not isinstance(command, dict):
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body must be a JSON object"})
-            return
-        ok = self.server_channel._deliver(trial_id, command)
-        self._reply(HTTPStatus.OK if ok else HTTPStatus.GONE)
+    class _RequestHandler(BaseHTTPRequestHandler):
+        server_channel = channel
 
-    def do_GET(self) -> None:
-        trial_id = self._trial_id()
-        if trial_id is None:
-            return
-        status, command = self.server_channel._next_command(trial_id)
-        self._reply(status, command)
+        def do_PUT(self) -> None:
+            trial_id = self._trial_id()
+            if trial_id is None:
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+                return
+            try:
+                command = json.loads(self.rfile.read(length))
+            except ValueError:
+                self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body must be a JSON object"})
+                return
+            if not isinstance(command, dict):
+                self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body must be a JSON object"})
+                return
+            ok = self.server_channel._deliver(trial_id, command)
+            self._reply(HTTPStatus.OK if ok else HTTPStatus.GONE)
 
-    def _trial_id(self) -> str | None:
-        match = _PATH.match(self.path)
-        if match is None:
-            self._reply(HTTPStatus.NOT_FOUND, {"error": "expected /env/<envId>/<trialId>"})
-            return None
-        return match.group(2)
+        def do_GET(self) -> None:
+            trial_id = self._trial_id()
+            if trial_id is None:
+                return
+            status, command = self.server_channel._next_command(trial_id)
+            self._reply(status, command)
 
-    def _reply(self, status: int, body: dict[str, Any] | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        def _trial_id(self) -> str | None:
+            match = _PATH.match(self.path)
+            if match is None:
+                self._reply(HTTPStatus.NOT_FOUND, {"error": "expected /env/<envId>/<trialId>"})
+                return None
+            return match.group(2)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (stdlib signature)
-        log.debug("http channel: " + format, *args)
+        def _reply(self, status: int, body: dict[str, Any] | None = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (stdlib signature)
+            log.debug("http channel: " + format, *args)
+
+    return _RequestHandler
