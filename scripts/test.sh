@@ -20,4 +20,5 @@ EXTRAS=test bash scripts/setup_env.sh
   || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' \
   || echo "note: the nni package could not be installed; tests marked nni_sdk will be skipped"
 .venv/bin/python scripts/gen_proto.py --check
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
+exec python -m pytest -q -p no:cacheprovider "$@"

@@ -154,10 +154,10 @@ class Experiment:
         while True:
             self._apply_details(await ts.list_trial_jobs())
             await self._enforce_trial_duration(ts)
-            stop = self._why_no_more_trials()
+            stop = self._why_no_more_trials() or _no_usable_machine(ts)
             while not stop and self.live_count() < self.config.trial_concurrency:
                 await self._submit(ts)
-                stop = self._why_no_more_trials()
+                stop = self._why_no_more_trials() or _no_usable_machine(ts)
             if stop and self.live_count() == 0:
                 self.stop_reason = stop
                 return
@@ -307,6 +307,14 @@ class Experiment:
     def _emit(self, kind: str, trial: TrialSummary) -> None:
         if self._on_event is not None:
             self._on_event(kind, trial)
+
+
+def _no_usable_machine(ts: Any) -> str:
+    """Why no trial can ever run (every machine failed for good), or "" while some can."""
+    agents = ts.agents()
+    if agents and all(a["failed"] for a in agents):
+        return "no machine is usable: " + "; ".join(f"{a['name']}: {a['failed']}" for a in agents)
+    return ""
 
 
 def _decode(value: Any) -> Any:

@@ -443,6 +443,11 @@ class TrainingService:
         waiting = [t for t in self._trials.values() if t.status == TrialJobStatus.WAITING and t.agent_id is None]
         if not waiting:
             return
+        if self._agents and all(a.failed for a in self._agents.values()):  # nothing will ever run them
+            reasons = "; ".join(f"{a.name}: {a.failed}" for a in self._agents.values())
+            for t in waiting:
+                self._finish(t, TrialJobStatus.FAILED, f"no machine is usable: {reasons}")
+            return
         views = []
         for a in self._agents.values():
             if a.failed:

@@ -8,11 +8,9 @@ import random
 import sys
 import tarfile
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
 from tests.agent.hubstub import HubStub, StubServer, start_trial

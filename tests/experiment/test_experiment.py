@@ -95,3 +95,20 @@ def test_cancel_stops_trials_user_canceled(make_config) -> None:
     assert statuses == {TrialJobStatus.USER_CANCELED} and len(experiment.trials) == 2
     assert experiment.result().stop_reason == "interrupted"
     assert processes_under(config.trial_code_directory) == []
+
+
+def test_stops_when_no_machine_is_usable(make_config) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ts = {"platform": "remote", "machineList": [{"host": "127.0.0.1", "port": port, "user": "nobody",
+                                                 "password": "pw"}]}
+    config = load_config(make_config(maxTrialNumber=None, trainingService=ts,
+                                     tuner={"name": "Random"},
+                                     searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}))
+    result = asyncio.run(asyncio.wait_for(Experiment(config, poll_interval=0.1).run(), 60))
+    assert result.stop_reason.startswith("no machine is usable") and "cannot connect" in result.stop_reason
+    assert len(result.trials) <= config.trial_concurrency  # it did not keep submitting doomed trials
+    assert all(t.status == TrialJobStatus.FAILED for t in result.trials)

@@ -1,12 +1,14 @@
 """A manager in its own process, so a test can SIGKILL it and start another on the same dir.
 
     python -m tests.manager.manager_proc WORKDIR CODE_DIR EXPERIMENT_ID new|resume N_TRIALS
+        [--reconnect-window S] [--step-sleep S]
 
 Prints `METRIC <trial> <type> <sequence>` for every metric its listener gets and exits
 (after clean_up) once every trial has ended.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -18,10 +20,12 @@ from nni_manager.types import TrialJobMetric
 from tests.manager.helpers import form
 
 
-async def main(work: str, code: str, experiment_id: str, mode: str, n: int) -> None:
+async def main(work: str, code: str, experiment_id: str, mode: str, n: int, window: float | None,
+               step_sleep: float) -> None:
     cfg = ExperimentConfig(
         trial_command=f"{sys.executable} trial.py", trial_code_directory=Path(code),
-        training_service=TrainingServiceConfig(platform="local"), experiment_working_directory=Path(work),
+        training_service=TrainingServiceConfig(platform="local", reconnect_window=window),
+        experiment_working_directory=Path(work),
         trial_grace_period=2.0,
     )
 
@@ -33,10 +37,17 @@ async def main(work: str, code: str, experiment_id: str, mode: str, n: int) -> N
         ts.add_trial_job_metric_listener(on_metric)
         if mode == "new":
             for i in range(n):
-                await ts.submit_trial_job(form(i, steps=12, step_sleep=0.15))
+                await ts.submit_trial_job(form(i, steps=12, step_sleep=step_sleep))
         while not all(t.status.is_terminal for t in await ts.list_trial_jobs()):
             await asyncio.sleep(0.05)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+    parser = argparse.ArgumentParser()
+    for name in ("work", "code", "experiment_id", "mode"):
+        parser.add_argument(name)
+    parser.add_argument("n", type=int)
+    parser.add_argument("--reconnect-window", type=float)
+    parser.add_argument("--step-sleep", type=float, default=0.15)
+    a = parser.parse_args()
+    asyncio.run(main(a.work, a.code, a.experiment_id, a.mode, a.n, a.reconnect_window, a.step_sleep))

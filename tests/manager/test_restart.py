@@ -17,9 +17,9 @@ from nni_manager.types import TrialJobStatus
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(work: Path, code: Path, mode: str) -> subprocess.Popen[str]:
+def start(work: Path, code: Path, mode: str, experiment_id: str = "Restart1", *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.manager.manager_proc", str(work), str(code), "Restart1", mode, "2"],
+        [sys.executable, "-m", "tests.manager.manager_proc", str(work), str(code), experiment_id, mode, "2", *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -68,3 +68,34 @@ def test_manager_sigkill_and_restart(short_dir: Path, code_dir: Path) -> None:
     while psutil.pid_exists(agent_pid) and psutil.Process(agent_pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the agent outlived the restarted manager"
         time.sleep(0.05)
+
+
+def _experiment_processes(experiment_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NNI_EXP_ID") == experiment_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_nothing_stays_running_after_the_manager_is_sigkilled(short_dir: Path, code_dir: Path) -> None:
+    work = short_dir / "exps"
+    exp_dir = work / "Orphan1"
+    # Trials that would run for a minute; the agent waits only 2 s for a lost manager.
+    manager = start(work, code_dir, "new", "Orphan1", "--reconnect-window", "2", "--step-sleep", "5")
+    deadline = time.monotonic() + 30
+    while len(_experiment_processes("Orphan1")) < 2:  # both trials are running
+        assert time.monotonic() < deadline, "trials never started"
+        assert manager.poll() is None, manager.communicate()
+        time.sleep(0.05)
+    agent_pid = int((exp_dir / "agents" / "local" / "agent.pid").read_text())
+    manager.send_signal(signal.SIGKILL)
+    manager.communicate()
+    deadline = time.monotonic() + 20
+    while _experiment_processes("Orphan1") or (
+            psutil.pid_exists(agent_pid) and psutil.Process(agent_pid).status() != psutil.STATUS_ZOMBIE):
+        assert time.monotonic() < deadline, "trials or the agent outlived the killed manager"
+        time.sleep(0.1)

@@ -258,3 +258,30 @@ def test_restarted_agent_that_lost_a_trial(make_config: Callable[..., Experiment
 
     again = run(body())
     assert again.wait(timeout=20) == 0  # the manager's Shutdown stopped it
+
+
+def test_trials_fail_at_once_with_every_reason_when_no_machine_is_usable(make_config: Callable[..., ExperimentConfig]) -> None:
+    import socket
+
+    from nni_manager.config import MachineConfig, TrainingServiceConfig
+
+    closed = []
+    for _ in range(2):  # two loopback ports nothing listens on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed.append(s.getsockname()[1])
+    machines = [MachineConfig(host="127.0.0.1", port=p, user="nobody", password="pw") for p in closed]
+    config = make_config()
+    config.training_service = TrainingServiceConfig(platform="remote", machine_list=machines)
+
+    async def body() -> None:
+        async with create_training_service(config) as ts:
+            await until(lambda: all(a["failed"] for a in ts.agents()), what="both machines failed")
+            job = await ts.submit_trial_job(form(0))
+            detail = await ts.get_trial_job(job.id)
+            assert detail.status == TrialJobStatus.FAILED
+            assert detail.message.startswith("no machine is usable")
+            for port in closed:
+                assert f"127.0.0.1:{port}" in detail.message and "cannot connect" in detail.message
+
+    run(body())

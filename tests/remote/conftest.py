@@ -182,3 +182,17 @@ def password_user(ssh_keys: SshKeys) -> Iterator[tuple[str, str]]:
     finally:
         subprocess.run(["userdel", "--remove", user], capture_output=True)
 
+
+def processes_with(env_prefix: bytes) -> list[int]:
+    """Pids of processes (on any host: the namespaces share one PID space) whose
+    environment has a variable starting with `env_prefix`."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(env_prefix) for v in env):
+                pids.append(int(name))
+    return pids

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import secrets
 import subprocess
 import textwrap
@@ -19,6 +18,7 @@ from nni_manager.backends.base import AgentSpec, PlacementHints
 from nni_manager.backends.remote import RemoteBackend
 from nni_manager.config import ExperimentConfig, MachineConfig, TrainingServiceConfig
 from tests.agent.hubstub import HubStub, StubServer, start_trial
+from tests.remote.conftest import processes_with
 
 pytestmark = pytest.mark.ssh
 
@@ -56,18 +56,8 @@ def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = Non
 
 
 def marked_processes(experiment_id: str) -> list[int]:
-    """Processes (any host: namespaces share the PID space) started for this experiment."""
-    marker = f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(v.startswith(marker) for v in env):
-                pids.append(int(name))
-    return pids
+    """Processes started for this experiment (agents, trials, their children)."""
+    return processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode())
 
 
 def run(coro):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobMetric
 from tests.manager.helpers import TRIAL, form, until, wait_status
+from tests.remote.conftest import processes_with
 
 pytestmark = pytest.mark.ssh
 
@@ -25,19 +25,6 @@ def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nr", dir="/tmp"))  # the hub's Unix socket path must stay short
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def processes_with(env_prefix: bytes) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(v.startswith(env_prefix) for v in env):
-                pids.append(int(name))
-    return pids
 
 
 def test_three_hosts_gpu_placement_link_drop_metrics_once_and_clean_up(netns_hosts, short_dir):
