@@ -152,12 +152,17 @@ def _pgid(proc: psutil.Process) -> int | None:
 
 
 def _signal_all(procs: list[psutil.Process], pgid: int, sig: int) -> None:
-    if any(_pgid(proc) == pgid for proc in procs):  # the group still exists: its id is not reused
+    """Signal every process exactly once: a second SIGTERM can land while a trial is already
+    exiting through its handler (Python restores default handlers at shutdown) and kill it."""
+    in_group = [proc for proc in procs if _pgid(proc) == pgid]
+    if in_group:  # the group still exists: its id is not reused
         try:
             os.killpg(pgid, sig)  # also hits children forked since the listing
         except (ProcessLookupError, PermissionError):
             pass
     for proc in procs:
+        if proc in in_group:
+            continue
         try:
             proc.send_signal(sig)  # psutil checks create_time first: no PID-reuse accidents
         except (psutil.NoSuchProcess, psutil.AccessDenied):
