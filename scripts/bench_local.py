@@ -9,8 +9,8 @@ and a final one, exit) N times with 2 slots, under the same env contract and par
 Slot time = submit/launch -> trial seen ended (ours: terminal status after its final metric;
 floor: process reaped). The trial's own run time is measured inside the trial, from its first
 line to exit, and written to $NNI_SYS_DIR/own_time; overhead = slot time - own time - the
-median start-up + exit of a bare `python -c pass` (measured first, printed), so what remains is
-what each launcher adds around the trial.
+median start-up + exit of a bare `python -c pass` (measured first, two at a time like the
+trials, printed), so what remains is what each launcher adds around the trial.
 
     python scripts/bench_local.py --trials 40
 """
@@ -119,12 +119,16 @@ def floor(code: Path, work: Path, n: int) -> list[float]:
     return overheads
 
 
-def python_startup() -> float:
+def python_startup(rounds: int = 10) -> float:
+    """Median wall time of `python -c pass`, SLOTS at a time like the trials, so the start-up
+    subtracted from both sides is paid under the same CPU contention as theirs."""
     times = []
-    for _ in range(5):
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        times.append(time.perf_counter() - t0)
+        procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(SLOTS)]
+        for proc in procs:
+            proc.wait()
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 

@@ -8,6 +8,7 @@ from the asyncio thread only; one transaction per received RecordBatch.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,8 +63,13 @@ class Store:
 
     @classmethod
     def open(cls, experiment_dir: Path) -> Store:
+        """Open (creating) the store. The experiment directory is private to its owner: it
+        holds agent tokens and the hub's Unix socket."""
         experiment_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(experiment_dir / DB_NAME, isolation_level=None)
+        os.chmod(experiment_dir, 0o700)
+        db = experiment_dir / DB_NAME
+        os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))
+        conn = sqlite3.connect(db, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)

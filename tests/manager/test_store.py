@@ -60,3 +60,12 @@ def test_agent_progress(tmp_path: Path) -> None:
 def test_readonly_missing_dir_says_so(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="experiment directory"):
         Store.open_readonly(tmp_path / "nope")
+
+
+def test_experiment_directory_and_database_are_private(tmp_path) -> None:
+    import stat
+
+    exp = tmp_path / "exps" / "Private1"
+    Store.open(exp).close()
+    assert stat.S_IMODE(exp.stat().st_mode) == 0o700  # tokens and the hub socket live here
+    assert stat.S_IMODE((exp / "experiment.db").stat().st_mode) & 0o077 == 0
