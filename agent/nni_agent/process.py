@@ -125,15 +125,58 @@ def _has_marker(proc: psutil.Process, marker: str) -> bool:
         return False
 
 
+def _descendant_pids(root: int) -> list[int] | None:
+    """Descendants of `root` from /proc/<pid>/task/<tid>/children: cost grows with the tree,
+    not with every process on the machine. None where the kernel does not offer the files."""
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            if pid == root:
+                return None
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except FileNotFoundError:
+                if pid == root:
+                    return None
+                continue
+            except OSError:
+                continue
+            found.extend(kids)
+            stack.extend(kids)
+    return found
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """Live descendants of `pid` (default: this agent)."""
+    pid = os.getpid() if pid is None else pid
+    pids = _descendant_pids(pid)
+    if pids is None:  # no /proc/*/task/*/children: psutil scans every process instead
+        try:
+            return psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return procs
+
+
 def tree_members(pgid: int, marker: str) -> list[psutil.Process]:
     """Live (non-zombie) processes of a trial: the agent's descendants in the trial's
-    process group or carrying its marker."""
+    process group or carrying its marker. The agent is a subreaper, so every process a
+    trial ever started is still one of its descendants."""
     members = []
-    try:
-        descendants = psutil.Process(os.getpid()).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    for proc in descendants:
+    for proc in descendants():
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import psutil
 
-from nni_agent.process import MARKER_ENV
+from nni_agent.process import MARKER_ENV, descendants
 from nni_agent.v1 import agent_pb2 as pb
 
 
@@ -46,13 +46,10 @@ class TreeSampler:
         try:
             root = psutil.Process(self._root_pid)
             found[root.pid] = root
-            found.update((p.pid, p) for p in root.children(recursive=True))
+            found.update((p.pid, p) for p in descendants(root.pid))
         except psutil.NoSuchProcess:
             pass
-        try:
-            agent_descendants = psutil.Process().children(recursive=True)
-        except psutil.NoSuchProcess:
-            agent_descendants = []
+        agent_descendants = descendants()
         for proc in agent_descendants:
             if proc.pid not in found and self._has_marker(proc):
                 found[proc.pid] = proc
