@@ -17,7 +17,7 @@ fi
 EXTRAS=test bash scripts/setup_env.sh
 # The real NNI SDK, to prove unmodified NNI trial code works; its tests skip without it.
 .venv/bin/python -c 'import nni' 2>/dev/null \
-  || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' \
+  || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' >>.venv/setup.log 2>&1 \
   || echo "note: the nni package could not be installed; tests marked nni_sdk will be skipped"
 .venv/bin/python scripts/gen_proto.py --check
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
