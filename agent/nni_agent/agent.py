@@ -4,8 +4,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import os
 import signal
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +38,7 @@ class AgentOptions:
 async def run_agent(options: AgentOptions) -> int:
     """Run until the manager says shut down, refuses us, or stays away past the orphan timeout."""
     loop = asyncio.get_running_loop()
-    boot_id = uuid.uuid4().hex
+    boot_id = os.urandom(16).hex()
     work_dir = options.work_dir.expanduser().resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     child_reaper()  # reap trial processes (and adopted orphans) on SIGCHLD

@@ -6,10 +6,9 @@ the unpacked copy under `<root>/<hex>/` is reused by every later trial and agent
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 
@@ -29,7 +28,7 @@ class BundleCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._waiters: dict[str, asyncio.Future[Path]] = {}
-        self._parts: dict[str, tuple[hashlib._Hash, object]] = {}
+        self._parts: dict[str, tuple[Any, Any]] = {}  # digest -> (sha256 so far, open .part file)
 
     def path_for(self, digest: str) -> Path | None:
         """The unpacked directory if this bundle is already cached."""
@@ -65,6 +64,8 @@ class BundleCache:
             self.root.mkdir(parents=True, exist_ok=True)
             part = self.root / f"{hexdigest}.tar.gz.part"
             if chunk.offset == 0:
+                import hashlib  # only workers that receive code pay for it
+
                 self._drop_part(digest)
                 self._parts[digest] = (hashlib.sha256(), open(part, "wb"))
             state = self._parts.get(digest)
@@ -90,6 +91,7 @@ class BundleCache:
                 self._waiters.pop(digest, None)
 
     def _unpack(self, archive: Path, hexdigest: str) -> Path:
+        import shutil
         import tarfile  # only workers that receive code pay for it
 
         final = self.root / hexdigest

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import sys
 from pathlib import Path
@@ -13,11 +12,11 @@ from nni_agent.v1 import agent_pb2 as pb
 
 
 def host_info(work_dir: Path) -> pb.HostInfo:
-    uname = platform.uname()
+    uname = os.uname()
     return pb.HostInfo(
         hostname=socket.gethostname(),
-        os=f"{uname.system} {uname.release} {uname.machine}",
-        python=f"{platform.python_version()} {sys.executable}",
+        os=f"{uname.sysname} {uname.release} {uname.machine}",
+        python=f"{sys.version.split()[0]} {sys.executable}",
         cpu_count=os.cpu_count() or 1,
         memory_total=psutil.virtual_memory().total,
         work_dir=str(work_dir),

@@ -12,12 +12,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from nni_agent.bundles import BundleCache, BundleError
-from nni_agent.http_channel import HttpChannelServer
 from nni_agent.outbox import Outbox
-from nni_agent.resources import TreeSampler
-from nni_agent.trial import Trial
 from nni_agent.v1 import agent_pb2 as pb
+
+if TYPE_CHECKING:  # the trial runtime loads with the first trial: an idle agent stays small
+    from nni_agent.http_channel import HttpChannelServer
+    from nni_agent.resources import TreeSampler
+    from nni_agent.trial import Trial
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,9 @@ class Keeper:
                 return
         elif spec.code_directory:
             code_dir = Path(spec.code_directory)
+        from nni_agent.resources import TreeSampler
+        from nni_agent.trial import Trial
+
         trial = Trial(
             spec,
             events=self,
