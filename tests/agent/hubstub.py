@@ -208,6 +208,12 @@ class StubServer:
                     await asyncio.to_thread(proc.wait)
         await self.server.stop(grace=None)
 
+    async def connect_agent(self, work_dir: Path, **kwargs: object) -> subprocess.Popen[bytes]:
+        """start_agent, then wait until its stream is open."""
+        proc = self.start_agent(work_dir, **kwargs)  # type: ignore[arg-type]
+        await asyncio.wait_for(self.hub.connected.wait(), 30)
+        return proc
+
     def start_agent(self, work_dir: Path, *, token: str | None = None, agent_id: str = "agent-1",
                     extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         env = dict(os.environ, NNI_AGENT_TOKEN=token if token is not None else self.hub.token, **(extra_env or {}))

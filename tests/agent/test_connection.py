@@ -63,8 +63,7 @@ def test_token_stays_out_of_argv_and_trial_environment(tmp_path):
     async def scenario() -> None:
         hub = HubStub()
         async with StubServer(hub) as srv:
-            proc = srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            proc = await srv.connect_agent(tmp_path / "w")
             assert hub.token not in " ".join(psutil.Process(proc.pid).cmdline())
             env_dump = tmp_path / "env.json"
             hub.send(**start_trial("envtr", f"{PY} -c 'import json,os; json.dump(dict(os.environ), open(\"{env_dump}\", \"w\"))'"))
@@ -83,8 +82,7 @@ def test_100k_metrics_arrive_in_order_exactly_once(tmp_path):
     async def scenario() -> None:
         hub = HubStub()
         async with StubServer(hub) as srv:
-            srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            await srv.connect_agent(tmp_path / "w")
             hub.send(**start_trial("burst", f"{PY} {script}"))
             await hub.wait_for(lambda: hub.trials["burst"].final is not None, timeout=180)
         view = hub.trials["burst"]
@@ -105,8 +103,7 @@ def test_stream_cut_20_times_during_a_metric_burst_loses_and_duplicates_nothing(
         hub = HubStub()
         hub.cut_after_records = lambda: cuts.pop() if cuts else None
         async with StubServer(hub) as srv:
-            srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            await srv.connect_agent(tmp_path / "w")
             hub.send(**start_trial("cuts", f"{PY} {script}"))
             await hub.wait_for(lambda: hub.trials["cuts"].final is not None, timeout=180)
         assert not cuts, f"{len(cuts)} cuts never happened"
@@ -139,8 +136,7 @@ def test_code_bundle_crosses_once_per_worker_and_is_cached(tmp_path):
         digest = hub.add_bundle(bundle)
         ref = pb.Bundle(digest=digest, size=len(bundle))
         async with StubServer(hub) as srv:
-            agent = srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            agent = await srv.connect_agent(tmp_path / "w")
             for tid in ("bun01", "bun02"):
                 hub.send(**start_trial(tid, f"{PY} train.py", bundle=ref))
             await hub.wait_for(lambda: all(hub.trials[t].final for t in ("bun01", "bun02")))
@@ -168,8 +164,7 @@ def test_corrupted_bundle_fails_the_trial_with_a_reason_and_the_agent_keeps_goin
         digest = hub.add_bundle(good)
         hub.bundles[digest] = good[:-10] + b"corrupted!"
         async with StubServer(hub) as srv:
-            srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            await srv.connect_agent(tmp_path / "w")
             hub.send(**start_trial("bad01", "true", bundle=pb.Bundle(digest=digest)))
             hub.send(**start_trial("ok001", "true"))
             await hub.wait_for(lambda: hub.trials["bad01"].final and hub.trials["ok001"].final)
@@ -184,8 +179,7 @@ def test_malformed_commands_fail_the_trial_not_the_agent(tmp_path):
     async def scenario() -> None:
         hub = HubStub()
         async with StubServer(hub) as srv:
-            agent = srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            agent = await srv.connect_agent(tmp_path / "w")
             hub.send(**start_trial("empty", "   "))
             hub.send(**start_trial("nocmd", "definitely-not-a-command-xyz"))
             hub.send(**start_trial("baddr", "true", working_directory="/proc/no/such/place"))
@@ -217,8 +211,7 @@ def test_trials_survive_manager_outage_and_records_are_replayed(tmp_path):
         hub = HubStub()
         srv = StubServer(hub)
         await srv.server.start()
-        agent = srv.start_agent(tmp_path / "w")
-        await asyncio.wait_for(hub.connected.wait(), 30)
+        agent = await srv.connect_agent(tmp_path / "w")
         hub.send(**start_trial("outag", f"{PY} {script}"))
         await hub.wait_for(lambda: len(hub.trials["outag"].metrics) >= 3)
         await srv.server.stop(grace=None)  # the manager vanishes while the trial runs
@@ -247,8 +240,7 @@ def test_orphan_timeout_stops_trials_and_exits(tmp_path):
         hub = HubStub()
         srv = StubServer(hub)
         await srv.server.start()
-        agent = srv.start_agent(tmp_path / "w", args=("--orphan-timeout", "2"))
-        await asyncio.wait_for(hub.connected.wait(), 30)
+        agent = await srv.connect_agent(tmp_path / "w", args=("--orphan-timeout", "2"))
         hub.send(**start_trial("orph1", f"sh -c 'while true; do touch {marker}; sleep 0.1; done'"))
         await hub.wait_for(lambda: bool(hub.trials["orph1"].statuses))
         await srv.server.stop(grace=None)
@@ -265,8 +257,7 @@ def test_shutdown_command_cancels_trials_and_reports_them(tmp_path):
     async def scenario() -> None:
         hub = HubStub()
         async with StubServer(hub) as srv:
-            agent = srv.start_agent(tmp_path / "w")
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            agent = await srv.connect_agent(tmp_path / "w")
             hub.send(**start_trial("long1", "sleep 600"))
             await hub.wait_for(lambda: bool(hub.trials["long1"].statuses))
             pid = hub.trials["long1"].statuses[0].pid
@@ -283,8 +274,7 @@ def test_gpu_reports_reach_the_manager_in_hello_and_telemetry(tmp_path):
     async def scenario() -> None:
         hub = HubStub()
         async with StubServer(hub) as srv:
-            srv.start_agent(tmp_path / "w", extra_env={"NNI_AGENT_ARTIFICIAL_GPUS": "3"})
-            await asyncio.wait_for(hub.connected.wait(), 30)
+            await srv.connect_agent(tmp_path / "w", extra_env={"NNI_AGENT_ARTIFICIAL_GPUS": "3"})
         gpus = hub.hellos[0].gpus
         assert gpus.provider == "artificial" and [g.index for g in gpus.gpus] == [0, 1, 2]
         assert hub.hellos[0].host.cpu_count >= 1 and hub.hellos[0].agent_version
