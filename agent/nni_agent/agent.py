@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AgentOptions:
-    manager: str
+    manager: str  # gRPC target, or "@<path>": a file holding it, re-read before every dial
     agent_id: str
     token: str
     work_dir: Path

@@ -39,8 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--manager", required=True, metavar="TARGET",
-                        help="manager hub address: HOST:PORT or unix:/path/to/hub.sock")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--manager", metavar="TARGET",
+                       help="manager hub address: HOST:PORT or unix:/path/to/hub.sock")
+    where.add_argument("--manager-file", type=Path, metavar="PATH",
+                       help="a file holding the manager hub address, read again before every redial, so "
+                            "whoever started the agent can move the endpoint (a new tunnel port) without "
+                            "restarting it or its trials")
     parser.add_argument("--agent-id", required=True, help="this agent's id, as registered with the manager")
     parser.add_argument("--token-file", type=Path, metavar="PATH",
                         help=f"read the token from this file (mode 0600) instead of ${TOKEN_ENV}")
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nni_agent.agent import AgentOptions, run_agent  # after logging is set up
 
-    options = AgentOptions(manager=args.manager, agent_id=args.agent_id, token=token,
+    options = AgentOptions(manager=args.manager or f"@{args.manager_file}", agent_id=args.agent_id, token=token,
                            work_dir=args.work_dir, orphan_timeout=args.orphan_timeout)
     return asyncio.run(run_agent(options))
 

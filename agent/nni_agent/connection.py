@@ -91,6 +91,7 @@ class Connection:
         timing: Timing | None = None,
     ) -> None:
         self.target = target
+        self._dialled = target  # the address of the latest dial (for "@file" targets)
         self.agent_id = agent_id
         self._token = token
         self.boot_id = boot_id
@@ -135,10 +136,10 @@ class Connection:
                 break
             except Exception as exc:  # any other failure of a session is a lost link: trials must live on
                 if not isinstance(exc, (LinkLost, grpc.aio.AioRpcError, OSError, asyncio.InvalidStateError)):
-                    log.exception("session with %s failed unexpectedly; redialling", self.target)
+                    log.exception("session with %s failed unexpectedly; redialling", self._dialled)
                 if self.connected.is_set():
                     lost_since, attempt = time.monotonic(), 0
-                    log.warning("lost the manager at %s: %s; trials keep running, redialling", self.target, _brief(exc))
+                    log.warning("lost the manager at %s: %s; trials keep running, redialling", self._dialled, _brief(exc))
                 self.connected.clear()
             if self._done.is_set():
                 break
@@ -156,8 +157,23 @@ class Connection:
 
     # ------------------------------------------------------------------ one session
 
+    def _resolve_target(self) -> str:
+        """`self.target`, or for "@<path>" the address in that file (re-read at every dial)."""
+        if not self.target.startswith("@"):
+            return self.target
+        path = self.target[1:]
+        try:
+            with open(path) as f:
+                target = f.read().strip()
+        except OSError as exc:
+            raise LinkLost(f"cannot read the manager address from {path}: {exc.strerror}") from None
+        if not target:
+            raise LinkLost(f"{path} holds no manager address")
+        return target
+
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
+        target = self._dialled = self._resolve_target()
+        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
             call = channel.stream_stream(
                 CONNECT_METHOD, request_serializer=_serialize, response_deserializer=pb.ManagerMessage.FromString
             )()
@@ -187,7 +203,7 @@ class Connection:
                 self.request_bundle(digest)
             self.sessions += 1
             self.connected.set()
-            log.info("connected to %s (experiment %s), replaying from seq %d", self.target, welcome.experiment_id, welcome.acked_seq + 1)
+            log.info("connected to %s (experiment %s), replaying from seq %d", target, welcome.experiment_id, welcome.acked_seq + 1)
             self._last_contact = time.monotonic()
             tasks = [
                 asyncio.create_task(self._send_loop(call, welcome.acked_seq)),
@@ -210,7 +226,7 @@ class Connection:
             msg = await call.read()
         except grpc.aio.AioRpcError as exc:
             if exc.code() in FATAL_CODES:
-                raise Refused(f"manager at {self.target} refused agent {self.agent_id}: {exc.details()}") from None
+                raise Refused(f"manager at {self._dialled} refused agent {self.agent_id}: {exc.details()}") from None
             raise
         if msg is grpc.aio.EOF:
             raise LinkLost("the manager closed the stream")

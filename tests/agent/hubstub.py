@@ -215,10 +215,12 @@ class StubServer:
         return proc
 
     def start_agent(self, work_dir: Path, *, token: str | None = None, agent_id: str = "agent-1",
-                    extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+                    extra_env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                    manager_file: Path | None = None) -> subprocess.Popen[bytes]:
         env = dict(os.environ, NNI_AGENT_TOKEN=token if token is not None else self.hub.token, **(extra_env or {}))
+        where = ["--manager-file", str(manager_file)] if manager_file else ["--manager", f"127.0.0.1:{self.port}"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{self.port}", "--agent-id", agent_id,
+            [sys.executable, "-m", "nni_agent", *where, "--agent-id", agent_id,
              "--work-dir", str(work_dir), "--log-file", str(work_dir.parent / f"{agent_id}.log"), *args],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )

@@ -280,3 +280,37 @@ def test_gpu_reports_reach_the_manager_in_hello_and_telemetry(tmp_path):
         assert hub.hellos[0].host.cpu_count >= 1 and hub.hellos[0].agent_version
 
     run(scenario())
+
+
+def test_manager_file_moves_the_endpoint_without_restarting_trials(tmp_path):
+    """A backend that must move the tunnel (the old port is stuck) only rewrites the file."""
+    script = _script(tmp_path, "slow.py", """
+        import time, nni_agent as nni
+        nni.get_next_parameter()
+        for i in range(40):
+            nni.report_intermediate_result(i)
+            time.sleep(0.05)
+        nni.report_final_result(40)
+    """)
+    where = tmp_path / "manager-address"
+
+    async def scenario() -> None:
+        hub = HubStub()
+        first = StubServer(hub)
+        await first.server.start()
+        where.write_text(f"127.0.0.1:{first.port}\n")
+        agent = await first.connect_agent(tmp_path / "w", manager_file=where)
+        hub.send(**start_trial("moved", f"{PY} {script}"))
+        await hub.wait_for(lambda: len(hub.trials["moved"].metrics) >= 3)
+        pid = hub.trials["moved"].statuses[0].pid
+        await first.server.stop(grace=None)
+        second = StubServer(hub)  # a new port
+        async with second:
+            where.write_text(f"127.0.0.1:{second.port}\n")
+            second.agents = [agent]
+            await hub.wait_for(lambda: hub.trials["moved"].final is not None, timeout=60)
+        assert second.port != first.port and hub.sessions >= 2
+        assert hub.trials["moved"].statuses[0].pid == pid  # the same trial process carried on
+        _assert_exactly_once_in_order(hub.trials["moved"], 40)
+
+    run(scenario())

@@ -171,5 +171,60 @@ def test_render_names_commands_without_secrets(netns_hosts):
     text = RemoteBackend(config([m])).render()
     assert "hunter2-secret" not in text
     assert f"ip netns exec {m.host} nc 127.0.0.1 {m.port}" in text
-    assert "-m nni_agent --manager 127.0.0.1:" in text and "--token-file" in text
+    assert "-m nni_agent --manager-file" in text and ".manager" in text and "--token-file" in text
     assert "never on a command line" in text
+
+
+def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_port(netns_hosts, tmp_path):
+    """The old manager died but its SSH session lingers (an orphaned proxy process keeps it),
+    so the agent's worker port stays taken: the new backend forwards another port and points
+    the running agent at it; the trial is never restarted and no metric is lost."""
+    host = netns_hosts[1]
+    n = 40
+    script = tmp_path / "kept.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import nni_agent as nni
+        nni.get_next_parameter()
+        for i in range({n}):
+            nni.report_intermediate_result(i)
+            time.sleep(0.1)
+        nni.report_final_result({n})
+    """))
+
+    async def scenario() -> None:
+        hub = HubStub()
+        first = StubServer(hub)
+        await first.server.start()
+        ctx = FakeContext(hub, first.port, tmp_path)
+        old = RemoteBackend(config([host.machine]))
+        await old.start(ctx)
+        await hub.wait_for(lambda: bool(hub.hellos), timeout=30)
+        old_port = old.machines[0].launch.remote_port
+        hub.send(**start_trial("kept", f"python3 {script}"))
+        await hub.wait_for(lambda: len(hub.trials["kept"].metrics) >= 5, timeout=30)
+        pid = hub.trials["kept"].statuses[0].pid
+        for m in old.machines:  # the old manager stops working, but its SSH link stays open
+            m.task.cancel()
+        await first.server.stop(grace=None)
+        second = StubServer(hub)
+        await second.server.start()
+        ctx2 = FakeContext(hub, second.port, tmp_path)
+        ctx2.experiment_id = ctx.experiment_id
+        new = RemoteBackend(config([host.machine]))
+        try:
+            await new.start(ctx2)
+            assert new.machines[0].launch.remote_port != old_port
+            await hub.wait_for(lambda: hub.trials["kept"].final is not None, timeout=60)
+        finally:
+            await new.stop()
+            for m in old.machines:
+                m.close()
+            await second.server.stop(grace=None)
+        view = hub.trials["kept"]
+        assert view.final.state == pb.TRIAL_STATE_SUCCEEDED
+        assert [s.pid for s in view.statuses] == [pid, pid]  # one process, never restarted
+        assert [json.loads(json.loads(m.data)["value"]) for m in view.metrics] == list(range(n)) + [n]
+        assert ctx2.failures == {} and marked_processes(ctx.experiment_id) == []
+
+    run(scenario())

@@ -3,8 +3,9 @@
 Per machine: connect (host keys checked), find Python >= 3.10, install the agent from a
 wheel the manager builds from itself (reused when already installed), start it detached,
 and forward a worker-side loopback port to the hub over the same SSH connection. If the
-link drops, reconnect with backoff and re-open the forward on the same port, so the
-running agent simply redials and its trials carry on.
+link drops, or a restarted manager finds the agent still running, re-open the forward (on
+the same worker port if it is free, else on a new one the agent reads from its manager file
+before redialling), so the running agent simply redials and its trials carry on.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ KEEPALIVE_S = 5.0  # ping the SSH server this often
 KEEPALIVE_TIMEOUT_S = 15.0
 WAKE_PING_TIMEOUT_S = 3.0  # after the hub lost the agent, be quick: its tunnel is broken anyway
 STARTUP_CHECK_S = 2.0  # not connected this long after start: look whether the agent died
-SAME_PORT_PATIENCE_S = 30.0  # then give up the old port: restart the agent on a new one
 
 
 @dataclass
@@ -82,13 +82,24 @@ class _Machine:
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
             self.machine.python_path, 0, self.options.reconnect_window + 60.0, dict(self.options.agent_env),
         )
-        if port is not None and self._open_forward(port):  # manager restart: re-attach to the running agent
-            log.info("%s: re-attached to running agent pid %s on port %s", self.label, found.running_pid, port)
+        if found.running_pid is not None:  # a restarted manager: re-attach to the running agent
+            self._reopen_forward(port)
+            log.info("%s: re-attached to running agent pid %s; hub via worker port %s", self.label,
+                     found.running_pid, self.launch.remote_port)
             return
-        if found.running_pid is not None:
-            bootstrap.stop_agent(self.client, self.launch, self.grace)
         self._open_forward(0)
         self._start_agent()
+
+    def _reopen_forward(self, port: int | None) -> None:
+        """Forward the agent's port again; if it is still held (a stale SSH session keeps it),
+        forward a new one and point the agent there: its trials never notice."""
+        if port is not None and self._open_forward(port):
+            return
+        self._open_forward(0)
+        assert self.client is not None and self.launch is not None
+        bootstrap.point_agent(self.client, self.launch)
+        log.info("%s: worker port %s still taken; moved the tunnel to port %s", self.label, port,
+                 self.launch.remote_port)
 
     def _open_forward(self, port: int) -> bool:
         assert self.client is not None and self.launch is not None
@@ -110,16 +121,14 @@ class _Machine:
         log.info("%s: agent %s started (pid %s), hub via worker port %s", self.label, self.spec.agent_id, pid,
                  self.launch.remote_port)
 
-    def reconnect(self) -> bool:
-        """Reconnect and re-open the forward on the same port; False if the port is still taken."""
+    def reconnect(self) -> None:
+        """Reconnect and re-open the forward (on the same worker port when it is free)."""
         self.close()
         self.client = connect(self.machine)
         assert self.launch is not None
-        if not self._open_forward(self.launch.remote_port):
-            return False
-        log.info("%s: reconnected; tunnel on worker port %s again", self.label, self.launch.remote_port)
+        self._reopen_forward(self.launch.remote_port)
+        log.info("%s: reconnected; tunnel on worker port %s", self.label, self.launch.remote_port)
         self.check_agent()
-        return True
 
     def check_agent(self) -> None:
         """Restart the agent (same port) if its process is gone; a hung link raises."""
@@ -128,12 +137,6 @@ class _Machine:
         if not alive:
             log.warning("%s: agent process is gone, restarting it: %s", self.label, output[-300:])
             self._start_agent()
-
-    def restart_on_new_port(self) -> None:
-        assert self.client is not None and self.launch is not None
-        bootstrap.stop_agent(self.client, self.launch, self.grace)
-        self._open_forward(0)
-        self._start_agent()
 
     def connected(self) -> bool:
         transport = self.client.get_transport() if self.client else None
@@ -219,14 +222,10 @@ class _Machine:
         log.warning("%s: SSH connection lost; reconnecting for up to %.0f s", self.label, self.options.reconnect_window)
         lost = time.monotonic()
         delay, last_error = 0.2, "no attempt yet"
-        while (elapsed := time.monotonic() - lost) < self.options.reconnect_window:
+        while time.monotonic() - lost < self.options.reconnect_window:
             try:
-                if await asyncio.to_thread(self.reconnect):
-                    return True
-                last_error = "the worker port of the tunnel is still taken"
-                if elapsed > SAME_PORT_PATIENCE_S:
-                    await asyncio.to_thread(self.restart_on_new_port)
-                    return True
+                await asyncio.to_thread(self.reconnect)
+                return True
             except (SshError, BootstrapError, paramiko.SSHException, OSError, EOFError) as e:
                 last_error = str(e)
                 log.info("%s: reconnect attempt failed: %s", self.label, e)

@@ -3,7 +3,9 @@
 Layout on the worker (all under the SSH user's home, umask 077, never /tmp):
   ~/.nni-agent/<version>-<hash>/lib          the agent, unpacked from the manager's wheel
   ~/.nni-agent/<version>-<hash>/deps-<py>    agent dependencies pip had to add (if any)
-  ~/.nni-agent/run/<exp>/<agent>.{token,pid,port,log,out}
+  ~/.nni-agent/run/<exp>/<agent>.{token,pid,manager,log,out}
+      (.manager holds 127.0.0.1:<tunnel port>; the agent re-reads it before every redial, so
+      a new tunnel port needs only a rewrite of that file, never a restart of the trials)
   ~/nni-experiments/<exp>/agents/<agent>     the agent's work dir (trials, bundles, spool)
 The fast path (agent installed, Python known good) is one probe command and one start.
 """
@@ -124,10 +126,10 @@ def probe_command(python_dir: str | None, tag: str, launch_files: AgentLaunch | 
         )
     lines.append(f"cat {home_path(f'.nni-agent/{tag}/pythons')} 2>/dev/null | sed 's/^/INSTALLED	/'")
     if launch_files is not None:
-        pid, port = home_path(launch_files.run_file("pid")), home_path(launch_files.run_file("port"))
+        pid, where = home_path(launch_files.run_file("pid")), home_path(launch_files.run_file("manager"))
         lines.append(
             f"p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && grep -q nni_agent /proc/$p/cmdline 2>/dev/null "
-            f"&& echo \"RUNNING	$p	$(cat {port} 2>/dev/null)\""
+            f"&& echo \"RUNNING	$p	$(cat {where} 2>/dev/null)\""
         )
     lines.append("true")
     return "\n".join(lines)
@@ -142,8 +144,9 @@ def parse_probe(text: str) -> Probe:
         elif kind == "INSTALLED":
             probe.installed_for.append(rest)
         elif kind == "RUNNING":
-            pid, _, port = rest.partition("\t")
-            probe.running_pid, probe.running_port = int(pid), int(port) if port.strip().isdigit() else None
+            pid, _, where = rest.partition("\t")  # where: 127.0.0.1:<port>
+            port = where.strip().rpartition(":")[2]
+            probe.running_pid, probe.running_port = int(pid), int(port) if port.isdigit() else None
         elif kind == "PY" and probe.python is None:
             cand, _, answer = rest.partition("\t")
             m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+) (\S.*)", answer.strip())
@@ -220,7 +223,7 @@ def start_command(launch: AgentLaunch) -> str:
     rf = launch.run_file
     argv = " ".join([
         shlex.quote(launch.python), "-m", "nni_agent",
-        "--manager", f"127.0.0.1:{launch.remote_port}",
+        "--manager-file", home_path(rf("manager")),
         "--agent-id", shlex.quote(launch.agent_id),
         "--work-dir", home_path(launch.work_dir),
         "--token-file", home_path(rf("token")),
@@ -231,12 +234,21 @@ def start_command(launch: AgentLaunch) -> str:
         "umask 077",
         f"mkdir -p {home_path(launch.run_dir)} {home_path(launch.work_dir)} || exit 1",
         f"cat > {home_path(rf('token'))} || exit 1",
-        f"echo {launch.remote_port} > {home_path(rf('port'))}",
+        f"echo 127.0.0.1:{launch.remote_port} > {home_path(rf('manager'))}",
         f"cd {home_path(launch.work_dir)} || exit 1",
         f"{assigns} setsid {argv} </dev/null >>{home_path(rf('out'))} 2>&1 &",
         f"echo $! > {home_path(rf('pid'))}",
         "echo $!",
     ])
+
+
+def point_agent(client: paramiko.SSHClient, launch: AgentLaunch) -> None:
+    """Tell a running agent its tunnel moved to `launch.remote_port`: its next redial reads it."""
+    where = home_path(launch.run_file("manager"))
+    tmp = home_path(launch.run_file("manager.tmp"))
+    rc, _, err = run(client, f"umask 077; echo 127.0.0.1:{launch.remote_port} > {tmp} && mv -f {tmp} {where}")
+    if rc != 0:
+        raise BootstrapError(f"cannot update the agent's manager address: {err.strip()[-300:]}")
 
 
 def start_agent(client: paramiko.SSHClient, launch: AgentLaunch, token: str) -> int:
