@@ -103,3 +103,37 @@ def test_proxy_command_tokens():
 
 def _hostkey(host):
     return host.machine.ssh_key_file.parent / "hostkey"
+
+
+def test_proxy_command_dies_with_the_manager(tmp_path):
+    """A relay must not outlive a SIGKILLed manager: it would hold the SSH session open.
+    (It is spawned from a long-lived worker thread, as the backend's connects are.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import threading, time\n"
+         "from nni_manager.ssh.connection import _ProxyCommand\n"
+         "box = []\n"
+         "def worker():\n"
+         "    box.append(_ProxyCommand('sleep 300'))\n"
+         "    time.sleep(300)\n"
+         "threading.Thread(target=worker, daemon=True).start()\n"
+         "while not box: time.sleep(0.01)\n"
+         "print(box[0].process.pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True)
+    relay = psutil.Process(int(owner.stdout.readline()))
+    time.sleep(0.3)
+    assert relay.is_running() and relay.status() != psutil.STATUS_ZOMBIE  # alive while the manager lives
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while relay.is_running() and relay.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the proxy command outlived its manager"
+        time.sleep(0.05)

@@ -6,9 +6,15 @@ how to fix it; passwords and passphrases never appear in it.
 from __future__ import annotations
 
 import base64
+import ctypes
 import hashlib
 import os
+import shlex
+import signal
 import socket
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from select import select
 
@@ -65,10 +71,37 @@ class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
         )
 
 
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl() if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_manager() -> None:
+    """In the proxy's child: SIGTERM when the manager goes, even by SIGKILL, so no relay (an
+    `nc` that would keep the SSH session and its forwarded port alive) outlives it."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 class _ProxyCommand(paramiko.ProxyCommand):
     """paramiko's ProxyCommand spins forever once the command exits (reads keep returning
     b''), so a dropped link never ends the transport. Return short reads like a socket,
-    and b'' at EOF, which closes the transport so the backend reconnects."""
+    and b'' at EOF, which closes the transport so the backend reconnects. The command dies
+    with the manager."""
+
+    def __init__(self, command_line: str) -> None:  # paramiko's, plus the death signal
+        self.cmd = shlex.split(command_line)
+        self.process = subprocess.Popen(
+            self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+            preexec_fn=_die_with_the_manager,
+        )
+        self.timeout = None
 
     def recv(self, size: int) -> bytes:
         ready, _, _ = select([self.process.stdout], [], [], self.timeout)
