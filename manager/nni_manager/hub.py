@@ -108,14 +108,16 @@ class Hub(pb_grpc.AgentHubServicer):
         reconnect_window: float = 60.0,
         heartbeat_interval: float = 2.0,
         gpu_sample_interval: float = 1.0,
+        tcp: bool = True,
     ) -> None:
         self.experiment_id = experiment_id
+        self.tcp = tcp  # also listen on 127.0.0.1 (for tunnels); the Unix socket is always there
         self.experiment_dir = experiment_dir
         self.socket_path = experiment_dir / "hub.sock"
         self.reconnect_window = reconnect_window
         self.heartbeat_interval = heartbeat_interval
         self.gpu_sample_interval = gpu_sample_interval
-        self.address = ""  # "127.0.0.1:<port>" once started
+        self.address = ""  # "127.0.0.1:<port>" once started, when listening on TCP
         self._store = store
         self._handler = handler
         self._links: dict[str, _Link] = {}
@@ -144,8 +146,9 @@ class Hub(pb_grpc.AgentHubServicer):
         self._server = grpc.aio.server(options=options)
         pb_grpc.add_AgentHubServicer_to_server(self, self._server)
         self._server.add_insecure_port(f"unix:{self.socket_path}")
-        port = self._server.add_insecure_port("127.0.0.1:0")
-        self.address = f"127.0.0.1:{port}"
+        if self.tcp:
+            port = self._server.add_insecure_port("127.0.0.1:0")
+            self.address = f"127.0.0.1:{port}"
         await self._server.start()
         self._monitor = asyncio.create_task(self._watch_contact())
 

@@ -144,6 +144,7 @@ class TrainingService:
             store=store,
             handler=self,
             reconnect_window=self.reconnect_window,
+            tcp=self._backend.needs_tcp_hub,
         )
         for a in store.agents():
             self._agents[a["agent_id"]] = _Agent(a["agent_id"], a["name"], _hints(a["hints"]))

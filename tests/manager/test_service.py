@@ -285,3 +285,18 @@ def test_trials_fail_at_once_with_every_reason_when_no_machine_is_usable(make_co
                 assert f"127.0.0.1:{port}" in detail.message and "cannot connect" in detail.message
 
     run(body())
+
+
+def test_local_experiment_listens_on_no_tcp_port(make_config: Callable[..., ExperimentConfig]) -> None:
+    import psutil
+
+    async def body() -> None:
+        before = {c.laddr for c in psutil.Process().net_connections(kind="tcp") if c.status == "LISTEN"}
+        async with create_training_service(make_config()) as ts:
+            job = await ts.submit_trial_job(form(0))
+            await wait_status(ts, job.id, "SUCCEEDED")
+            listening = {c.laddr for c in psutil.Process().net_connections(kind="tcp") if c.status == "LISTEN"}
+            assert listening == before  # the agent came in over hub.sock only
+            assert (ts.experiment_dir / "hub.sock").exists()
+
+    run(body())

@@ -117,6 +117,7 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, tmp_path):
                 assert "no Python >= 3.10 found in pythonPath" in ctx.failures["agent1"]
                 assert "python3: Python 3.8.10 is older than 3.10" in ctx.failures["agent1"]
                 assert f"root@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures["agent2"]
+                assert "the proxy command exited with code 1" in ctx.failures["agent2"]
                 await hub.wait_for(lambda: {h.agent_id for h in hub.hellos} == {"agent0"}, timeout=30)
             finally:
                 await backend.stop()

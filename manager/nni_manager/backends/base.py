@@ -34,7 +34,7 @@ class AgentSpec:
 
     agent_id: str
     token: str
-    hub_address: str  # gRPC target reachable from the manager host, e.g. "127.0.0.1:40123"
+    hub_address: str  # TCP gRPC target on the manager host, e.g. "127.0.0.1:40123" ("" if not needs_tcp_hub)
     hub_unix_socket: Path  # the same hub on a Unix socket (local agents use this)
 
     def __repr__(self) -> str:  # keep the token out of logs and tracebacks
@@ -70,6 +70,9 @@ class Backend(abc.ABC):
     # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
     # overrides it): the hub waits this long for the agent, and the agent for its manager.
     default_reconnect_window: ClassVar[float] = 60.0
+    # Whether agents reach the hub over TCP (127.0.0.1, e.g. through tunnels). Backends whose
+    # agents use the Unix socket say False, and the hub then listens on no port at all.
+    needs_tcp_hub: ClassVar[bool] = True
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config

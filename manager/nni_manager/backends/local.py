@@ -26,6 +26,7 @@ class LocalBackend(Backend):
     # The agent outlives an unreachable manager this long (then stops every trial), so a
     # manager restarted quickly re-attaches, and a killed one leaves nothing running for long.
     default_reconnect_window = 30.0
+    needs_tcp_hub = False  # the agent uses hub.sock, in the owner-only experiment directory
 
     _proc: subprocess.Popen[bytes] | None = None
     _pid: int | None = None

@@ -113,6 +113,18 @@ class _ProxyCommand(paramiko.ProxyCommand):
             raise paramiko.ProxyCommandFailure(" ".join(self.cmd), e.strerror) from None
 
 
+def _proxy_exit(sock: _ProxyCommand | None) -> str:
+    """How the proxy command ended, with what it said (e.g. nc's "Connection refused"), if it did."""
+    if sock is None:
+        return ""
+    try:
+        code = sock.process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return ""
+    said = sock.process.stderr.read(2000).decode(errors="replace").strip() if sock.process.stderr else ""
+    return f"the proxy command exited with code {code}" + (f": {said}" if said else "")
+
+
 def proxy_command_line(m: MachineConfig) -> str | None:
     """OpenSSH ProxyCommand tokens: %h host, %p port, %r user, %% a literal %."""
     if not m.proxy_command:
@@ -190,13 +202,12 @@ def connect(m: MachineConfig) -> paramiko.SSHClient:
         client.close()
         what = "the password was rejected" if m.ssh_key_file is None and m.password is not None else "the key was rejected"
         raise SshError(f"{label}: authentication failed with {_auth_method(m)}: {what}; check user, password/sshKeyFile") from None
-    except paramiko.ProxyCommandFailure as e:
-        client.close()
-        raise SshError(f"{label}: proxyCommand failed: {e.error} (command: {e.command})") from None
-    except (OSError, socket.timeout, paramiko.SSHException, EOFError) as e:
+    except (paramiko.ProxyCommandFailure, OSError, socket.timeout, paramiko.SSHException, EOFError) as e:
         client.close()
         via = f" via proxyCommand `{proxy_command_line(m)}`" if m.proxy_command else ""
-        raise SshError(f"{label}: cannot connect{via}: {type(e).__name__}: {e}") from None
+        what = e.error if isinstance(e, paramiko.ProxyCommandFailure) else f"{type(e).__name__}: {e}"
+        exited = _proxy_exit(sock)
+        raise SshError(f"{label}: cannot connect{via}: {exited or what}") from None
     if sock is None:
         # Our own TCP socket: send small SSH packets at once. With Nagle on, a write that
         # follows an unacknowledged one waits for the peer's delayed ACK (~40 ms a round trip).
