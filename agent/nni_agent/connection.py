@@ -291,8 +291,9 @@ class Connection:
                 next_hb = now + t.heartbeat_s
             if now >= next_gpu:
                 report = self.gpu_sample()
-                if report != self._last_gpu:
-                    self._send_control(pb.AgentMessage(gpus=report))
+                last = self._last_gpu
+                if last is None or report.gpus != last.gpus or report.unavailable_reason != last.unavailable_reason:
+                    self._send_control(pb.AgentMessage(gpus=report))  # only what changed (time_ms always does)
                     self._last_gpu = report
                 next_gpu = now + t.gpu_sample_s
             if now >= next_res:
