@@ -117,8 +117,10 @@ def test_proxy_command_dies_with_the_manager(tmp_path):
 
     owner = subprocess.Popen(
         [sys.executable, "-c",
-         "import threading, time\n"
+         "import threading, time, grpc\n"
          "from nni_manager.ssh.connection import _ProxyCommand\n"
+         "channel = grpc.insecure_channel('127.0.0.1:9')\n"  # gRPC running, as in the manager
+         "grpc.channel_ready_future(channel)\n"
          "box = []\n"
          "def worker():\n"
          "    box.append(_ProxyCommand('sleep 300'))\n"

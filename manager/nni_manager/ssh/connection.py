@@ -6,15 +6,13 @@ how to fix it; passwords and passphrases never appear in it.
 from __future__ import annotations
 
 import base64
-import ctypes
 import hashlib
 import os
 import shlex
-import signal
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from select import select
 
@@ -71,22 +69,11 @@ class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
         )
 
 
-def _prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl() if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_the_manager() -> None:
-    """In the proxy's child: SIGTERM when the manager goes, even by SIGKILL, so no relay (an
-    `nc` that would keep the SSH session and its forwarded port alive) outlives it."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+# The relay gets SIGTERM when the manager goes, even by SIGKILL, so no `nc` keeps its SSH
+# session (and the forwarded port) alive. setpriv sets the parent-death signal and execs the
+# command; a preexec_fn would do the same but forces fork() over vfork(), and gRPC's fork
+# handlers then abort the child.
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
 class _ProxyCommand(paramiko.ProxyCommand):
@@ -97,9 +84,9 @@ class _ProxyCommand(paramiko.ProxyCommand):
 
     def __init__(self, command_line: str) -> None:  # paramiko's, plus the death signal
         self.cmd = shlex.split(command_line)
+        argv = [_SETPRIV, "--pdeathsig", "TERM", "--", *self.cmd] if _SETPRIV else self.cmd
         self.process = subprocess.Popen(
-            self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
-            preexec_fn=_die_with_the_manager,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
         )
         self.timeout = None
 
