@@ -60,6 +60,20 @@ def marked_processes(experiment_id: str) -> list[int]:
     return processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode())
 
 
+def steady_trial(path: Path, n: int) -> Path:
+    """A trial reporting 0..n-1 every 0.1 s, then n as its final result."""
+    path.write_text(textwrap.dedent(f"""
+        import time
+        import nni_agent as nni
+        nni.get_next_parameter()
+        for i in range({n}):
+            nni.report_intermediate_result(i)
+            time.sleep(0.1)
+        nni.report_final_result({n})
+    """))
+    return path
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
@@ -129,16 +143,7 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, tmp_path):
 def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(netns_hosts, tmp_path):
     host = netns_hosts[2]
     n = 30
-    script = tmp_path / "slow.py"
-    script.write_text(textwrap.dedent(f"""
-        import time
-        import nni_agent as nni
-        nni.get_next_parameter()
-        for i in range({n}):
-            nni.report_intermediate_result(i)
-            time.sleep(0.1)
-        nni.report_final_result({n})
-    """))
+    script = steady_trial(tmp_path / "slow.py", n)
 
     async def scenario() -> None:
         hub = HubStub()
@@ -182,16 +187,7 @@ def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_p
     the running agent at it; the trial is never restarted and no metric is lost."""
     host = netns_hosts[1]
     n = 40
-    script = tmp_path / "kept.py"
-    script.write_text(textwrap.dedent(f"""
-        import time
-        import nni_agent as nni
-        nni.get_next_parameter()
-        for i in range({n}):
-            nni.report_intermediate_result(i)
-            time.sleep(0.1)
-        nni.report_final_result({n})
-    """))
+    script = steady_trial(tmp_path / "kept.py", n)
 
     async def scenario() -> None:
         hub = HubStub()
