@@ -8,21 +8,7 @@ NNI's names, for trial code that does not install `nni`::
 
 __version__ = "0.1.0"
 
-from nni_agent.trial_api import (  # noqa: E402  (re-export after __version__)
-    get_experiment_id,
-    get_next_parameter,
-    get_sequence_id,
-    get_trial_id,
-    report_final_result,
-    report_intermediate_result,
-)
+from nni_agent import trial_api  # noqa: E402  (re-export after __version__)
+from nni_agent.trial_api import *  # noqa: E402,F401,F403
 
-__all__ = [
-    "__version__",
-    "get_experiment_id",
-    "get_next_parameter",
-    "get_sequence_id",
-    "get_trial_id",
-    "report_final_result",
-    "report_intermediate_result",
-]
+__all__ = ["__version__", *trial_api.__all__]
