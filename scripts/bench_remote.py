@@ -28,9 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nni_manager.config import ExperimentConfig, MachineConfig, TrainingServiceConfig  # noqa: E402
+from nni_manager.backends.remote.config import MachineConfig, RemoteConfig  # noqa: E402
+from nni_manager.config import ExperimentConfig, TrainingServiceConfig  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
-from nni_manager.ssh.wheel import build_agent_wheel  # noqa: E402
+from nni_manager.backends.agent_wheel import build_agent_wheel  # noqa: E402
 from tests.manager.helpers import form, wait_status  # noqa: E402
 from tests.remote.conftest import SSHD, SshKeys, _stop, _wait_listening  # noqa: E402
 
@@ -66,7 +67,7 @@ def config(work: Path, code: Path, platform: str, machines: list[MachineConfig])
     return ExperimentConfig(
         trial_command="true", trial_code_directory=code, trial_concurrency=1, trial_grace_period=1.0,
         experiment_working_directory=work,
-        training_service=TrainingServiceConfig(platform=platform, machine_list=machines),
+        training_service=TrainingServiceConfig(platform=platform, options=RemoteConfig(machines) if platform == "remote" else None),
     )
 
 
@@ -74,8 +75,8 @@ async def time_to_connected(cfg: ExperimentConfig) -> float:
     ts = create_training_service(cfg)
     t0 = time.perf_counter()
     await ts.start()
-    while not (ts._agents and all(ts.agent_connected(a) for a in ts._agents)):
-        if failed := [a.failed for a in ts._agents.values() if a.failed]:
+    while not (ts.agents() and all(a["connected"] for a in ts.agents())):
+        if failed := [a["failed"] for a in ts.agents() if a["failed"]]:
             await ts.clean_up()
             raise SystemExit(f"bench_remote: {failed}")
         await asyncio.sleep(0.005)

@@ -8,6 +8,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /usr/sbin/sshd ] || need+=(openssh-server)
   command -v nc >/dev/null || need+=(netcat-openbsd)
   command -v ip >/dev/null || need+=(iproute2)
+  # a real 2-node Slurm cluster on loopback for tests/slurm (started by its fixture)
+  [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || need+=(slurmd)
+  command -v sbatch >/dev/null || need+=(slurm-client)
+  [ -x /usr/sbin/munged ] || need+=(munge)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,6 +1,12 @@
 """Suite-wide settings: loopback only, and trials that run the tests' own Python."""
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 # gRPC honours http_proxy; tests talk to 127.0.0.1 only and must never go through a proxy.
 for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
@@ -12,3 +18,12 @@ os.environ["no_proxy"] = os.environ["NO_PROXY"] = "127.0.0.1,localhost,::1"
 _bin = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _bin:
     os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short temporary directory: the hub's Unix socket lives in the experiment directory,
+    and Unix socket paths are limited to 107 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="nm", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -17,6 +17,7 @@ from nni_agent.http_channel import HttpChannelServer
 from nni_agent.keeper import Keeper
 from nni_agent.outbox import Outbox
 from nni_agent.process import child_reaper
+from nni_agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ class AgentOptions:
     token: str
     work_dir: Path
     orphan_timeout: float = 0.0
+    tls: bool = False  # dial over TLS (trusting `root_certificates`, else the system's CAs)
+    root_certificates: bytes | None = None
+    server_name: str | None = None  # the name the manager's certificate must carry, if not the dialled host
+    single_trial: bool = False  # run one trial, then exit with its outcome
     spool_memory_limit: int = 64 << 20
     timing: Timing | None = None
 
@@ -72,6 +77,9 @@ async def run_agent(options: AgentOptions) -> int:
         gpu_sample=gpu.sample,
         orphan_timeout=options.orphan_timeout,
         timing=options.timing,
+        tls=options.tls,
+        root_certificates=options.root_certificates,
+        server_name=options.server_name,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, connection.stop, f"agent received {signal.Signals(sig).name}")
@@ -79,12 +87,30 @@ async def run_agent(options: AgentOptions) -> int:
     log.info("nni-agent %s starting: boot %s, work dir %s, %d GPU(s) via %s %s", options.agent_id, boot_id, work_dir,
              len(first.gpus), first.provider, first.unavailable_reason)
     trim = loop.create_task(_trim_after_connect(connection))
+    single = loop.create_task(_exit_after_first_trial(keeper, connection)) if options.single_trial else None
     try:
         return await connection.run()
     finally:
         trim.cancel()
+        if single is not None:
+            single.cancel()
         http_channel.close()
         _remove_tree(outbox.spool_dir)
+
+
+def trial_exit_code(status: pb.TrialStatus) -> int:
+    """A --single-trial agent's exit code: what the job around it reports as the trial's outcome."""
+    if status.state == pb.TRIAL_STATE_FAILED:
+        return status.exit_code if status.has_exit_code and 0 < status.exit_code < 256 else 1
+    return 0
+
+
+async def _exit_after_first_trial(keeper: Keeper, connection: Connection) -> None:
+    status = await keeper.first_end()
+    # wait as long as the manager may take to come back: the job's status must follow the
+    # trial's only after the manager has every record of it
+    connection.stop(f"the trial ended ({pb.TrialState.Name(status.state)})", exit_code=trial_exit_code(status),
+                    drain_timeout=connection.orphan_timeout or None)
 
 
 async def _trim_after_connect(connection: Connection) -> None:

@@ -36,7 +36,8 @@ Environment variables:
                                    (busy with a process outside the experiment)
 
 Exit codes: 0 stopped by the manager or a signal; 2 refused by the manager (wrong token or
-incompatible protocol); 3 manager unreachable for longer than --orphan-timeout.
+incompatible protocol); 3 manager unreachable for longer than --orphan-timeout; with
+--single-trial, the trial's outcome (see there).
 """
 
 
@@ -63,6 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--orphan-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="stop all trials and exit when the manager has been unreachable this long "
                              "(default 0: wait forever)")
+    parser.add_argument("--ca-file", type=Path, metavar="PATH",
+                        help="dial the manager over TLS and trust only the CA certificate(s) in this PEM file "
+                             "(cluster platforms: the experiment's own CA, delivered beside the token)")
+    parser.add_argument("--tls", action="store_true",
+                        help="dial the manager over TLS, trusting the system's CA certificates")
+    parser.add_argument("--server-name", metavar="NAME",
+                        help="with TLS: the name the manager's certificate must carry, when it differs from "
+                             "the host in the address dialled")
+    parser.add_argument("--single-trial", action="store_true",
+                        help="run one trial, then exit with its outcome (0 succeeded or stopped, else its exit "
+                             "code, 1 at least) once the manager has stored its last record: a job's own status "
+                             "(a pod, a TFJob replica, a Slurm job) then follows the trial's")
     parser.add_argument("--log-file", type=Path, metavar="PATH", help="write the agent's own log here (default: stderr)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"nni-agent {__version__}")
@@ -92,8 +105,16 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nni_agent.agent import AgentOptions, run_agent  # after logging is set up
 
+    root_certificates = None
+    if args.ca_file is not None:
+        try:
+            root_certificates = args.ca_file.read_bytes()
+        except OSError as exc:
+            raise SystemExit(f"nni-agent: cannot read --ca-file {args.ca_file}: {exc.strerror}") from None
     options = AgentOptions(manager=args.manager or f"@{args.manager_file}", agent_id=args.agent_id, token=token,
-                           work_dir=args.work_dir, orphan_timeout=args.orphan_timeout)
+                           work_dir=args.work_dir, orphan_timeout=args.orphan_timeout,
+                           tls=args.tls or root_certificates is not None, root_certificates=root_certificates,
+                           server_name=args.server_name, single_trial=args.single_trial)
     return asyncio.run(run_agent(options))
 
 

@@ -89,6 +89,9 @@ class Connection:
         gpu_sample: Callable[[], pb.GpuReport],
         orphan_timeout: float = 0.0,
         timing: Timing | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        server_name: str | None = None,
     ) -> None:
         self.target = target
         self._dialled = target  # the address of the latest dial (for "@file" targets)
@@ -102,6 +105,8 @@ class Connection:
         self.gpu_sample = gpu_sample
         self.orphan_timeout = orphan_timeout
         self.timing = timing or Timing()
+        self._credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates) if tls else None
+        self._options = CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
         self.connected = asyncio.Event()
         self.sessions = 0  # how many streams were established (tests, logs)
         self._control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -117,15 +122,23 @@ class Connection:
     def request_bundle(self, digest: str) -> None:
         self._send_control(pb.AgentMessage(bundle_request=pb.BundleRequest(digest=digest)))
 
-    def stop(self, reason: str) -> None:
-        """Stop all trials, flush their final records (briefly), then end `run()`."""
+    def stop(self, reason: str, *, exit_code: int | None = None, drain_timeout: float | None = 10.0,
+             by_manager: bool = False) -> None:
+        """Stop all trials, wait up to `drain_timeout` s (None: no limit) for the manager to
+        store their final records, then end `run()` (returning `exit_code` if given). Trials end
+        USER_CANCELED when the manager asked (it stops the experiment), else SYS_CANCELED: a
+        signal (a pod evicted or deleted, a machine going down) or a lost manager is the system's."""
         if self._stopping is None:
-            self._stopping = asyncio.get_running_loop().create_task(self._stop(reason))
+            if exit_code is not None:
+                self._exit_code = exit_code
+            state = pb.TRIAL_STATE_USER_CANCELED if by_manager else pb.TRIAL_STATE_SYS_CANCELED
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(reason, drain_timeout, state))
 
     async def run(self) -> int:
         """Keep a session open until stopped; return the agent's exit code."""
         attempt = 0
         lost_since = time.monotonic()
+        last_problem = ""
         while not self._done.is_set():
             try:
                 await self._session()
@@ -138,8 +151,11 @@ class Connection:
                 if not isinstance(exc, (LinkLost, grpc.aio.AioRpcError, OSError, asyncio.InvalidStateError)):
                     log.exception("session with %s failed unexpectedly; redialling", self._dialled)
                 if self.connected.is_set():
-                    lost_since, attempt = time.monotonic(), 0
+                    lost_since, attempt, last_problem = time.monotonic(), 0, ""
                     log.warning("lost the manager at %s: %s; trials keep running, redialling", self._dialled, _brief(exc))
+                elif _brief(exc) != last_problem:  # why dialling fails (TLS, refused, ...): once per cause
+                    last_problem = _brief(exc)
+                    log.warning("cannot reach the manager at %s: %s; redialling", self._dialled, last_problem)
                 self.connected.clear()
             if self._done.is_set():
                 break
@@ -173,7 +189,11 @@ class Connection:
 
     async def _session(self) -> None:
         target = self._dialled = self._resolve_target()
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+        else:
+            channel = grpc.aio.insecure_channel(target, options=self._options)
+        async with channel:
             call = channel.stream_stream(
                 CONNECT_METHOD, request_serializer=_serialize, response_deserializer=pb.ManagerMessage.FromString
             )()
@@ -269,7 +289,7 @@ class Connection:
             elif kind == "command":
                 cmd = msg.command
                 if cmd.WhichOneof("body") == "shutdown":
-                    self.stop(cmd.shutdown.reason or "the manager asked the agent to shut down")
+                    self.stop(cmd.shutdown.reason or "the manager asked the agent to shut down", by_manager=True)
                 else:
                     self.keeper.handle(cmd)
                 if cmd.cmd_seq > acked_cmd:
@@ -308,11 +328,11 @@ class Connection:
 
     # ------------------------------------------------------------------ stopping
 
-    async def _stop(self, reason: str) -> None:
-        await self.keeper.shutdown(reason)
-        if self.connected.is_set():  # give the final statuses a moment to reach the manager
+    async def _stop(self, reason: str, drain_timeout: float | None, state: int) -> None:
+        await self.keeper.shutdown(reason, state)
+        if self.connected.is_set() or drain_timeout is None:  # let the final records reach the manager
             try:
-                await asyncio.wait_for(self.outbox.wait_drained(), timeout=10)
+                await asyncio.wait_for(self.outbox.wait_drained(), timeout=drain_timeout)
             except asyncio.TimeoutError:
                 log.warning("stopping with %d records unacknowledged", self.outbox.last_seq - self.outbox.acked_seq)
         self._done.set()

@@ -54,6 +54,7 @@ class Keeper:
         self._trial_seq: dict[str, int] = {}
         self._samplers: dict[str, TreeSampler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._first_end: asyncio.Future[pb.TrialStatus] | None = None
 
     # ------------------------------------------------------------------ events -> records
 
@@ -65,6 +66,18 @@ class Keeper:
         self._emit(status=status)
         if status.state != pb.TRIAL_STATE_RUNNING:
             self._samplers.pop(status.trial_id, None)
+            first = self._first_end_future()
+            if not first.done():
+                first.set_result(status)
+
+    def _first_end_future(self) -> asyncio.Future[pb.TrialStatus]:
+        if self._first_end is None:
+            self._first_end = asyncio.get_running_loop().create_future()
+        return self._first_end
+
+    async def first_end(self) -> pb.TrialStatus:
+        """The terminal status of the first trial that ends (its record is in the outbox)."""
+        return await self._first_end_future()
 
     def metric(self, trial_id: str, data: str) -> None:
         n = self._trial_seq.get(trial_id, 0) + 1
@@ -193,11 +206,11 @@ class Keeper:
     def running(self) -> int:
         return sum(1 for t in self.trials.values() if not t.done)
 
-    async def shutdown(self, reason: str) -> None:
-        """Stop every trial (USER_CANCELED with `reason`) and wait for their final records."""
+    async def shutdown(self, reason: str, state: int = pb.TRIAL_STATE_USER_CANCELED) -> None:
+        """Stop every trial (ending in `state` with `reason`) and wait for their final records."""
         for trial in list(self.trials.values()):
             if not trial.done:
-                self._spawn(trial.cancel(False, reason))
+                self._spawn(trial.stop(state, reason))
         await asyncio.gather(*(t.wait() for t in self.trials.values()), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()

@@ -25,6 +25,11 @@ from nni_agent.v1 import agent_pb2 as pb
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 5.0
+# A trial killed by a termination signal the agent did not send waits this long for the agent's own
+# stop: schedulers that signal a job's whole process tree (Slurm's scancel, a systemd stop) reach the
+# trial and the agent at once, and the agent's stop (SYS_CANCELED, "agent received SIGTERM") says why.
+SIGNAL_SETTLE_S = 0.5
+_TREE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 REASON_LIMIT = 300
 _STDERR_TAIL_BYTES = 8192
 _EXIT_HINTS = {126: "command not executable", 127: "command not found"}
@@ -104,14 +109,14 @@ class Trial:
         self._task = asyncio.create_task(self._supervise(exit_status), name=f"trial-{self.trial_id}")
 
     async def cancel(self, early_stopped: bool, reason: str) -> None:
-        """Stop the trial (idempotent); returns once the kill signal has been sent."""
+        """Stop the trial for the manager (idempotent); returns once the kill signal has been sent."""
         state = pb.TRIAL_STATE_EARLY_STOPPED if early_stopped else pb.TRIAL_STATE_USER_CANCELED
-        self._request_stop(state, reason or ("early stopped" if early_stopped else "canceled"))
-        await asyncio.sleep(0)  # let the kill task send its first signal
+        await self.stop(state, reason or ("early stopped" if early_stopped else "canceled"))
 
-    async def shutdown(self) -> None:
-        await self.cancel(False, "agent shutting down")
-        await self.wait()
+    async def stop(self, state: int, reason: str) -> None:
+        """Stop the trial, ending it in `state` (idempotent); returns once the kill signal has been sent."""
+        self._request_stop(state, reason)
+        await asyncio.sleep(0)  # let the kill task send its first signal
 
     def send_parameter(self, index: int, parameter: str) -> None:
         """Write parameter_<index>.cfg atomically; answer a waiting HTTP-channel request too."""
@@ -223,6 +228,9 @@ class Trial:
                 self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
                                    f"exceeded the maximum trial duration of {max_s:g}s")
                 wait_status = await exit_status
+            code = os.waitstatus_to_exitcode(wait_status)
+            if self._stop is None and (-code in _TREE_SIGNALS or code - 128 in _TREE_SIGNALS):  # a shell says 128+N
+                await asyncio.sleep(SIGNAL_SETTLE_S)
             self._exited = True
             self._status.end_time_ms = _now_ms()
             state, reason = self._outcome(wait_status)

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", type=Path, help="experiment config YAML")
     run.add_argument("--experiment-id", help="resume this experiment (same experimentWorkingDirectory)")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print what would be submitted (the Kubernetes objects as YAML, the SSH commands, ...) "
+                          "and exit; nothing is started")
     trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
     trials.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
     logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
@@ -36,18 +39,31 @@ def main(argv: list[str] | None = None) -> int:
     logs.add_argument("trial_id")
     logs.add_argument("--stderr", action="store_true", help="print trial.stderr instead of trial.stdout")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the trial ends")
+    logs.add_argument("--replica", metavar="ROLE-INDEX",
+                      help="for a trial on several replicas (TFJob, Framework): only this one's log, e.g. worker-0 "
+                           "(default: every replica's, one after the other)")
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
+            if args.dry_run:
+                return _dry_run(args.config)
             return _run(args.config, args.experiment_id, args.plain)
         if args.command == "trials":
             return _trials(args.experiment_dir)
-        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow)
+        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow, args.replica)
     except (ConfigError, UsageError) as exc:
         print(f"nni-manager: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _dry_run(config_path: Path) -> int:
+    from nni_manager.backends.registry import backend_class
+
+    config = load_config(config_path)
+    print(backend_class(config.training_service.platform)(config).render().text)
+    return 0
 
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool) -> int:
@@ -140,7 +156,22 @@ def _log_path(experiment_dir: Path, trial: TrialJobDetail, name: str) -> Path:
     return streamed if streamed.exists() or not local.exists() else local
 
 
-def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool) -> int:
+def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None) -> int:
+    replicas_dir = experiment_dir / "trials" / trial_id / "replicas"
+    name = "trial.stderr" if stderr else "trial.stdout"
+    replicas = sorted(p.name for p in replicas_dir.iterdir()) if replicas_dir.is_dir() else []
+    if replica is not None and replica not in replicas:
+        raise UsageError(f"trial {trial_id} has no replica {replica!r}; its replicas: {', '.join(replicas) or 'none'}")
+    if replicas and replica is None:
+        if follow:
+            raise UsageError(f"trial {trial_id} runs on several replicas: pick one to follow with --replica "
+                             f"({', '.join(replicas)})")
+        for label in replicas:  # one after the other, each under a header, as `tail` does
+            print(f"==> {label} <==", flush=True)
+            path = replicas_dir / label / name
+            sys.stdout.buffer.write(path.read_bytes() if path.exists() else b"")
+            sys.stdout.flush()
+        return 0
     store = _open_store(experiment_dir)
     try:
         def trial() -> TrialJobDetail:
@@ -149,12 +180,11 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool) -> in
                     return t
             raise UsageError(f"no trial {trial_id!r} in {experiment_dir}; pick one from `nni-manager trials DIR`")
 
-        name = "trial.stderr" if stderr else "trial.stdout"
         offset = 0
         out = sys.stdout.buffer
         while True:
             ended = trial().status.is_terminal  # read before the file, so no tail bytes are missed
-            path = _log_path(experiment_dir, trial(), name)
+            path = replicas_dir / replica / name if replica else _log_path(experiment_dir, trial(), name)
             if path.exists():
                 with path.open("rb") as f:
                     f.seek(offset)

@@ -25,35 +25,24 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class MachineConfig:
-    """One `trainingService.machineList` entry (platform: remote)."""
-
-    host: str
-    user: str
-    port: int = 22
-    password: str | None = field(default=None, repr=False)
-    ssh_key_file: Path | None = None
-    ssh_passphrase: str | None = field(default=None, repr=False)
-    use_active_gpu: bool = False
-    max_trial_number_per_gpu: int = 1
-    gpu_indices: list[int] | None = None
-    python_path: str | None = None
-    proxy_command: str | None = None  # like OpenSSH's ProxyCommand (%h, %p substituted)
-    known_hosts_file: Path | None = None  # default ~/.ssh/known_hosts
-    strict_host_key_checking: bool = True
-
-
-@dataclass
 class TrainingServiceConfig:
-    """The `trainingService` section. Platform-specific fields not modelled here stay in `extra`."""
+    """The `trainingService` section: the fields every platform shares. A platform's own
+    fields are parsed by its backend (`Backend.parse_config`) into `options`."""
 
     platform: str
     use_active_gpu: bool | None = None
     max_trial_number_per_gpu: int = 1
     gpu_indices: list[int] | None = None
-    machine_list: list[MachineConfig] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: Any = None  # the backend's own config object (e.g. the remote machine list)
     nni_manager_ip: str | None = None
+    # The hub agents dial on network platforms (clusters): a fixed port for firewalls
+    # (`hubPort`; default: any free one, kept across manager restarts), TLS on unless
+    # `hubTls: false`, and optionally the user's own certificate.
+    hub_port: int | None = None
+    hub_tls: bool = True
+    hub_cert_file: Path | None = None
+    hub_key_file: Path | None = None
+    hub_ca_file: Path | None = None
     # Our extensions. `reconnectWindow`: how long a silent agent's trials are kept alive (and
     # how long an orphaned agent waits for its manager); None = the backend's default.
     reconnect_window: float | None = None
@@ -69,7 +58,7 @@ class TunerConfig:
 
 @dataclass
 class ExperimentConfig:
-    trial_command: str
+    trial_command: str  # "" when the platform's roles carry their own commands (kubeflow, ...)
     trial_code_directory: Path
     training_service: TrainingServiceConfig
     trial_concurrency: int = 1
@@ -93,40 +82,16 @@ class ExperimentConfig:
 _SECRET_WORDS = ("password", "passwd", "passphrase", "token", "secret", "key")
 
 
-class _RedactedDict(dict):
-    """`TrainingServiceConfig.extra`: a plain dict whose repr hides secret-looking values."""
-
-    def __repr__(self) -> str:
-        shown = {k: ("***" if _is_secret(k) else v) for k, v in self.items()}
-        return repr(shown)
-
-
-def _is_secret(name: str) -> bool:
+def is_secret(name: str) -> bool:
+    """Whether a config field holds a secret (kept out of reprs, logs and the store)."""
     lowered = name.lower()
     return any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith(("file", "path", "name"))
 
 
 _MISSING: Any = object()
+MISSING = _MISSING  # what ConfigSection.take returns for an absent (or null) field
 
-# Platform-specific `trainingService` fields kept verbatim in `extra` (nni-training-service.md §9).
-_PLATFORM_FIELDS: dict[str, tuple[str, ...]] = {
-    "local": ("reuseMode",),
-    "remote": ("reuseMode",),
-    "openpai": (
-        "host", "username", "token", "trialCpuNumber", "trialMemorySize", "storageConfigName",
-        "dockerImage", "virtualCluster", "localStorageMountPoint", "containerStorageMountPoint",
-        "reuseMode", "openpaiConfig", "openpaiConfigFile",
-    ),
-    "kubeflow": ("operator", "apiVersion", "storage", "worker", "ps", "master", "reuseMode", "namespace"),
-    "frameworkcontroller": ("storage", "serviceAccountName", "taskRoles", "reuseMode", "namespace", "configPath"),
-    "aml": ("subscriptionId", "resourceGroup", "workspaceName", "computeTarget", "dockerImage"),
-    "dlc": (
-        "type", "image", "jobType", "podCount", "ecsSpec", "region", "workspaceId", "nasDataSourceId",
-        "ossDataSourceId", "accessKeyId", "accessKeySecret", "localStorageMountPoint",
-        "containerStorageMountPoint",
-    ),
-}
-# v1 platform sections -> (v2 platform, renames of their keys).
+# v1 platform sections -> renames of their keys (their fields join trainingService).
 _V1_PLATFORM_SECTIONS: dict[str, dict[str, str]] = {
     "localConfig": {"maxTrialNumPerGpu": "maxTrialNumberPerGpu"},
     "remoteConfig": {"reuse": "reuseMode"},
@@ -146,11 +111,12 @@ def supported_platforms() -> list[str]:
     return registry.platforms()
 
 
-class _Section:
+class ConfigSection:
     """One mapping of the config: typed reads by name (with v1 aliases), and a final
     check that flags every key nobody read, suggesting the closest known name."""
 
-    def __init__(self, data: Any, path: str) -> None:
+    def __init__(self, data: Any, path: str, base: Path | None = None) -> None:
+        self.base = base or Path.cwd()  # relative paths start here (the config file's folder)
         if not isinstance(data, dict):
             raise ConfigError(path or "(root)", f"must be a mapping, got {_type_name(data)}",
                               "write it as `key: value` lines")
@@ -211,9 +177,9 @@ class _Section:
         value, path = self.take(name, *aliases)
         return None if value is _MISSING else parse_duration(value, path, allow_zero=allow_zero)
 
-    def path_(self, name: str, *aliases: str, base: Path) -> Path | None:
+    def path_(self, name: str, *aliases: str, base: Path | None = None) -> Path | None:
         value = self.str_(name, *aliases)
-        return None if value is None else _resolve(value, base)
+        return None if value is None else _resolve(value, base or self.base)
 
     def gpu_indices(self, name: str = "gpuIndices") -> list[int] | None:
         value, path = self.take(name)
@@ -232,20 +198,61 @@ class _Section:
                               "write e.g. `gpuIndices: [0, 1]`")
         return value
 
-    def section(self, name: str, *aliases: str) -> _Section | None:
+    def section(self, name: str, *aliases: str) -> ConfigSection | None:
         value, path = self.take(name, *aliases)
-        return None if value is _MISSING else _Section(value, path)
+        return None if value is _MISSING else ConfigSection(value, path, self.base)
+
+    def items(self, name: str, *aliases: str, required: bool = False, fix: str = "") -> list[ConfigSection] | None:
+        """A list of mappings, each as a section (`machineList`, `taskRoles`)."""
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            if required:
+                raise ConfigError(path, "is required", fix or f"add `{name}: [...]`")
+            return None
+        if not isinstance(value, list) or (required and not value):
+            raise ConfigError(path, f"must be a non-empty list, got {_type_name(value)}", fix or f"write `{name}: [...]`")
+        return [ConfigSection(v, f"{path}[{i}]", self.base) for i, v in enumerate(value)]
+
+    def choice(self, name: str, *aliases: str, options: tuple[str, ...], required: bool = False,
+               default: str | None = None) -> str | None:
+        value = self.str_(name, *aliases, required=required)
+        if value is None:
+            return default
+        if value not in options:
+            close = difflib.get_close_matches(value, options, n=1)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            raise ConfigError(self.at(name), f"must be one of {', '.join(options)}, got {value!r}",
+                              f"{hint}use one of: {', '.join(options)}")
+        return value
+
+    def number(self, name: str, *aliases: str, minimum: float = 0, required: bool = False) -> float | None:
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            if required:
+                raise ConfigError(path, "is required", f"add `{name}: <number >= {minimum:g}>`")
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            raise ConfigError(path, f"must be a number >= {minimum:g}, got {value!r}", f"write a number >= {minimum:g}")
+        return float(value)
+
+    def mapping(self, name: str, *aliases: str) -> dict[str, Any] | None:
+        value, path = self.take(name, *aliases)
+        if value is _MISSING:
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"must be a mapping, got {_type_name(value)}", "write it as `key: value` lines")
+        return value
 
     def rest(self) -> dict[str, Any]:
         """Everything not read yet (removing it from the unknown-field check)."""
         rest, self.data = self.data, {}
         return rest
 
-    def finish(self, extra_known: tuple[str, ...] = ()) -> None:
+    def finish(self, extra_known: tuple[str, ...] = (), where: str = "") -> None:
         for key in self.data:
-            candidates = difflib.get_close_matches(str(key), [*self.known, *extra_known], n=1, cutoff=0.6)
+            candidates = difflib.get_close_matches(str(key), [*self.known, *extra_known], n=1, cutoff=0.7)
             hint = f"did you mean `{candidates[0]}`?" if candidates else "remove it"
-            raise ConfigError(self.at(str(key)), "unknown field", hint)
+            raise ConfigError(self.at(str(key)), "unknown field" + (f" {where}" if where else ""), hint)
 
 
 def _type_name(value: Any) -> str:
@@ -276,6 +283,26 @@ def parse_duration(value: Any, field: str, *, allow_zero: bool = False) -> float
     return seconds
 
 
+_SIZE_UNITS = {"": 1 / (1 << 20), "b": 1 / (1 << 20), "k": 1 / 1024, "kb": 1 / 1024, "m": 1, "mb": 1,
+               "g": 1024, "gb": 1024, "t": 1 << 20, "tb": 1 << 20, "ki": 1 / 1024, "mi": 1, "gi": 1024, "ti": 1 << 20}
+
+
+def parse_size_mb(value: Any, field_path: str) -> int:
+    """NNI memory sizes: an integer of MB, or "8gb", "8192mb", "8Gi" ..."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        mb = float(value)
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _SIZE_UNITS:
+            raise ConfigError(field_path, f"is not a memory size: {value!r}",
+                              'write MB as a number, or a size such as "8gb" or "8192mb"')
+        mb = float(match.group(1)) * _SIZE_UNITS[unit]
+    if mb <= 0:
+        raise ConfigError(field_path, f"must be positive, got {value!r}", 'e.g. "2gb"')
+    return max(1, int(mb))
+
+
 def load_config(source: dict[str, Any] | str | Path, *, base_dir: Path | None = None) -> ExperimentConfig:
     """Parse an NNI experiment config (a YAML file path or an already-loaded mapping).
 
@@ -295,7 +322,7 @@ def load_config(source: dict[str, Any] | str | Path, *, base_dir: Path | None = 
         base = (base_dir or Path.cwd()).resolve()
     if data is None:
         raise ConfigError("(root)", "the config is empty", "write at least trialCommand, trialConcurrency and trainingService")
-    return _parse(_Section(data, ""), base)
+    return _parse(ConfigSection(data, "", base), base)
 
 
 def _load_yaml(text: str, where: str) -> Any:
@@ -309,7 +336,7 @@ def _load_yaml(text: str, where: str) -> Any:
         raise ConfigError("(file)", f"{where} is not valid YAML{at}", "fix the YAML syntax there") from None
 
 
-def _parse(root: _Section, base: Path) -> ExperimentConfig:
+def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     _reject_unsupported(root)
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
     ts = _training_service_section(root)
@@ -323,6 +350,8 @@ def _parse(root: _Section, base: Path) -> ExperimentConfig:
             places.append((trial, (v1,)))
         given = [(s, s.take(*names)) for s, names in places]
         given = [(s, v) for s, v in given if v[0] is not _MISSING]
+        # NNI's canonical dict (`ExperimentConfig.json()`) repeats root fields inside trainingService
+        given = given[:1] + [g for g in given[1:] if g[1][0] != given[0][1][0]]
         if len(given) > 1:
             raise ConfigError(given[1][1][1], f"also given as `{given[0][1][1]}`", "set it in one place only")
         if not given:
@@ -338,7 +367,7 @@ def _parse(root: _Section, base: Path) -> ExperimentConfig:
         section, key = found
         return getattr(section, kind)(key, **kw)
 
-    trial_command = read("str_", "trialCommand", v1="command", required=True)
+    trial_command = read("str_", "trialCommand", v1="command")
     code_dir = read("path_", "trialCodeDirectory", v1="codeDir", base=base) or base
     if not code_dir.is_dir():
         raise ConfigError("trialCodeDirectory", f"{code_dir} is not an existing directory",
@@ -348,7 +377,7 @@ def _parse(root: _Section, base: Path) -> ExperimentConfig:
     debug = read("bool_", "debug") or False
 
     config = ExperimentConfig(
-        trial_command=trial_command,
+        trial_command=trial_command or "",
         trial_code_directory=code_dir,
         training_service=TrainingServiceConfig(platform="local"),
         trial_concurrency=root.int_("trialConcurrency", minimum=1, required=True),
@@ -370,19 +399,20 @@ def _parse(root: _Section, base: Path) -> ExperimentConfig:
     grace = root.duration("trialGracePeriod", allow_zero=True)
     if grace is not None:
         config.trial_grace_period = grace
+    experiment_type = root.str_("experimentType")  # NNI 3's `ExperimentConfig.json()` writes "hpo"
+    if experiment_type not in (None, "hpo"):
+        raise ConfigError("experimentType", f"{experiment_type!r} experiments are not supported",
+                          "use `experimentType: hpo` (hyperparameter tuning) or remove it")
     for ignored in ("logLevel", "tunerGpuIndices", "authorName", "multiPhase", "multiThread",
                     "logCollection", "versionCheck"):
         root.take(ignored)  # accepted for compatibility; they change nothing here
 
-    config.training_service = _training_service(ts, root, trial, base, gpu_number)
-    config.training_service.nni_manager_ip = nni_manager_ip
-    if trial is not None:
-        config.training_service.extra.update(trial.rest())  # v1 k8s roles (worker, ps, taskRoles, ...)
+    config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
 
 
-def _reject_unsupported(root: _Section) -> None:
+def _reject_unsupported(root: ConfigSection) -> None:
     fixes = {
         "assessor": "remove it; assessors are not supported (use maxTrialDuration to bound trials)",
         "advisor": "replace it with `tuner: {name: Random}` or GridSearch",
@@ -395,20 +425,22 @@ def _reject_unsupported(root: _Section) -> None:
             raise ConfigError(path, "is not supported by nni-manager", fix)
 
 
-def _training_service_section(root: _Section) -> _Section | None:
+def _training_service_section(root: ConfigSection) -> ConfigSection | None:
     value, path = root.take("trainingService")
     if value is _MISSING:
         return None
     if isinstance(value, list):
         raise ConfigError(path, "a list of training services (hybrid mode) is not supported",
                           "give one trainingService mapping")
-    return _Section(value, path)
+    return ConfigSection(value, path, root.base)
 
 
-def _training_service(ts: _Section | None, root: _Section, trial: _Section | None, base: Path,
-                      gpu_number: int | None) -> TrainingServiceConfig:
+def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: ConfigSection | None, base: Path,
+                      config: ExperimentConfig, nni_manager_ip: str | None) -> TrainingServiceConfig:
+    from nni_manager.backends import registry
+
     # Fields may sit at the root (NNI shortcuts / v1 names) or in v1 platform sections.
-    ts = ts or _Section({}, "trainingService")
+    ts = ts or ConfigSection({}, "trainingService", base)
     for name, alias in (("platform", "trainingServicePlatform"), ("useActiveGpu", ""),
                         ("maxTrialNumberPerGpu", "maxTrialNumPerGpu"), ("gpuIndices", ""), ("machineList", "")):
         value, path = root.take(name, *([alias] if alias else []))
@@ -421,95 +453,67 @@ def _training_service(ts: _Section | None, root: _Section, trial: _Section | Non
         if v1 is not None:
             for key, value in v1.rest().items():
                 ts.data.setdefault(renames.get(key, key), value)
+    if trial is not None:  # v1 role sections (worker, ps, master, taskRoles) belong to the platform
+        for key, value in trial.rest().items():
+            ts.data.setdefault(key, value)
 
     platform = ts.str_("platform", required=True)
     assert platform is not None
-    supported = supported_platforms()
-    if platform not in supported:
-        raise ConfigError(ts.at("platform"), f"platform {platform!r} is not supported",
-                          f"use one of: {', '.join(supported)}")
-    config = TrainingServiceConfig(platform=platform)
-    config.use_active_gpu = ts.bool_("useActiveGpu")
+    try:
+        backend = registry.backend_class(platform)
+    except ValueError as e:
+        raise ConfigError(ts.at("platform"), str(e), f"use one of: {', '.join(registry.platforms())}") from None
+    gpu_number = config.trial_gpu_number
+    ts_config = TrainingServiceConfig(platform=platform, nni_manager_ip=nni_manager_ip)
+    ts_config.use_active_gpu = ts.bool_("useActiveGpu")
     per_gpu = ts.int_("maxTrialNumberPerGpu", "maxTrialNumPerGpu", minimum=1)
-    config.gpu_indices = ts.gpu_indices()
-    if platform == "local" and gpu_number and config.use_active_gpu is None:
+    ts_config.gpu_indices = ts.gpu_indices()
+    if platform == "local" and gpu_number and ts_config.use_active_gpu is None:
         raise ConfigError(ts.at("useActiveGpu"), "must be set when trialGpuNumber > 0 on the local platform",
                           "add `useActiveGpu: false` (or true to also use GPUs other processes are using)")
     if per_gpu is not None:
-        _check_per_gpu(per_gpu, gpu_number, ts.at("maxTrialNumberPerGpu"))
-        config.max_trial_number_per_gpu = per_gpu
-    config.reconnect_window = ts.duration("reconnectWindow")
+        check_per_gpu(per_gpu, gpu_number, ts.at("maxTrialNumberPerGpu"))
+        ts_config.max_trial_number_per_gpu = per_gpu
+    ts_config.reconnect_window = ts.duration("reconnectWindow")
     env, env_path = ts.take("agentEnv")
     if env is not _MISSING:
         if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
             raise ConfigError(env_path, "must map variable names to values", "e.g. `agentEnv: {CUDA_HOME: /usr/local/cuda}`")
-        config.agent_env = {k: str(v) for k, v in env.items()}
-    machines, machines_path = ts.take("machineList")
-    if platform == "remote":
-        if machines is _MISSING or not isinstance(machines, list) or not machines:
-            raise ConfigError(machines_path, "must list at least one machine for platform remote",
-                              "add `machineList: [{host: ..., user: ...}]`")
-        config.machine_list = [_machine(_Section(m, f"{machines_path}[{i}]"), base, gpu_number)
-                               for i, m in enumerate(machines)]
-    elif machines is not _MISSING:
-        raise ConfigError(machines_path, f"is only used by platform remote, not {platform}",
-                          "remove it or set `platform: remote`")
-    config.extra = _RedactedDict()
-    for name in _PLATFORM_FIELDS.get(platform, ()):
-        value, _ = ts.take(name)
-        if value is not _MISSING:
-            config.extra[name] = value
-    for key in ts.data:
-        owners = [p for p, names in _PLATFORM_FIELDS.items() if key in names]
-        if owners:
-            raise ConfigError(ts.at(key), f"is a field of platform {' / '.join(owners)}, not {platform}",
-                              "remove it or change `platform`")
-    ts.finish()
-    return config
+        ts_config.agent_env = {k: str(v) for k, v in env.items()}
+    port = ts.int_("hubPort", minimum=1)
+    if port is not None and port > 65535:
+        raise ConfigError(ts.at("hubPort"), f"must be a TCP port (1-65535), got {port}",
+                          "pick a port your firewall lets agents reach, e.g. 8081")
+    ts_config.hub_port = port
+    tls = ts.bool_("hubTls")
+    ts_config.hub_tls = True if tls is None else tls
+    ts_config.hub_cert_file = ts.path_("hubCertFile", base=base)
+    ts_config.hub_key_file = ts.path_("hubKeyFile", base=base)
+    ts_config.hub_ca_file = ts.path_("hubCaFile", base=base)
+    if (ts_config.hub_cert_file is None) != (ts_config.hub_key_file is None):
+        missing = "hubKeyFile" if ts_config.hub_key_file is None else "hubCertFile"
+        raise ConfigError(ts.at(missing), "is required with " + ("hubCertFile" if missing == "hubKeyFile" else "hubKeyFile"),
+                          "give both the hub's certificate (PEM) and its private key, or neither")
+    for name in ("hubCertFile", "hubKeyFile", "hubCaFile"):
+        value = getattr(ts_config, {"hubCertFile": "hub_cert_file", "hubKeyFile": "hub_key_file",
+                                    "hubCaFile": "hub_ca_file"}[name])
+        if value is not None and not value.is_file():
+            raise ConfigError(ts.at(name), f"{value} does not exist", "point it at a PEM file")
+    config.training_service = ts_config
+    ts_config.options = backend.parse_config(ts, config)
+    if backend.trial_command_required and not config.trial_command:
+        raise ConfigError("trialCommand", "is required", "add `trialCommand: python3 trial.py` (the command each trial runs)")
+    ts.finish(where=f"for platform {platform}")
+    return ts_config
 
 
-def _check_per_gpu(per_gpu: int, gpu_number: int | None, field: str) -> None:
+def check_per_gpu(per_gpu: int, gpu_number: int | None, field: str) -> None:
     if per_gpu != 1 and not gpu_number:
         raise ConfigError(field, "is only meaningful when trials use GPUs",
                           "set trialGpuNumber >= 1, or remove maxTrialNumberPerGpu")
 
 
-def _machine(m: _Section, base: Path, gpu_number: int | None) -> MachineConfig:
-    if "preCommand" in m.data:
-        raise ConfigError(m.at("preCommand"), "is not supported",
-                          "use pythonPath to pick the Python environment, or put the command in trialCommand")
-    host = m.str_("host", "ip", required=True)
-    user = m.str_("user", "username", required=True)
-    assert host is not None and user is not None
-    machine = MachineConfig(host=host, user=user)
-    port = m.int_("port", minimum=1)
-    if port is not None:
-        if port > 65535:
-            raise ConfigError(m.at("port"), f"must be a TCP port (1-65535), got {port}", "use the SSH port, usually 22")
-        machine.port = port
-    machine.password = m.str_("password", "passwd")
-    machine.ssh_key_file = m.path_("sshKeyFile", "sshKeyPath", base=base)
-    if machine.ssh_key_file is not None and not machine.ssh_key_file.is_file():
-        raise ConfigError(m.at("sshKeyFile"), f"{machine.ssh_key_file} does not exist",
-                          "point it at your private key file, e.g. ~/.ssh/id_ed25519")
-    machine.ssh_passphrase = m.str_("sshPassphrase", "passphrase")
-    machine.use_active_gpu = bool(m.bool_("useActiveGpu"))
-    per_gpu = m.int_("maxTrialNumberPerGpu", "maxTrialNumPerGpu", minimum=1)
-    if per_gpu is not None:
-        _check_per_gpu(per_gpu, gpu_number, m.at("maxTrialNumberPerGpu"))
-        machine.max_trial_number_per_gpu = per_gpu
-    machine.gpu_indices = m.gpu_indices()
-    machine.python_path = m.str_("pythonPath")
-    machine.proxy_command = m.str_("proxyCommand")
-    machine.known_hosts_file = m.path_("knownHostsFile", base=base)
-    strict = m.bool_("strictHostKeyChecking")
-    if strict is not None:
-        machine.strict_host_key_checking = strict
-    m.finish()
-    return machine
-
-
-def _search_space(root: _Section, base: Path) -> dict[str, Any] | None:
+def _search_space(root: ConfigSection, base: Path) -> dict[str, Any] | None:
     from nni_manager.search_space import validate
 
     inline, inline_path = root.take("searchSpace")
@@ -529,7 +533,7 @@ def _search_space(root: _Section, base: Path) -> dict[str, Any] | None:
     return inline
 
 
-def _tuner(root: _Section) -> TunerConfig | None:
+def _tuner(root: ConfigSection) -> TunerConfig | None:
     section = root.section("tuner")
     if section is None:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,8 +140,9 @@ class Experiment:
     def result(self) -> ExperimentResult:
         trials = sorted(self.trials.values(), key=lambda t: t.sequence_id)
         best: TrialSummary | None = None
-        for trial in trials:
-            if trial.metric is not None and (best is None or self.tuner.better(trial.metric, best.metric)):
+        for trial in trials:  # a NaN or infinite metric is no result: never the best
+            if trial.metric is not None and math.isfinite(trial.metric) and (
+                    best is None or self.tuner.better(trial.metric, best.metric)):
                 best = trial
         return ExperimentResult(self.experiment_id or "", self.experiment_dir or Path(),
                                 self.tuner.optimize_mode, self.stop_reason, trials, best)
@@ -240,7 +242,7 @@ class Experiment:
         try:
             for m in store.metrics():
                 if m["type"] == "FINAL":
-                    finals[m["trial_id"]] = _decode(m["data"])
+                    finals[m["trial_id"]] = _metric_value(m["data"])
         finally:
             store.close()
         history = []
@@ -315,6 +317,15 @@ def _no_usable_machine(ts: Any) -> str:
     if agents and all(a["failed"] for a in agents):
         return "no machine is usable: " + "; ".join(f"{a['name']}: {a['failed']}" for a in agents)
     return ""
+
+
+def _metric_value(data: str) -> Any:
+    """The value of a stored NNI metric message (its JSON), decoded."""
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return None
+    return _decode(message.get("value")) if isinstance(message, dict) else None
 
 
 def _decode(value: Any) -> Any:

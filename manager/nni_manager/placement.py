@@ -25,6 +25,7 @@ class AgentView:
     gpus: pb.GpuReport | None = None  # latest report; None = never received
     trials: dict[str, tuple[int, ...]] = field(default_factory=dict)  # its live trials -> GPU indices
     pids: frozenset[int] = frozenset()  # pids of this experiment's trials on it (live or just ended)
+    status: str = ""  # the platform's words on why it is not connected (yet)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class Placer:
         decisions = []
         for req in requests:
             if not connected:
-                decisions.append(Decision(req.trial_id, message="waiting for an agent to connect"))
+                said = "; ".join(dict.fromkeys(a.status for a in agents if a.status))
+                decisions.append(Decision(req.trial_id, message="waiting for an agent to connect"
+                                          + (f": {said}" if said else "")))
                 continue
             if req.gpu_number is None or req.gpu_number == 0:
                 agent = self._pick(connected, load)

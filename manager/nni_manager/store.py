@@ -51,7 +51,17 @@ CREATE TABLE IF NOT EXISTS agents (
     boot_id TEXT NOT NULL DEFAULT '', applied_seq INTEGER NOT NULL DEFAULT 0,
     next_cmd_seq INTEGER NOT NULL DEFAULT 1
 );
+CREATE TABLE IF NOT EXISTS environments (
+    env_id TEXT PRIMARY KEY, trial_id TEXT, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Columns added after the first release: added to older databases on open.
+_ADDED_COLUMNS = {
+    "trials": (("environment_id", "TEXT"), ("agents", "TEXT")),
+    "agents": (("env_id", "TEXT"), ("role", "TEXT NOT NULL DEFAULT ''"), ("idx", "INTEGER NOT NULL DEFAULT 0")),
+}
+_AGENT_COLUMNS = "agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq, env_id, role, idx"
 
 
 class Store:
@@ -73,6 +83,11 @@ class Store:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         return cls(conn)
 
     @classmethod
@@ -123,12 +138,14 @@ class Store:
     # ------------------------------------------------------------------ trials
     def save_trial(self, t: TrialJobDetail) -> None:
         self._conn.execute(
-            "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO trials (id, sequence_id, status, message, submit_time, start_time, end_time,"
+            " form, agent_id, gpu_indices, working_directory, is_early_stopped, environment_id, agents)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 t.id, t.sequence_id, t.status.value, t.message, t.submit_time, t.start_time, t.end_time,
                 json.dumps(asdict(t.form)), t.agent_id,
                 None if t.gpu_indices is None else json.dumps(t.gpu_indices),
-                t.working_directory, int(t.is_early_stopped),
+                t.working_directory, int(t.is_early_stopped), t.environment_id, json.dumps(t.agents),
             ),
         )
 
@@ -143,7 +160,8 @@ class Store:
     def trials(self) -> list[TrialJobDetail]:
         rows = self._conn.execute(
             "SELECT id, sequence_id, status, message, submit_time, start_time, end_time, form, agent_id,"
-            " gpu_indices, working_directory, is_early_stopped FROM trials ORDER BY submit_time, rowid"
+            " gpu_indices, working_directory, is_early_stopped, environment_id, agents FROM trials"
+            " ORDER BY submit_time, rowid"
         ).fetchall()
         return [_trial_from_row(r) for r in rows]
 
@@ -177,23 +195,34 @@ class Store:
 
     # ------------------------------------------------------------------ agents
     def agent_by_name(self, name: str) -> dict[str, Any] | None:
-        row = self._conn.execute(
-            "SELECT agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq FROM agents WHERE name = ?",
-            (name,),
-        ).fetchone()
+        row = self._conn.execute(f"SELECT {_AGENT_COLUMNS} FROM agents WHERE name = ?", (name,)).fetchone()
         return None if row is None else _agent_from_row(row)
 
     def agents(self) -> list[dict[str, Any]]:
-        rows = self._conn.execute(
-            "SELECT agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq FROM agents ORDER BY rowid"
-        ).fetchall()
+        rows = self._conn.execute(f"SELECT {_AGENT_COLUMNS} FROM agents ORDER BY rowid").fetchall()
         return [_agent_from_row(r) for r in rows]
 
-    def add_agent(self, agent_id: str, name: str, token: str, hints: dict[str, Any]) -> None:
+    def add_agent(self, agent_id: str, name: str, token: str, hints: dict[str, Any], env_id: str | None = None,
+                  role: str = "", index: int = 0) -> None:
         self._conn.execute(
-            "INSERT INTO agents (agent_id, name, token, hints) VALUES (?, ?, ?, ?)",
-            (agent_id, name, token, json.dumps(hints)),
+            "INSERT INTO agents (agent_id, name, token, hints, env_id, role, idx) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (agent_id, name, token, json.dumps(hints), env_id, role, index),
         )
+
+    # ------------------------------------------------------------------ environments, settings
+    def save_environment(self, env_id: str, trial_id: str | None, state: str, reason: str = "") -> None:
+        self._conn.execute("INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)", (env_id, trial_id, state, reason))
+
+    def environments(self) -> list[dict[str, Any]]:
+        rows = self._conn.execute("SELECT env_id, trial_id, state, reason FROM environments ORDER BY rowid").fetchall()
+        return [dict(zip(("env_id", "trial_id", "state", "reason"), r)) for r in rows]
+
+    def setting(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_setting(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, value))
 
     def set_agent_progress(self, agent_id: str, boot_id: str, applied_seq: int) -> None:
         self._conn.execute(
@@ -221,12 +250,13 @@ def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:
         start_time=r[5], end_time=r[6],
         form=TrialJobApplicationForm(hyper_parameters=HyperParameters(**hp), **form),
         agent_id=r[8], gpu_indices=None if r[9] is None else json.loads(r[9]),
-        working_directory=r[10], is_early_stopped=bool(r[11]),
+        working_directory=r[10], is_early_stopped=bool(r[11]), environment_id=r[12],
+        agents=json.loads(r[13]) if r[13] else ([r[8]] if r[8] else []),
     )
 
 
 def _agent_from_row(r: tuple[Any, ...]) -> dict[str, Any]:
-    keys = ("agent_id", "name", "token", "hints", "boot_id", "applied_seq", "next_cmd_seq")
+    keys = tuple(_AGENT_COLUMNS.split(", "))
     d = dict(zip(keys, r))
     d["hints"] = json.loads(d["hints"])
     return d

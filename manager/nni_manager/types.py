@@ -49,8 +49,10 @@ class TrialJobDetail:
     url: str | None = None
     is_early_stopped: bool = False
     message: str = ""  # why it is WAITING, why it failed, or that contact is lost
-    agent_id: str | None = None
+    agent_id: str | None = None  # where it runs (the first member, for a trial on several agents)
     gpu_indices: list[int] | None = None
+    environment_id: str | None = None  # elastic platforms: the environment (a TFJob, a pod) it runs in
+    agents: list[str] = field(default_factory=list)  # every agent it runs on
 
 
 @dataclass(frozen=True)

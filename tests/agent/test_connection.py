@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import io
 import json
 import random
@@ -249,6 +250,23 @@ def test_orphan_timeout_stops_trials_and_exits(tmp_path):
         marker.unlink(missing_ok=True)
         await asyncio.sleep(0.5)
         assert not marker.exists(), "a trial kept running after its agent gave up"
+
+    run(scenario())
+
+
+def test_agent_stopped_by_a_signal_reports_its_trials_as_system_canceled(tmp_path):
+    """SIGTERM comes from the system (a pod evicted or deleted, a machine going down), never
+    from the user: the trials end SYS_CANCELED, saying so, and are reported before it exits."""
+    async def scenario() -> None:
+        hub = HubStub()
+        async with StubServer(hub) as srv:
+            agent = await srv.connect_agent(tmp_path / "w")
+            hub.send(**start_trial("long2", "sleep 600"))
+            await hub.wait_for(lambda: bool(hub.trials["long2"].statuses))
+            agent.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(agent.wait, 30) == 0
+        final = hub.trials["long2"].final
+        assert final.state == pb.TRIAL_STATE_SYS_CANCELED and "SIGTERM" in final.reason
 
     run(scenario())
 

@@ -188,13 +188,14 @@ def test_cancel_before_start_and_shutdown(tmp_path: Path) -> None:
         other = new_trial(make_spec(tmp_path, "sleep 30", trial_id="trB02"), tmp_path, rec2)
         await other.start()
         assert other.snapshot().state == pb.TRIAL_STATE_RUNNING
-        await other.shutdown()
+        await other.stop(pb.TRIAL_STATE_SYS_CANCELED, "agent shutting down")
+        await other.wait()
         assert other.done
 
     run(body)
     assert [s.state for s in rec.statuses] == [pb.TRIAL_STATE_EARLY_STOPPED]
     assert rec.terminal.reason == "not needed"
-    assert [s.state for s in rec2.statuses] == [pb.TRIAL_STATE_RUNNING, pb.TRIAL_STATE_USER_CANCELED]
+    assert [s.state for s in rec2.statuses] == [pb.TRIAL_STATE_RUNNING, pb.TRIAL_STATE_SYS_CANCELED]
     assert rec2.terminal.reason == "agent shutting down"
 
 

@@ -70,3 +70,29 @@ def test_ctrl_c_cancels_trials_and_leaves_none(make_config, tmp_path: Path, code
     assert "stopped: interrupted" in out and "2 user_canceled" in out
     assert "Traceback" not in err
     assert processes_under(code_dir) == []
+
+
+def test_dry_run_prints_the_objects_and_starts_nothing(tmp_path: Path) -> None:
+    import yaml
+
+    config = tmp_path / "tf.yml"
+    config.write_text(yaml.safe_dump({
+        "trialConcurrency": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
+        "trainingService": {
+            "platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1", "nniManagerIp": "127.0.0.9",
+            "worker": {"replicas": 2, "command": "python3 train.py", "cpuNumber": 1, "memorySize": "2gb",
+                       "gpuNumber": 1, "dockerImage": "msranni/nni:latest"},
+            "ps": {"replicas": 1, "command": "python3 ps.py", "cpuNumber": 1, "memorySize": 1024},
+        }}))
+    run = cli("run", str(config), "--dry-run", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    secret, job = yaml.safe_load_all(run.stdout)
+    name = job["metadata"]["name"]
+    assert secret["kind"] == "Secret" and set(secret["stringData"]) == {  # one token per replica's agent
+        f"{name}-worker-0", f"{name}-worker-1", f"{name}-ps-0", "ca.crt"}
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    container = worker["template"]["spec"]["containers"][0]
+    assert job["kind"] == "TFJob" and worker["replicas"] == 2 and container["name"] == "tensorflow"
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "2048Mi", "nvidia.com/gpu": "1"}
+    assert "127.0.0.9:<hubPort>" in container["command"] and "--ca-file" in container["command"]
+    assert not (tmp_path / "exps").exists()  # nothing was started

@@ -46,7 +46,7 @@ MISTAKES = [
     (v2(trainingService={"platform": "local", "maxTrialNumberPerGpu": 2}),
      "trainingService.maxTrialNumberPerGpu", "trialGpuNumber"),
     (v2(trialCodeDirectory="no/such/dir"), "trialCodeDirectory", "folder"),
-    (v2(trainingService={"platform": "slurm"}), "trainingService.platform", "local"),
+    (v2(trainingService={"platform": "openpai"}), "trainingService.platform", "local"),
     (v2(trainingService=None), "trainingService.platform", "add `platform"),
     (v2(trainingService={"platform": "remote", "machineList": []}), "trainingService.machineList", "machineList: [{host"),
     (remote({"user": "u"}), "trainingService.machineList[0].host", "add `host"),
@@ -69,7 +69,7 @@ MISTAKES = [
     (v2(trialKillSignal="SIGFOO"), "trialKillSignal", "SIGTERM"),
     (v2(trainingService={"platform": "local", "gpuIndices": "a,b"}), "trainingService.gpuIndices", "[0, 1]"),
     (v2(trainingService={"platform": "local", "useActiveGpu": "yes"}), "trainingService.useActiveGpu", "true or false"),
-    (v2(trainingService={"platform": "local", "operator": "tf-operator"}), "trainingService.operator", "change `platform`"),
+    (v2(trainingService={"platform": "local", "operator": "tf-operator"}), "trainingService.operator", "remove it"),
 ]
 
 
@@ -139,10 +139,10 @@ def test_v1_names_accepted(tmp_path: Path) -> None:
     assert (config.max_trial_number, config.max_experiment_duration) == (5, 7200)
     assert config.search_space == {"lr": {"_type": "uniform", "_value": [0.1, 0.2]}}
     assert config.tuner is not None and (config.tuner.name, config.tuner.class_args) == ("Random", {"seed": 3})
-    (machine,) = config.training_service.machine_list
+    (machine,) = config.training_service.options.machine_list
     assert (machine.host, machine.user, machine.port, machine.max_trial_number_per_gpu) == ("127.0.0.1", "bob", 22, 2)
     assert machine.ssh_key_file == key and machine.strict_host_key_checking is True
-    assert config.training_service.extra == {"reuseMode": False}
+    assert config.training_service.options.reuse_mode is False
     assert "hunter2" not in repr(config) and "pp'" not in repr(config)
 
 
@@ -164,7 +164,7 @@ def test_remote_fields(tmp_path: Path) -> None:
                                  "sshPassphrase": "pp2", "useActiveGpu": True, "gpuIndices": [1],
                                  "pythonPath": "/opt/py/bin", "proxyCommand": "nc %h %p",
                                  "knownHostsFile": "kh", "strictHostKeyChecking": False}), base_dir=tmp_path)
-    (m,) = config.training_service.machine_list
+    (m,) = config.training_service.options.machine_list
     assert (m.port, m.password, m.use_active_gpu, m.gpu_indices, m.python_path) == (2222, "s3cret", True, [1], "/opt/py/bin")
     assert (m.proxy_command, m.known_hosts_file, m.strict_host_key_checking) == ("nc %h %p", tmp_path / "kh", False)
     assert "s3cret" not in repr(config) and "pp2" not in repr(config)
@@ -176,15 +176,11 @@ def test_secret_never_in_error(tmp_path: Path) -> None:
     assert info.value.field.endswith("password") and "hunter2" not in str(info.value)
 
 
-def test_platform_specific_fields_kept_in_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nni_manager.backends import registry
-
-    monkeypatch.setitem(registry._BACKENDS, "kubeflow", "nowhere:Nothing")
-    config = load_config(v2(trainingService={"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
-                                             "storage": {"storageType": "nfs"}, "worker": {"replicas": 1}}),
-                         base_dir=tmp_path)
-    assert config.training_service.extra["operator"] == "tf-operator"
-    assert config.training_service.extra["worker"] == {"replicas": 1}
+def test_planned_platform_says_it_is_not_implemented(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(v2(trainingService={"platform": "openpai", "host": "pai"}), base_dir=tmp_path)
+    assert info.value.field == "trainingService.platform"
+    assert "not implemented in nni-manager yet" in str(info.value) and "kubeflow" in str(info.value)
 
 
 def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:

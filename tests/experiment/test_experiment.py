@@ -112,3 +112,25 @@ def test_stops_when_no_machine_is_usable(make_config) -> None:
     assert result.stop_reason.startswith("no machine is usable") and "cannot connect" in result.stop_reason
     assert len(result.trials) <= config.trial_concurrency  # it did not keep submitting doomed trials
     assert all(t.status == TrialJobStatus.FAILED for t in result.trials)
+
+
+def test_resumed_experiment_names_the_best_trial(make_config) -> None:
+    """A resumed experiment reads its trials' final metrics back from the store (the summary
+    used to say no trial had reported one)."""
+    config = load_config(make_config(tuner={"name": "GridSearch"}, maxTrialNumber=4))
+    first = asyncio.run(Experiment(config, poll_interval=0.2).run())
+    assert first.best is not None
+    again = asyncio.run(Experiment(config, experiment_id=first.experiment_id, poll_interval=0.2).run())
+    assert again.stop_reason.startswith("maxTrialNumber") and len(again.trials) == 4
+    assert again.best is not None and again.best.trial_id == first.best.trial_id
+    assert again.best.metric == first.best.metric
+
+
+def test_nan_final_metric_is_never_ranked_best(make_config, tmp_path) -> None:
+    (tmp_path / "code" / "nan.py").write_text(
+        "import nni_agent as nni\np = nni.get_next_parameter()\n"
+        "nni.report_final_result(float('nan') if p['x'] == 1 else p['x'])\n")
+    config = load_config(make_config("nan.py", tuner={"name": "GridSearch"}, maxTrialNumber=4))
+    result = asyncio.run(Experiment(config, poll_interval=0.2).run())
+    assert len(result.trials) == 4 and result.best is not None
+    assert result.best.parameters == {"x": 4}  # maximize; the NaN trial (x=1, ranked first) is not "best"

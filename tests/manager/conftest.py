@@ -3,10 +3,8 @@
 `asyncio.run` (no plugin needed)."""
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +12,6 @@ import pytest
 
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from tests.manager.helpers import TRIAL
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="nm", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

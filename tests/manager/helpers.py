@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobDetail
@@ -17,7 +20,8 @@ from pathlib import Path
 from nni_agent import get_next_parameter, report_intermediate_result, report_final_result
 p = get_next_parameter()
 out = Path(os.environ["NNI_OUTPUT_DIR"])
-(out / "cuda.txt").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+(out / "cuda.tmp").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+(out / "cuda.tmp").rename(out / "cuda.txt")  # atomic: a reader never sees it half-written
 print("trial", os.environ["NNI_TRIAL_JOB_ID"], "params", p, flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = p.get("action", "ok")
@@ -90,3 +94,63 @@ def kill_tree(pid: int) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+# ---------------------------------------------------------------------- a manager in its own process
+
+def start_manager(experiment_id: str, mode: str, n: int, *where: str) -> subprocess.Popen[str]:
+    """tests/manager/manager_proc.py with `where` = ("--local", workdir, code) or ("--config", yaml)."""
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen([sys.executable, "-m", "tests.manager.manager_proc", experiment_id, mode, str(n), *where],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stored_metrics(exp_dir: Path) -> list[dict[str, Any]]:
+    from nni_manager.store import Store
+
+    try:
+        return Store.open_readonly(exp_dir).metrics()
+    except Exception:  # not created yet
+        return []
+
+
+def sigkill_after_metrics(manager: subprocess.Popen[str], exp_dir: Path, trials: int, timeout: float = 30) -> tuple[str, set[tuple[str, str, int]]]:
+    """Wait until `trials` trials have reported past their first metric, SIGKILL the manager;
+    returns its output and the metrics stored by then."""
+    import signal
+
+    deadline = time.monotonic() + timeout
+    while len({m["trial_id"] for m in stored_metrics(exp_dir) if m["sequence"] >= 1}) < trials:
+        assert time.monotonic() < deadline, "no metrics from the first manager"
+        assert manager.poll() is None, manager.communicate()
+        time.sleep(0.05)
+    manager.send_signal(signal.SIGKILL)
+    out, _ = manager.communicate()
+    return out, {(m["trial_id"], m["type"], m["sequence"]) for m in stored_metrics(exp_dir)}
+
+
+def heard(out: str) -> list[tuple[str, str, int]]:
+    """The METRIC lines a manager_proc printed."""
+    return [(p[1], p[2], int(p[3])) for p in (line.split() for line in out.splitlines()) if p and p[0] == "METRIC"]
+
+
+def check_resumed(exp_dir: Path, out: str, before: set[tuple[str, str, int]], *, trials: int = 2,
+                  steps: int = 12) -> list[TrialJobDetail]:
+    """After a manager SIGKILL and a restart (its output `out`): every trial SUCCEEDED, every metric
+    is stored exactly once, the second manager told its listeners only what the first had not stored,
+    and no trial was restarted. Returns the trials."""
+    from collections import Counter
+
+    from nni_manager.store import Store
+    from nni_manager.types import TrialJobStatus
+
+    store = Store.open_readonly(exp_dir)
+    done = store.trials()
+    assert len(done) == trials and all(t.status == TrialJobStatus.SUCCEEDED for t in done), done
+    stored = Counter((m["trial_id"], m["type"], m["sequence"]) for m in store.metrics())
+    expected = {(t.id, "PERIODICAL", i) for t in done for i in range(steps)} | {(t.id, "FINAL", 0) for t in done}
+    assert set(stored) == expected and set(stored.values()) == {1}  # every metric, exactly once
+    second = heard(out)
+    assert second and not set(second) & before and len(second) == len(set(second))  # nothing heard twice
+    assert not any("restarted" in t.message for t in done)
+    return done

@@ -18,7 +18,7 @@ def run(coro: Any) -> Any:
 
 
 def cuda(ts: Any, trial_id: str) -> str:
-    return (Path(ts._trials[trial_id].working_directory) / "cuda.txt").read_text()
+    return (Path(ts.trials.by_id[trial_id].working_directory) / "cuda.txt").read_text()
 
 
 def test_fractional_sharing_then_release(make_config: Callable[..., ExperimentConfig], short_dir: Path,
@@ -32,7 +32,7 @@ def test_fractional_sharing_then_release(make_config: Callable[..., ExperimentCo
             jobs = [await ts.submit_trial_job(form(i, action="sleep", release=str(release))) for i in range(5)]
             for j in jobs[:4]:
                 await wait_status(ts, j.id, "RUNNING")
-            await until(lambda: all((Path(ts._trials[j.id].working_directory) / "cuda.txt").exists()
+            await until(lambda: all((Path(ts.trials.by_id[j.id].working_directory) / "cuda.txt").exists()
                                     for j in jobs[:4]), what="cuda.txt files")
             assert sorted(cuda(ts, j.id) for j in jobs[:4]) == ["0", "0", "1", "1"]
             waiting = await ts.get_trial_job(jobs[4].id)
@@ -80,8 +80,8 @@ def test_active_gpu_waits_with_reason(make_config: Callable[..., ExperimentConfi
         async with create_training_service(cfg) as ts:
             job = await ts.submit_trial_job(form(0))
             expected = "waiting: GPU 1 of local is active (used by a process outside this experiment) and useActiveGpu is false"
-            await until(lambda: ts._trials[job.id].message == expected, what="active-GPU message")
-            assert ts._trials[job.id].status == TrialJobStatus.WAITING
+            await until(lambda: ts.trials.by_id[job.id].message == expected, what="active-GPU message")
+            assert ts.trials.by_id[job.id].status == TrialJobStatus.WAITING
             assert ts.agent_gpus()["local"].provider == "artificial"
         cfg = make_config(trial_gpu_number=1, platform_fields={"use_active_gpu": True, "gpu_indices": [1]})
         async with create_training_service(cfg) as ts:

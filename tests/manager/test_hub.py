@@ -23,8 +23,9 @@ TOKEN = "s3cret-token-value"
 class Recorder:
     """The hub's handler: records what the hub reports and stores progress like the service."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, store_dir: Path) -> None:
         self.store = store
+        self.store_dir = store_dir
         self.events: list[tuple[str, Any]] = []
         self.records: list[pb.Record] = []
 
@@ -47,6 +48,10 @@ class Recorder:
 
     def agent_expired(self, agent_id: str) -> None:
         self.events.append(("expired", agent_id))
+
+    def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path:
+        name = "trial.stderr" if stream == pb.LOG_STREAM_STDERR else "trial.stdout"
+        return self.store_dir / "trials" / trial_id / name
 
 
 class Agent:
@@ -85,7 +90,7 @@ def records(*items: tuple[int, dict[str, Any]]) -> pb.RecordBatch:
 async def started_hub(tmp: Path, **kw: Any) -> tuple[Hub, Recorder]:
     store = Store.open(tmp)
     store.add_agent("a1", "a1", TOKEN, {})
-    rec = Recorder(store)
+    rec = Recorder(store, tmp)
     hub = Hub(experiment_id="Exp12345", experiment_dir=tmp, store=store, handler=rec, **kw)
     hub.register("a1", TOKEN)
     await hub.start()

@@ -3,8 +3,6 @@ trials are re-attached and every metric reaches the store (and a listener) exact
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -13,36 +11,18 @@ import psutil
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start(work: Path, code: Path, mode: str, experiment_id: str = "Restart1", *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.manager.manager_proc", str(work), str(code), experiment_id, mode, "2", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+from tests.manager.helpers import heard, sigkill_after_metrics, start_manager
 
 
-def metrics_of(exp_dir: Path) -> list[dict]:
-    try:
-        return Store.open_readonly(exp_dir).metrics()
-    except Exception:  # not created yet
-        return []
+def start(work: Path, code: Path, mode: str, experiment_id: str = "Restart1", *extra: str):  # -> Popen[str]
+    return start_manager(experiment_id, mode, 2, "--local", str(work), str(code), *extra)
 
 
 def test_manager_sigkill_and_restart(short_dir: Path, code_dir: Path) -> None:
     work = short_dir / "exps"
     exp_dir = work / "Restart1"
     first = start(work, code_dir, "new")
-    deadline = time.monotonic() + 30
-    while len({m["trial_id"] for m in metrics_of(exp_dir) if m["sequence"] >= 1}) < 2:
-        assert time.monotonic() < deadline, "no metrics from the first manager"
-        assert first.poll() is None, first.communicate()
-        time.sleep(0.05)
-    first.send_signal(signal.SIGKILL)
-    out1, _ = first.communicate()
-    before = {(m["trial_id"], m["type"], m["sequence"]) for m in metrics_of(exp_dir)}
+    out1, before = sigkill_after_metrics(first, exp_dir, trials=2)
     agent_pid = int((exp_dir / "agents" / "local" / "agent.pid").read_text())
     assert psutil.pid_exists(agent_pid)  # trials keep running without a manager
 
@@ -56,9 +36,6 @@ def test_manager_sigkill_and_restart(short_dir: Path, code_dir: Path) -> None:
     stored = Counter((m["trial_id"], m["type"], m["sequence"]) for m in store.metrics())
     expected = {(t.id, "PERIODICAL", i) for t in trials for i in range(12)} | {(t.id, "FINAL", 0) for t in trials}
     assert set(stored) == expected and set(stored.values()) == {1}  # every metric, exactly once
-
-    def heard(out: str) -> list[tuple[str, str, int]]:
-        return [(p[1], p[2], int(p[3])) for p in (line.split() for line in out.splitlines()) if p[0] == "METRIC"]
 
     second_heard = heard(out2)
     assert second_heard and not set(second_heard) & before  # nothing delivered twice

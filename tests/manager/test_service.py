@@ -160,7 +160,7 @@ def test_sys_canceled_after_reconnect_window(make_config: Callable[..., Experime
             job = await ts.submit_trial_job(form(0, action="sleep", release=str(short_dir / "never")))
             await wait_status(ts, job.id, "RUNNING")
             agent_pid = int((ts.experiment_dir / "agents" / "local" / "agent.pid").read_text())
-            trial_pid = ts._pids[job.id]
+            trial_pid = ts.trial_pid(job.id)
             os.kill(agent_pid, signal.SIGKILL)
             lost = await until(lambda: _message_if(ts, job.id, "contact with agent local lost at"), what="lost")
             assert lost.endswith("waiting up to 1 s for it to reconnect")
@@ -173,7 +173,7 @@ def test_sys_canceled_after_reconnect_window(make_config: Callable[..., Experime
 
 
 def _message_if(ts: TrainingService, trial_id: str, prefix: str) -> str | None:
-    msg = ts._trials[trial_id].message
+    msg = ts.trials.by_id[trial_id].message
     return msg if msg.startswith(prefix) else None
 
 
@@ -196,7 +196,7 @@ def test_from_yaml_config_and_secrets_not_stored(short_dir: Path, code_dir: Path
     exp_dir = run(body())
     stored = Store.open_readonly(exp_dir).experiment()["config"]
     assert stored["trial_code_directory"] == str(code_dir)
-    from nni_manager.service import _redacted
+    from nni_manager.service.nni_api import _redacted
 
     assert _redacted({"machine_list": [{"password": "pw", "host": "h"}], "extra": {"token": "t"}}) == {
         "machine_list": [{"password": "***", "host": "h"}], "extra": {"token": "***"}}
@@ -242,8 +242,8 @@ def test_restarted_agent_that_lost_a_trial(make_config: Callable[..., Experiment
             await wait_status(ts, job.id, "RUNNING")
             work = ts.experiment_dir / "agents" / "local"
             os.kill(int((work / "agent.pid").read_text()), signal.SIGKILL)
-            trial_pid = ts._pids[job.id]
-            token = ts._store.agent_by_name("local")["token"]
+            trial_pid = ts.trial_pid(job.id)
+            token = ts.trials.store.agent_by_name("local")["token"]
             again = subprocess.Popen(
                 [sys.executable, "-m", "nni_agent", "--manager", f"unix:{ts.experiment_dir / 'hub.sock'}",
                  "--agent-id", "local", "--work-dir", str(work)],
@@ -263,7 +263,8 @@ def test_restarted_agent_that_lost_a_trial(make_config: Callable[..., Experiment
 def test_trials_fail_at_once_with_every_reason_when_no_machine_is_usable(make_config: Callable[..., ExperimentConfig]) -> None:
     import socket
 
-    from nni_manager.config import MachineConfig, TrainingServiceConfig
+    from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
+    from nni_manager.config import TrainingServiceConfig
 
     closed = []
     for _ in range(2):  # two loopback ports nothing listens on
@@ -272,7 +273,7 @@ def test_trials_fail_at_once_with_every_reason_when_no_machine_is_usable(make_co
             closed.append(s.getsockname()[1])
     machines = [MachineConfig(host="127.0.0.1", port=p, user="nobody", password="pw") for p in closed]
     config = make_config()
-    config.training_service = TrainingServiceConfig(platform="remote", machine_list=machines)
+    config.training_service = TrainingServiceConfig(platform="remote", options=RemoteConfig(machines))
 
     async def body() -> None:
         async with create_training_service(config) as ts:

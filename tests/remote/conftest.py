@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from nni_manager.config import MachineConfig
+from nni_manager.backends.remote.config import MachineConfig
 
 SSHD = "/usr/sbin/sshd"
 ROOT_PYTHON_DIR = str(Path(sys.executable).parent)  # the test Python has the agent's dependencies

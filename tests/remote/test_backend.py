@@ -15,8 +15,9 @@ import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import AgentSpec, PlacementHints
-from nni_manager.backends.remote import RemoteBackend
-from nni_manager.config import ExperimentConfig, MachineConfig, TrainingServiceConfig
+from nni_manager.backends.remote.backend import RemoteBackend
+from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
+from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from tests.agent.hubstub import HubStub, StubServer, start_trial
 from tests.remote.conftest import processes_with
 
@@ -49,7 +50,7 @@ class FakeContext:
 def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:
     return ExperimentConfig(
         trial_command="true", trial_code_directory=Path("."),
-        training_service=TrainingServiceConfig(platform="remote", machine_list=machines,
+        training_service=TrainingServiceConfig(platform="remote", options=RemoteConfig(machines),
                                                reconnect_window=30, agent_env=agent_env or {}),
         trial_grace_period=1.0,
     )
@@ -174,8 +175,11 @@ def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(net
 
 def test_render_names_commands_without_secrets(netns_hosts):
     m = dataclasses.replace(netns_hosts[0].machine, password="hunter2-secret", ssh_key_file=None)
-    text = RemoteBackend(config([m])).render()
-    assert "hunter2-secret" not in text
+    dry = RemoteBackend(config([m])).render()
+    text = dry.text
+    assert "hunter2-secret" not in text and "hunter2-secret" not in repr(dry.requests)
+    (request,) = dry.requests
+    assert (request["host"], request["port"]) == (m.host, m.port) and "--token-file" in request["start_command"]
     assert f"ip netns exec {m.host} nc 127.0.0.1 {m.port}" in text
     assert "-m nni_agent --manager-file" in text and ".manager" in text and "--token-file" in text
     assert "never on a command line" in text

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobMetric
@@ -40,7 +41,7 @@ def test_three_hosts_gpu_placement_link_drop_metrics_once_and_clean_up(netns_hos
         trial_grace_period=1.0,
         experiment_working_directory=short_dir / "exps",
         training_service=TrainingServiceConfig(
-            platform="remote", machine_list=[h.machine for h in netns_hosts],
+            platform="remote", options=RemoteConfig([h.machine for h in netns_hosts]),
             agent_env={"NNI_AGENT_ARTIFICIAL_GPUS": "1"}, reconnect_window=30),
     )
     metrics: list[TrialJobMetric] = []

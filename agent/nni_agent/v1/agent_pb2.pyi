@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -133,7 +132,7 @@ class TrialStatus(_message.Message):
     end_time_ms: int
     reason: str
     working_directory: str
-    def __init__(self, trial_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., pid: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., reason: _Optional[str] = ..., working_directory: _Optional[str] = ...) -> None: ...
+    def __init__(self, trial_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., pid: _Optional[int] = ..., has_exit_code: bool = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., reason: _Optional[str] = ..., working_directory: _Optional[str] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("trial_id", "trial_seq", "data", "time_ms")
@@ -209,7 +208,7 @@ class GpuSample(_message.Message):
     memory_total: int
     processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
     active: bool
-    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used: _Optional[int] = ..., memory_total: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., active: _Optional[bool] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., uuid: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used: _Optional[int] = ..., memory_total: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., active: bool = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "used_memory", "type")
@@ -321,7 +320,7 @@ class GpuAssignment(_message.Message):
     INDICES_FIELD_NUMBER: _ClassVar[int]
     scheduled: bool
     indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, scheduled: _Optional[bool] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, scheduled: bool = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartTrial(_message.Message):
     __slots__ = ("trial_id", "sequence_id", "experiment_id", "platform", "command", "working_directory", "code_directory", "bundle", "env", "parameter", "gpus", "limits", "output_directory")
@@ -378,7 +377,7 @@ class CancelTrial(_message.Message):
     trial_id: str
     early_stopped: bool
     reason: str
-    def __init__(self, trial_id: _Optional[str] = ..., early_stopped: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, trial_id: _Optional[str] = ..., early_stopped: bool = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason",)
@@ -398,4 +397,4 @@ class BundleChunk(_message.Message):
     data: bytes
     last: bool
     error: str
-    def __init__(self, digest: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, digest: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: bool = ..., error: _Optional[str] = ...) -> None: ...

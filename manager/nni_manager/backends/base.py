@@ -2,17 +2,28 @@
 
 A backend only *bootstraps* agents: it starts `nni-agent` processes somewhere with a way
 to reach the hub, and it cleans up. Trials, metrics, logs, GPUs and code all travel
-through the agent protocol, so a new backend is one file implementing `start` and `stop`.
+through the agent protocol. Two kinds of backend share this contract:
+
+- **fixed** (local, remote): a known set of machines; `start` adds one agent per machine
+  and the core places any number of trials on each (GPU-aware).
+- **elastic** (clusters): the core asks for capacity. When trials wait, it calls
+  `provision(env)` for an *environment*: a group of agents with roles (one TFJob, one
+  Framework, one pod) that runs one trial at a time, every member starting its role's
+  command. When an environment is no longer needed, `release(env_id)`. The backend says
+  why an agent is not there yet with `ctx.agent_status`, which becomes the WAITING
+  trial's message.
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 if TYPE_CHECKING:
-    from nni_manager.config import ExperimentConfig
+    from nni_manager.config import ConfigSection, ExperimentConfig
+
+HubKind = Literal["unix", "loopback", "network"]
 
 
 @dataclass(frozen=True)
@@ -29,16 +40,82 @@ class AgentSpec:
     """One agent a backend must start.
 
     `token` is a secret: hand it to the agent through the NNI_AGENT_TOKEN environment
-    variable or a 0600 file (`nni-agent --token-file`), never on a command line.
+    variable or a 0600 file (`nni-agent --token-file`; on clusters a mounted Secret),
+    never on a command line or in a pod spec.
     """
 
     agent_id: str
     token: str
-    hub_address: str  # TCP gRPC target on the manager host, e.g. "127.0.0.1:40123" ("" if not needs_tcp_hub)
+    hub_address: str  # "host:port" agents dial ("" for a hub that listens on the Unix socket only)
     hub_unix_socket: Path  # the same hub on a Unix socket (local agents use this)
+    ca_certificate: bytes = b""  # PEM the agent must trust (`nni-agent --ca-file`); empty: no TLS
+    role: str = ""  # in an environment: the member's role ("worker", "ps", a task role name)
+    index: int = 0  # ... and its index within the role
 
     def __repr__(self) -> str:  # keep the token out of logs and tracebacks
-        return f"AgentSpec(agent_id={self.agent_id!r}, hub_address={self.hub_address!r})"
+        return f"AgentSpec(agent_id={self.agent_id!r}, hub_address={self.hub_address!r}, role={self.role!r})"
+
+
+@dataclass(frozen=True)
+class Role:
+    """One role of an environment: `replicas` agents running `command` (None: trialCommand)."""
+
+    name: str
+    replicas: int = 1
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """When a trial that runs on several agents ends: FrameworkController's rule, of which
+    the training operators' rules are instances.
+
+    - `decisive` (role, index): that member's end is the trial's end and outcome (TFJob's
+      chief or worker 0, PyTorchJob's master); the other members are then stopped.
+    - `min_failed[role]` failed members of a role fail the trial (default 1; -1: never);
+    - `min_succeeded[role]` succeeded members of a role end it SUCCEEDED (-1, the default: never);
+    - otherwise the trial ends when every member has: SUCCEEDED unless a member failed.
+    """
+
+    decisive: tuple[str, int] | None = None
+    min_failed: dict[str, int] = field(default_factory=dict)
+    min_succeeded: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one environment of an elastic backend is made of."""
+
+    roles: tuple[Role, ...] = (Role(""),)
+    completion: Completion = Completion()
+
+    @property
+    def size(self) -> int:
+        return sum(r.replicas for r in self.roles)
+
+
+@dataclass(frozen=True)
+class EnvironmentRequest:
+    """Capacity the core asks an elastic backend for. Start every member with its spec
+    (`members[i].role`, `.index`); `trial_id` is set when the environment exists for one trial
+    only (reuseMode false): the agents then run with `--single-trial`."""
+
+    env_id: str
+    members: tuple[AgentSpec, ...]
+    trial_id: str | None = None
+
+
+@dataclass
+class DryRun:
+    """What `start` would submit: the request objects themselves (for tests and tools), and
+    their rendering for people (YAML for clusters, shell for SSH)."""
+
+    platform: str
+    requests: list[Any]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class BackendContext(Protocol):
@@ -47,35 +124,66 @@ class BackendContext(Protocol):
     experiment_id: str
     experiment_dir: Path
 
-    def add_agent(self, name: str, hints: PlacementHints) -> AgentSpec:
-        """Register an agent the backend is about to start (same name after a manager
-        restart gives back the same agent id and token, so running agents re-attach)."""
+    def add_agent(self, name: str, hints: PlacementHints = PlacementHints()) -> AgentSpec:
+        """Fixed backends: register an agent the backend is about to start (the same name
+        after a manager restart gives back the same agent id and token, so running agents
+        re-attach)."""
         ...
 
-    def agent_failed(self, agent_id: str, reason: str) -> None:
-        """The backend gave up on an agent (bootstrap failed, machine gone for good):
-        its trials end SYS_CANCELED with `reason`, placement stops using it, others go on."""
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        """The backend gave up on an agent (bootstrap failed, machine gone, pod deleted):
+        its trials end SYS_CANCELED with `reason` (FAILED when `failed`: the trial's own doing,
+        e.g. OOMKilled), placement stops using it, others go on. For an environment member,
+        the whole environment is gone."""
+        ...
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        """Why the agent is not there yet, in the platform's words ("FailedScheduling: 0/3
+        nodes are available ..."); shown as the message of trials waiting for it."""
         ...
 
     def agent_connected(self, agent_id: str) -> bool:
         """Whether the agent currently holds an open stream to the hub."""
         ...
 
+    def environments(self) -> list[EnvironmentRequest]:
+        """Elastic backends: the environments the core knows (after a restart: to re-attach
+        to, or to release what the store no longer wants)."""
+        ...
+
 
 class Backend(abc.ABC):
     """Base class of every platform backend. Subclasses set `platform` and implement
-    `start` and `stop`; everything else has a sensible default."""
+    `start` and `stop` (fixed) or `provision` and `release` too (elastic)."""
 
     platform: ClassVar[str]
     # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
     # overrides it): the hub waits this long for the agent, and the agent for its manager.
     default_reconnect_window: ClassVar[float] = 60.0
-    # Whether agents reach the hub over TCP (127.0.0.1, e.g. through tunnels). Backends whose
-    # agents use the Unix socket say False, and the hub then listens on no port at all.
-    needs_tcp_hub: ClassVar[bool] = True
+    # How agents reach the hub: "unix" (the socket in the experiment directory: local),
+    # "loopback" (127.0.0.1 TCP: tunnels), "network" (nniManagerIp:hubPort, TLS: clusters).
+    hub: ClassVar[HubKind] = "loopback"
+    # Elastic backends get capacity requests (`provision` / `release`).
+    elastic: ClassVar[bool] = False
+    # Whether trials get the code over the agent stream (False: agents read trialCodeDirectory).
+    ships_code: ClassVar[bool] = True
+    # False where roles carry their own commands (kubeflow, frameworkcontroller).
+    trial_command_required: ClassVar[bool] = True
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> Any:
+        """Read this platform's own `trainingService` fields (everything the core did not
+        take) and return them as an object, kept in `config.training_service.options`. Raise
+        `ConfigError` naming the field and the fix. The default accepts no extra field."""
+        return None
+
+    @property
+    def platform_options(self) -> Any:
+        return self.config.training_service.options
 
     @property
     def reconnect_window(self) -> float:
@@ -87,10 +195,12 @@ class Backend(abc.ABC):
         """Extra environment for every agent (`trainingService.agentEnv`)."""
         return dict(self.config.training_service.agent_env)
 
+    # ------------------------------------------------------------------ lifecycle
     @abc.abstractmethod
     async def start(self, ctx: BackendContext) -> None:
-        """Start (or re-attach to) this backend's agents. May return before they connect;
-        report machines that cannot be bootstrapped with `ctx.agent_failed`."""
+        """Check credentials and start (or re-attach to) the agents. May return before they
+        connect; report machines that cannot be bootstrapped with `ctx.agent_failed`. Raise
+        (a one-line error) when nothing can work, e.g. the cluster refuses the credentials."""
 
     @abc.abstractmethod
     async def stop(self) -> None:
@@ -101,6 +211,38 @@ class Backend(abc.ABC):
         """The agent's stream broke. Backends with their own transport (SSH tunnels)
         repair it here; the default does nothing and the agent simply redials."""
 
-    def render(self) -> str:
-        """Dry run: describe, without side effects, what `start` would launch."""
-        return f"{self.platform}: (no dry-run rendering)"
+    # ------------------------------------------------------------------ elastic capacity
+    def shape(self) -> Shape:
+        """Elastic backends: what one environment is made of."""
+        return Shape()
+
+    def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
+        """Elastic backends: (agent name, role, index) of each member of environment `env_id`.
+        Names must be what the member can tell on its own (its pod's name, say)."""
+        return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
+                for r in self.shape().roles for i in range(r.replicas)]
+
+    @property
+    def reuse(self) -> bool:
+        """Elastic backends: whether an environment runs trial after trial (reuseMode)."""
+        return True
+
+    async def provision(self, env: EnvironmentRequest) -> None:
+        """Create the environment (return once submitted, not once running); raise a one-line
+        error if the platform refuses it."""
+        raise NotImplementedError(f"platform {self.platform} has a fixed set of agents")
+
+    async def release(self, env_id: str) -> None:
+        """Delete the environment and everything created for it."""
+        raise NotImplementedError(f"platform {self.platform} has a fixed set of agents")
+
+    async def manager_address(self) -> str | None:
+        """Network hubs: the address agents reach this manager at when `nniManagerIp` is not
+        set (clusters: the one this machine uses to reach the API server); None: must be set."""
+        return None
+
+    # ------------------------------------------------------------------ dry run
+    def render(self) -> DryRun:
+        """Dry run: without side effects, the requests `start` (and a first `provision`)
+        would submit."""
+        return DryRun(self.platform, [], f"{self.platform}: (no dry-run rendering)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from nni_manager.backends.base import Backend, BackendContext, PlacementHints
+from nni_manager.backends.base import Backend, BackendContext, DryRun, PlacementHints
 
 AGENT_NAME = "local"
 
@@ -26,7 +26,8 @@ class LocalBackend(Backend):
     # The agent outlives an unreachable manager this long (then stops every trial), so a
     # manager restarted quickly re-attaches, and a killed one leaves nothing running for long.
     default_reconnect_window = 30.0
-    needs_tcp_hub = False  # the agent uses hub.sock, in the owner-only experiment directory
+    hub = "unix"  # the agent uses hub.sock, in the owner-only experiment directory
+    ships_code = False  # the agent reads trialCodeDirectory in place
 
     _proc: subprocess.Popen[bytes] | None = None
     _pid: int | None = None
@@ -49,13 +50,7 @@ class LocalBackend(Backend):
             self._pid = adopted
             return
         env = dict(os.environ, **self.agent_env, NNI_AGENT_TOKEN=spec.token)
-        argv = [
-            sys.executable, "-m", "nni_agent",
-            "--manager", f"unix:{spec.hub_unix_socket}",
-            "--agent-id", spec.agent_id,
-            "--work-dir", str(work_dir),
-            "--orphan-timeout", str(self.reconnect_window),
-        ]
+        argv = self._argv(str(spec.hub_unix_socket), spec.agent_id, str(work_dir))
         with open(work_dir / "agent.log", "ab") as out:
             self._proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -89,11 +84,19 @@ class LocalBackend(Backend):
             await asyncio.sleep(0.05)
         return False
 
-    def render(self) -> str:
-        return (
-            f"local: one nni-agent subprocess ({sys.executable} -m nni_agent) over "
-            f"<experiment dir>/hub.sock, orphan timeout {self.reconnect_window:g} s"
-        )
+    def _argv(self, socket: str, agent_id: str, work_dir: str) -> list[str]:
+        return [
+            sys.executable, "-m", "nni_agent",
+            "--manager", f"unix:{socket}",
+            "--agent-id", agent_id,
+            "--work-dir", work_dir,
+            "--orphan-timeout", str(self.reconnect_window),
+        ]
+
+    def render(self) -> DryRun:
+        argv = self._argv("<experiment dir>/hub.sock", AGENT_NAME, f"<experiment dir>/agents/{AGENT_NAME}")
+        return DryRun(self.platform, [argv], "local: one nni-agent subprocess, token in NNI_AGENT_TOKEN:\n  "
+                      + " ".join(argv))
 
 
 def _zombie(pid: int) -> bool:

@@ -1,27 +1,45 @@
-"""Map an NNI `platform` name to its backend class, importing only the one needed."""
+"""Map an NNI `platform` name to its backend class.
+
+Backends register through the `nni_manager.backends` entry-point group (see pyproject.toml),
+so a third-party platform is a package of its own that needs no edit here. Only the backend
+a config names is imported.
+"""
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import EntryPoint, entry_points
 
 from nni_manager.backends.base import Backend
 
-_BACKENDS: dict[str, str] = {
-    "local": "nni_manager.backends.local:LocalBackend",
-    "remote": "nni_manager.backends.remote:RemoteBackend",
+GROUP = "nni_manager.backends"
+# NNI platforms this manager knows of but does not run (yet): a config naming one is told so.
+PLANNED = {
+    "openpai": "OpenPAI",
+    "aml": "Azure Machine Learning",
+    "dlts": "DLTS",
+    "dlc": "Alibaba DLC",
+    "adl": "AdaptDL",
 }
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
 def platforms() -> list[str]:
     """The `platform` names this manager can run."""
-    return sorted(_BACKENDS)
+    return sorted(_entry_points())
 
 
 def backend_class(platform: str) -> type[Backend]:
-    """Return the backend class for `platform` or raise ValueError naming the known ones."""
-    try:
-        target = _BACKENDS[platform]
-    except KeyError:
-        known = ", ".join(platforms())
-        raise ValueError(f"unknown platform {platform!r}; supported platforms: {known}") from None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    """Return the backend class for `platform` or raise ValueError saying what exists."""
+    found = _entry_points().get(platform)
+    if found is None:
+        known = ", ".join(platforms()) or f"none (is nni-agent installed? no `{GROUP}` entry points found)"
+        if platform in PLANNED:
+            raise ValueError(f"platform {platform!r} ({PLANNED[platform]}) is not implemented in nni-manager yet; "
+                             f"supported platforms: {known}")
+        raise ValueError(f"unknown platform {platform!r}; supported platforms: {known}")
+    cls = found.load()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ValueError(f"entry point {found.value} for platform {platform!r} is not a Backend subclass")
+    return cls

@@ -20,13 +20,13 @@ from importlib import resources
 
 import paramiko
 
-from nni_manager.ssh.wheel import AgentWheel
+from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
 
 MIN_PYTHON = (3, 10)
 EXEC_TIMEOUT = 120.0
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 # import name -> distribution name, for the agent's requirements
-MODULES = {"grpc": "grpcio", "google.protobuf": "protobuf", "psutil": "psutil", "pynvml": "nvidia-ml-py"}
+MODULES = AGENT_MODULES
 
 
 class BootstrapError(RuntimeError):
@@ -87,7 +87,7 @@ def run(client: paramiko.SSHClient, command: str, stdin: bytes | None = None,
 
 
 def _script(name: str) -> bytes:
-    return resources.files("nni_manager.ssh").joinpath(name).read_bytes()
+    return resources.files("nni_manager.backends.remote").joinpath(name).read_bytes()
 
 
 # ------------------------------------------------------------------------------ probe

@@ -25,6 +25,7 @@ from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from nni_manager import bundle
+from nni_manager.hub.tls import TlsMaterial
 from nni_manager.store import Store
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ class HubHandler(Protocol):
     def agent_back(self, agent_id: str) -> None: ...
 
     def agent_expired(self, agent_id: str) -> None: ...
+
+    def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
+        """Where this agent's log chunks of the trial go (None: drop them)."""
+        ...
 
 
 @dataclass
@@ -104,25 +109,33 @@ class Hub(pb_grpc.AgentHubServicer):
         experiment_id: str,
         experiment_dir: Path,
         store: Store,
-        handler: HubHandler,
+        handler: HubHandler | None = None,
         reconnect_window: float = 60.0,
         heartbeat_interval: float = 2.0,
         gpu_sample_interval: float = 1.0,
-        tcp: bool = True,
+        tcp: str | None = "127.0.0.1:0",
+        tls: TlsMaterial | None = None,
     ) -> None:
         self.experiment_id = experiment_id
-        self.tcp = tcp  # also listen on 127.0.0.1 (for tunnels); the Unix socket is always there
+        # Besides the Unix socket (always there): a TCP "host:port" to listen on (port 0: any
+        # free one), for tunnels (127.0.0.1) or for agents on a network (then with `tls`).
+        self.tcp = tcp
+        self.tls = tls
         self.experiment_dir = experiment_dir
         self.socket_path = experiment_dir / "hub.sock"
         self.reconnect_window = reconnect_window
         self.heartbeat_interval = heartbeat_interval
         self.gpu_sample_interval = gpu_sample_interval
-        self.address = ""  # "127.0.0.1:<port>" once started, when listening on TCP
+        self.address = ""  # "<host>:<port>" once started, when listening on TCP
         self._store = store
-        self._handler = handler
+        self.handler = handler  # set before start() when it is built after the hub
         self._links: dict[str, _Link] = {}
         self._server: grpc.aio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None
+
+    def _handler(self) -> HubHandler:
+        assert self.handler is not None, "Hub.handler must be set before start()"
+        return self.handler
 
     # ------------------------------------------------------------------ lifecycle
     def register(self, agent_id: str, token: str, *, boot_id: str = "", applied_seq: int = 0, next_cmd_seq: int = 1) -> None:
@@ -147,8 +160,16 @@ class Hub(pb_grpc.AgentHubServicer):
         pb_grpc.add_AgentHubServicer_to_server(self, self._server)
         self._server.add_insecure_port(f"unix:{self.socket_path}")
         if self.tcp:
-            port = self._server.add_insecure_port("127.0.0.1:0")
-            self.address = f"127.0.0.1:{port}"
+            host, _, wanted = self.tcp.rpartition(":")
+            if self.tls is not None:
+                credentials = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.certificate)])
+                port = self._server.add_secure_port(self.tcp, credentials)
+            else:
+                port = self._server.add_insecure_port(self.tcp)
+            if port == 0:  # grpc answers 0 instead of raising
+                raise OSError(f"the hub cannot listen on {self.tcp}: the port is taken or the address is not "
+                              "on this machine (set trainingService.hubPort / nniManagerIp)")
+            self.address = f"{host}:{port}"
         await self._server.start()
         self._monitor = asyncio.create_task(self._watch_contact())
 
@@ -204,7 +225,7 @@ class Hub(pb_grpc.AgentHubServicer):
         link.lost_since, link.expired = None, False
         for command in link.pending.values():  # unacknowledged: sent again, after the Welcome
             session.queue.put_nowait(pb.ManagerMessage(command=command))
-        self._handler.agent_hello(link.agent_id, hello, restarted)
+        self._handler().agent_hello(link.agent_id, hello, restarted)
         await session.write(
             pb.ManagerMessage(
                 welcome=pb.Welcome(
@@ -246,7 +267,7 @@ class Hub(pb_grpc.AgentHubServicer):
             session.last_seen = time.monotonic()
             if link.lost_since is not None and link.session is session:
                 link.lost_since, link.expired = None, False
-                self._handler.agent_back(link.agent_id)
+                self._handler().agent_back(link.agent_id)
             kind = msg.WhichOneof("body")
             if kind == "records":
                 await self._records(link, session, list(msg.records.records))
@@ -256,9 +277,9 @@ class Hub(pb_grpc.AgentHubServicer):
             elif kind == "heartbeat":  # answered, so the agent knows the manager is alive
                 await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
             elif kind == "gpus":
-                self._handler.telemetry(link.agent_id, msg.gpus)
+                self._handler().telemetry(link.agent_id, msg.gpus)
             elif kind == "resources":
-                self._handler.telemetry(link.agent_id, msg.resources)
+                self._handler().telemetry(link.agent_id, msg.resources)
             elif kind == "bundle_request":  # in the background: records keep flowing meanwhile
                 task = asyncio.create_task(self._serve_bundle(session, msg.bundle_request.digest))
                 session.tasks.add(task)
@@ -269,18 +290,19 @@ class Hub(pb_grpc.AgentHubServicer):
         if fresh:
             for r in fresh:
                 if r.HasField("log"):
-                    self._write_log(r.log)
+                    self._write_log(link.agent_id, r.log)
             last = max(r.seq for r in fresh)
-            self._handler.apply_records(link.agent_id, link.boot_id, last, fresh)
+            self._handler().apply_records(link.agent_id, link.boot_id, last, fresh)
             link.applied_seq = last
         await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
 
-    def _write_log(self, chunk: pb.LogChunk) -> None:
+    def _write_log(self, agent_id: str, chunk: pb.LogChunk) -> None:
         if not _SAFE_ID.match(chunk.trial_id):
             log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
             return
-        name = "trial.stderr" if chunk.stream == pb.LOG_STREAM_STDERR else "trial.stdout"
-        path = self.experiment_dir / "trials" / chunk.trial_id / name
+        path = self._handler().log_file(agent_id, chunk.trial_id, chunk.stream)
+        if path is None:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
@@ -306,7 +328,7 @@ class Hub(pb_grpc.AgentHubServicer):
     def _lost(self, link: _Link, since: float) -> None:
         if link.lost_since is None:
             link.lost_since = since
-            self._handler.agent_lost(link.agent_id, since)
+            self._handler().agent_lost(link.agent_id, since)
 
     async def _watch_contact(self) -> None:
         """Silent streams count as lost; lost agents expire after the reconnect window."""
@@ -324,4 +346,4 @@ class Hub(pb_grpc.AgentHubServicer):
                         link.session.why = f"silent for longer than the reconnect window ({self.reconnect_window:g} s)"
                         link.session.replaced.set()
                         link.session = None
-                    self._handler.agent_expired(link.agent_id)
+                    self._handler().agent_expired(link.agent_id)

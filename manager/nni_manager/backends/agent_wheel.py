@@ -17,6 +17,8 @@ from pathlib import Path
 import nni_agent
 
 _DIST = "nni_agent"
+# The agent's dependencies by the module each one provides (checked on workers before start).
+AGENT_MODULES = {"grpc": "grpcio", "google.protobuf": "protobuf", "psutil": "psutil", "pynvml": "nvidia-ml-py"}
 _SUFFIXES = (".py", ".pyi", ".typed")
 
 

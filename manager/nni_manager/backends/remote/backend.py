@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING
 import nni_agent
 import paramiko
 
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, PlacementHints
-from nni_manager.config import MachineConfig
-from nni_manager.ssh import bootstrap
-from nni_manager.ssh.bootstrap import AgentLaunch, BootstrapError
-from nni_manager.ssh.connection import SshError, connect, machine_label, proxy_command_line
-from nni_manager.ssh.tunnel import RemoteForward
-from nni_manager.ssh.wheel import AgentWheel, build_agent_wheel
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, PlacementHints
+from nni_manager.backends.remote import config as remote_config
+from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
+from nni_manager.backends.remote import bootstrap
+from nni_manager.backends.remote.bootstrap import AgentLaunch, BootstrapError
+from nni_manager.backends.remote.connection import SshError, connect, machine_label, proxy_command_line
+from nni_manager.backends.remote.tunnel import RemoteForward
+from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 
 if TYPE_CHECKING:
-    from nni_manager.config import ExperimentConfig
+    from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -263,13 +264,22 @@ class RemoteBackend(Backend):
     platform = "remote"
     default_reconnect_window = 600.0  # machines behind flaky links get ten minutes to come back
 
+    @classmethod
+    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> RemoteConfig:
+        return remote_config.parse(section, config)
+
+    @property
+    def machine_list(self) -> list[MachineConfig]:
+        options: RemoteConfig = self.platform_options
+        return options.machine_list
+
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
         self.options = RemoteOptions(reconnect_window=self.reconnect_window, agent_env=self.agent_env)
         self.machines: list[_Machine] = []
 
     async def start(self, ctx: BackendContext) -> None:
-        machine_list = self.config.training_service.machine_list
+        machine_list = self.machine_list
         if not machine_list:
             raise ValueError("config field `trainingService.machineList`: empty; list at least one machine")
         wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
@@ -303,10 +313,11 @@ class RemoteBackend(Backend):
             log.error("%s", problem)
         self.machines.clear()
 
-    def render(self) -> str:
-        lines = [f"remote: {len(self.config.training_service.machine_list)} machine(s); agent nni-agent "
+    def render(self) -> DryRun:
+        lines = [f"remote: {len(self.machine_list)} machine(s); agent nni-agent "
                  f"{nni_agent.__version__} from a wheel built from this manager"]
-        for m, name in zip(self.config.training_service.machine_list, agent_names(self.config.training_service.machine_list)):
+        requests = []
+        for m, name in zip(self.machine_list, agent_names(self.machine_list)):
             launch = AgentLaunch("<experiment-id>", "<agent-id>", f"{nni_agent.__version__}-<hash>",
                                  "<python found by the probe>", "<py>", m.python_path, 0,
                                  self.options.reconnect_window + 60.0, dict(self.options.agent_env))
@@ -320,4 +331,6 @@ class RemoteBackend(Backend):
                 "  start (token written from stdin to a 0600 file, never on a command line):",
                 *("    " + line for line in bootstrap.start_command(launch).splitlines()),
             ]
-        return "\n".join(lines)
+            requests.append({"agent": name, "host": m.host, "port": m.port, "user": m.user, "proxy_command": proxy,
+                             "start_command": bootstrap.start_command(launch)})
+        return DryRun(self.platform, requests, "\n".join(lines))

@@ -18,7 +18,7 @@ from select import select
 
 import paramiko
 
-from nni_manager.config import MachineConfig
+from nni_manager.backends.remote.config import MachineConfig
 
 CONNECT_TIMEOUT = 15.0
 

@@ -1,0 +1,11 @@
+"""Kubernetes platforms: plain pods (ours), Kubeflow TFJob / PyTorchJob, FrameworkController.
+
+common.py   the per-environment Secret, the agent wheel ConfigMap, pod templates, pod events ->
+            trial messages, re-attach, cleanup, dry run (the base of the three platforms)
+client.py   the official asyncio client from kubeconfig or in-cluster, errors as one line
+watch.py    list + watch of the experiment's pods; a pod's state in the cluster's words
+nodes.py    a request no node can ever hold fails at once
+config.py   the platforms' config fields (NNI's, v1 spellings too)
+boot.py     the container command that unpacks the manager's agent wheel and starts it
+pods.py, kubeflow.py, frameworkcontroller.py   one main object per environment each
+"""

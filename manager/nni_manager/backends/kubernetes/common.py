@@ -1,0 +1,462 @@
+"""What the Kubernetes platforms share: the objects around an environment, turning what the
+cluster says about their pods into trial messages, re-attaching, cleanup.
+
+A platform subclass only says what one environment's main object is (`main_object`) and how
+its pods are named (`pod_names`); everything else lives here. Per environment we create:
+- a Secret `<object>-nni` holding `ca.crt` and one token file per member (named for its pod),
+  mounted read-only: tokens never appear in a pod spec, argv or log;
+- the main object (Pod / TFJob / PyTorchJob / Framework), whose pods run `nni-agent`.
+Once per experiment: a ConfigMap with the manager's own agent wheel, and the image pull
+Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app`, `expId`
+(and `envId`, `trialId`), so cleanup finds it after a manager restart too.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import logging
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import yaml
+
+from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel, build_agent_wheel
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
+from nni_manager.backends.kubernetes import boot, nodes
+from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
+from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
+from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
+
+if TYPE_CHECKING:
+    from kubernetes.aio import client as k8s
+
+log = logging.getLogger(__name__)
+
+APP = "nni-kubernetes-trial"  # NNI's label value
+
+
+def labels(experiment_id: str, env: EnvironmentRequest | None = None) -> dict[str, str]:
+    out = {"app": APP, "expId": experiment_id}
+    if env is not None:
+        out["envId"] = env.env_id
+        if env.trial_id:
+            out["trialId"] = env.trial_id
+    return out
+
+
+def selector(items: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+class KubeBackend(Backend):
+    """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
+
+    hub = "network"
+    elastic = True
+    default_reconnect_window = 300.0
+    # the main object: None for plain pods, else (group, version, plural, kind)
+    custom: ClassVar[tuple[str, str, str, str] | None] = None
+    # how long an environment may stay stuck (image pull, crash loop) before it fails
+    start_timeout: ClassVar[float] = 300.0
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._api: Any = None
+        self._core: k8s.CoreV1Api | None = None
+        self._custom: k8s.CustomObjectsApi | None = None
+        self._ctx: BackendContext | None = None
+        self._wheel: AgentWheel | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._pull_secret: str | None = None
+        self._stuck_since: dict[str, float] = {}
+        self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
+
+    @property
+    def kube(self) -> KubeConfig:
+        return self.platform_options
+
+    @property
+    def reuse(self) -> bool:
+        return self.kube.reuse_mode
+
+    @property
+    def namespace(self) -> str:
+        return self.kube.namespace
+
+    # ------------------------------------------------------------------ subclass hooks
+    experiment_id: str = "dryrun"  # set by start(); before it (render) a placeholder valid in names and labels
+    operator_name: ClassVar[str] = "operator"  # for "is the ... installed?"
+
+    def object_name(self, env_id: str) -> str:
+        """NNI's naming: nniexp<exp>env<n> (lower-case: Kubernetes names are DNS labels)."""
+        return f"nniexp{self.experiment_id.lower()}{env_id.replace('-', '')}"
+
+    def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
+        """(pod name, role, index) of an environment's pods."""
+        raise NotImplementedError
+
+    def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """The object that makes the environment's pods (use `pod_template`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ Backend contract
+    def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
+        return self.pod_names(self.object_name(env_id))
+
+    async def _client(self) -> tuple[Any, Any]:
+        if self._core is None:
+            from kubernetes.aio import client
+
+            self._api = await load_client(self.kube)
+            self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
+        return self._core, self._custom
+
+    async def manager_address(self) -> str | None:
+        await self._client()
+        return manager_ip_for(self._api.configuration.host)
+
+    async def start(self, ctx: BackendContext) -> None:
+        self._ctx = ctx
+        self.experiment_id = ctx.experiment_id
+        core, custom = await self._client()
+        ns = self.namespace
+        try:  # fail at start, before any trial, when credentials or the operator are missing
+            await core.list_namespaced_pod(ns, limit=1)
+        except Exception as e:
+            raise api_error(e, f"listing pods in namespace {ns}") from None
+        if self.custom is not None:
+            group, version, plural, kind = self.custom
+            try:
+                await custom.list_namespaced_custom_object(group, version, ns, plural, limit=1)
+            except Exception as e:
+                err = api_error(e, f"listing {plural}.{group}/{version} in namespace {ns}")
+                if getattr(e, "status", None) == 404:
+                    err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
+                                    f"{self.operator_name} installed, and does it serve {version}?")
+                raise err from None
+        self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
+        await self._ensure_wheel_configmap()
+        await self._ensure_pull_secret()
+        self._nodes = await nodes.list_nodes(self._api)
+        await self._reattach()
+        ours = selector({"app": APP, "expId": self.experiment_id})
+        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
+                                          name=f"{self.platform}-pod-watch")
+
+    async def provision(self, env: EnvironmentRequest) -> None:
+        core, custom = await self._client()
+        await self._check_fits()
+        name = self.object_name(env.env_id)
+        meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
+        secret = self._secret(env, name, meta)
+        obj = self.main_object(env, name, meta)
+        try:
+            await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
+        except Exception as e:
+            if getattr(e, "status", None) != 409:  # a restarted manager re-provisioning the same env
+                raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
+        try:
+            created = await self._create_main(obj)
+        except Exception as e:
+            raise api_error(e, f"creating {obj['kind']} {name}") from None
+        owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
+                 "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
+        try:  # the Secret goes when its object goes (garbage collection), also if we are gone
+            await core.patch_namespaced_secret(secret["metadata"]["name"], self.namespace,
+                                               {"metadata": {"ownerReferences": [owner]}})
+        except Exception as e:
+            log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
+
+    async def _check_fits(self) -> None:
+        """Fail a request bigger than every node at once (a Pending pod would wait forever)."""
+        if not self._nodes:  # unknown (nodes may not be listed), or no node yet (an autoscaler may add one)
+            return
+        problem = nodes.too_big(self.kube, self._nodes)
+        if problem:  # nodes may have grown since start: look once more before refusing
+            self._nodes = await nodes.list_nodes(self._api)
+            problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
+        if problem:
+            raise KubeError(problem)
+
+    async def _create_main(self, obj: dict[str, Any]) -> dict[str, Any]:
+        core, custom = await self._client()
+        if self.custom is None:
+            pod = await core.create_namespaced_pod(self.namespace, obj, field_validation="Strict")
+            return self._api.sanitize_for_serialization(pod)
+        group, version, plural, _ = self.custom
+        return await custom.create_namespaced_custom_object(group, version, self.namespace, plural, obj,
+                                                            field_validation="Strict")
+
+    def object_state(self, obj: dict[str, Any]) -> str:
+        """The main object as its operator sees it: "pending" (never ran), "running", or "done"
+        (the operator recorded the outcome). Platforms whose object has its own verdict override it."""
+        return "done"
+
+    async def _await_verdict(self, name: str) -> None:
+        """reuseMode false: the trial is over and its replicas are ending by themselves; let the
+        operator record the outcome on its object (so the object's status agrees with the trial)
+        before deleting it. Bounded: a stuck object is deleted anyway."""
+        if self.custom is None or self.reuse:
+            return
+        _, custom = await self._client()
+        group, version, plural, _ = self.custom
+        deadline = time.monotonic() + self.config.trial_grace_period + 15
+        while time.monotonic() < deadline:
+            try:
+                obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+            except Exception:
+                return
+            if self.object_state(obj) != "running":
+                return
+            await asyncio.sleep(0.2)
+
+    async def release(self, env_id: str) -> None:
+        core, custom = await self._client()
+        name = self.object_name(env_id)
+        await self._await_verdict(name)
+        try:
+            if self.custom is None:
+                await core.delete_namespaced_pod(name, self.namespace, propagation_policy="Background")
+            else:
+                group, version, plural, _ = self.custom
+                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name,
+                                                             propagation_policy="Background")
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                log.warning("releasing %s: %s", name, api_error(e, f"deleting {name}"))
+        try:
+            await core.delete_namespaced_secret(f"{name}-nni", self.namespace)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                log.warning("deleting secret %s-nni: %s", name, e)
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if self._core is None:
+            return
+        core, custom = self._core, self._custom
+        assert custom is not None
+        ours = selector(labels(self.experiment_id))
+        ns = self.namespace
+        try:
+            if self.custom is not None:
+                group, version, plural, _ = self.custom
+                await custom.delete_collection_namespaced_custom_object(group, version, ns, plural, label_selector=ours)
+            await core.delete_collection_namespaced_pod(ns, label_selector=ours)
+            await core.delete_collection_namespaced_secret(ns, label_selector=ours)
+            await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
+            deadline = time.monotonic() + self.config.trial_grace_period + 60
+            while time.monotonic() < deadline:  # pods end after their grace period
+                if not (await core.list_namespaced_pod(ns, label_selector=ours)).items:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                log.error("pods of experiment %s are still terminating in namespace %s", self.experiment_id, ns)
+        except Exception as e:
+            log.error("cleaning up experiment %s: %s", self.experiment_id, api_error(e, "deleting objects"))
+        finally:
+            await self._api.close()
+            self._core = self._custom = None
+
+    # ------------------------------------------------------------------ objects
+    def _secret(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
+        data = {m.agent_id: base64.b64encode(m.token.encode()).decode() for m in env.members}
+        if env.members and env.members[0].ca_certificate:
+            data["ca.crt"] = base64.b64encode(env.members[0].ca_certificate).decode()
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+                "metadata": {**meta, "name": f"{name}-nni"}}
+
+    def _wheel_configmap_name(self) -> str:
+        assert self._wheel is not None
+        return f"nni-agent-{self.experiment_id.lower()}"
+
+    async def _ensure_wheel_configmap(self) -> None:
+        core, _ = await self._client()
+        assert self._wheel is not None
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
+                             "labels": labels(self.experiment_id)},
+                "data": {boot.BOOT_FILE: boot.BOOT},
+                "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
+        try:
+            await core.create_namespaced_config_map(self.namespace, body, field_validation="Strict")
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                raise api_error(e, "creating the agent ConfigMap") from None
+            await core.replace_namespaced_config_map(body["metadata"]["name"], self.namespace, body)
+
+    async def _ensure_pull_secret(self) -> None:
+        paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
+        if not paths:
+            return
+        core, _ = await self._client()
+        path = sorted(paths)[0]
+        name = f"nni-registry-{self.experiment_id.lower()}"
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id)},
+                "data": {".dockerconfigjson": base64.b64encode(path.read_bytes()).decode()}}
+        try:
+            await core.create_namespaced_secret(self.namespace, body, field_validation="Strict")
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                raise api_error(e, "creating the image pull secret") from None
+        self._pull_secret = name
+
+    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
+                     container: str, command_prefix: str = "") -> dict[str, Any]:
+        """The pod of one role: the agent in the role's image, with resources as NNI set them."""
+        ts = self.config.training_service
+        hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
+               else f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}")
+        tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
+        args = boot.agent_args(hub, tls, self.reconnect_window + 60,
+                               single_trial=bool(env.trial_id) if env else not self.reuse)
+        resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
+        if role.gpu_number:
+            resources["nvidia.com/gpu"] = str(role.gpu_number)
+        wheel = self._wheel.path.name if self._wheel else "nni_agent-<version>-py3-none-any.whl"
+        tag = self._wheel.tag if self._wheel else "<version>-<hash>"
+        env_vars = [
+            {"name": "NNI_AGENT_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NNI_AGENT_WHEEL", "value": f"{boot.WHEEL_DIR}/{wheel}"},
+            {"name": "NNI_AGENT_TAG", "value": tag},
+            {"name": "NNI_AGENT_WORK", "value": boot.WORK_DIR},
+            {"name": "NNI_AGENT_MODULES", "value": ",".join(f"{m}={r}" for m, r in AGENT_MODULES.items()
+                                                           if m != "pynvml")},
+        ]
+        if not role.gpu_number:  # the NVIDIA device plugin shows every GPU to containers asking for none
+            env_vars.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
+        env_vars += [{"name": k, "value": v} for k, v in self.agent_env.items()]
+        mounts = [{"name": "nni-secret", "mountPath": boot.SECRET_DIR, "readOnly": True},
+                  {"name": "nni-agent", "mountPath": boot.WHEEL_DIR, "readOnly": True},
+                  {"name": "nni-work", "mountPath": boot.WORK_DIR}]
+        secret_name = f"{meta['name']}-nni"
+        volumes: list[dict[str, Any]] = [
+            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": 0o400}},
+            {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
+            {"name": "nni-work", "emptyDir": {}},
+        ]
+        storage = self.kube.storage
+        if storage is not None and storage.kind in ("nfs", "pvc"):  # where NNI mounted it, for trial outputs
+            mounts.append({"name": "nni-vol", "mountPath": "/tmp/mount"})
+            volumes.append({"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
+                           if storage.kind == "nfs" else
+                           {"name": "nni-vol", "persistentVolumeClaim": {"claimName": storage.claim_name}})
+        spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": int(self.config.trial_grace_period) + 15,
+            "containers": [{
+                "name": container, "image": role.docker_image,
+                "command": boot.container_command(args, command_prefix),
+                "env": env_vars, "resources": {"requests": resources, "limits": dict(resources)},
+                "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
+            }],
+            "volumes": volumes,
+        }
+        if self._pull_secret:
+            spec["imagePullSecrets"] = [{"name": self._pull_secret}]
+        if self.kube.service_account_name:
+            spec["serviceAccountName"] = self.kube.service_account_name
+        spec = _merge(spec, copy.deepcopy(self.kube.pod_spec))
+        return {"metadata": {"labels": dict(meta["labels"])}, "spec": spec}
+
+    # ------------------------------------------------------------------ watching
+    async def _reattach(self) -> None:
+        """After a manager restart: environments whose object is gone fail; objects of this
+        experiment the manager no longer wants are deleted."""
+        assert self._ctx is not None
+        wanted = {self.object_name(e.env_id): e for e in self._ctx.environments()}
+        existing = set(await self._list_objects())
+        for name, env in wanted.items():
+            if name not in existing and env.members:
+                self._ctx.agent_failed(env.members[0].agent_id, f"{name} is gone (deleted while the manager was down)")
+        for name in existing - set(wanted):
+            log.info("deleting %s: its environment is no longer used", name)
+            await self._delete_object(name)
+
+    async def _list_objects(self) -> list[str]:
+        core, custom = await self._client()
+        ours = selector(labels(self.experiment_id))
+        if self.custom is None:
+            pods = await core.list_namespaced_pod(self.namespace, label_selector=ours)
+            return [p.metadata.name for p in pods.items]
+        group, version, plural, _ = self.custom
+        listed = await custom.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=ours)
+        return [o["metadata"]["name"] for o in listed.get("items", [])]
+
+    async def _delete_object(self, name: str) -> None:
+        core, custom = await self._client()
+        try:
+            if self.custom is None:
+                await core.delete_namespaced_pod(name, self.namespace)
+            else:
+                group, version, plural, _ = self.custom
+                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                log.warning("deleting %s: %s", name, e)
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        ctx = self._ctx
+        if ctx is None:
+            return
+        name = pod.get("metadata", {}).get("name", "")
+        if kind == "DELETED":
+            state, words = "gone", f"pod {name} was deleted"
+        else:
+            state, words = describe_pod(pod)
+        if state == "waiting":
+            since = self._stuck_since.setdefault(name, time.monotonic()) if any(
+                r in words for r in STUCK_REASONS) else None
+            if since is not None and time.monotonic() - since > self.start_timeout:
+                ctx.agent_failed(name, f"{words} (for more than {self.start_timeout:g} s)", failed=True)
+                return
+            ctx.agent_status(name, words)
+        elif state == "running":
+            self._stuck_since.pop(name, None)
+            ctx.agent_status(name, words)
+        else:  # the pod is over: expected when its environment was released or its one trial ended
+            self._stuck_since.pop(name, None)
+            if state != "succeeded" or kind == "DELETED":
+                ctx.agent_failed(name, words, failed=state in ("oom", "failed") and kind != "DELETED")
+            else:
+                ctx.agent_failed(name, words)
+
+    # ------------------------------------------------------------------ dry run
+    def render(self) -> DryRun:
+        env_id = "env1"
+        members = tuple(AgentSpec(agent_id=n, token="", hub_address="",
+                                  hub_unix_socket=None, ca_certificate=b"<ca>" if self.config.training_service.hub_tls else b"",  # type: ignore[arg-type]
+                                  role=r, index=i)
+                        for n, r, i in self.member_names(env_id))
+        env = EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")  # a valid label value
+        name = self.object_name(env_id)
+        meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
+        secret = self._secret(env, name, meta)
+        # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
+        secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
+                                "<per-agent token, minted at start>" for k in secret.pop("data")}
+        objects = [secret, self.main_object(env, name, meta)]
+        text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
+                f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
+                + yaml.safe_dump_all(objects, sort_keys=False))
+        return DryRun(self.platform, objects, text)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`podSpec` overrides: mappings merge, lists of named items merge by name, others replace."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = _merge(base[key], value)
+        elif isinstance(value, list) and isinstance(base.get(key), list) and all(
+                isinstance(v, dict) and "name" in v for v in value + base[key]):
+            by_name = {v["name"]: v for v in base[key]}
+            for v in value:
+                by_name[v["name"]] = _merge(by_name.get(v["name"], {}), v)
+            base[key] = list(by_name.values())
+        else:
+            base[key] = value
+    return base

@@ -1,0 +1,1 @@
+"""platform: remote — agents on SSH machines: connect, tunnel, install and start the agent."""

@@ -1,0 +1,453 @@
+"""platform: slurm — trials on an HPC cluster through `sbatch`, `squeue` and `scancel`.
+
+Elastic: one environment = one Slurm job (an allocation of `nodes` nodes) whose batch script
+`srun`s one `nni-agent` per node (agent ids `<env>` or `<env>-<SLURM_PROCID>`). With reuseMode
+(the default) a pool of up to trialConcurrency allocations runs trial after trial, so the
+queue wait is paid once per allocation; without it, one job per trial, whose agents run with
+`--single-trial` so the job's own state follows the trial.
+
+- Submission: `sbatch --parsable` with the batch script on stdin; no secret in argv or in the
+  script: each agent's token and the experiment's CA are files (0600) in a per-job directory
+  (0700) under the experiment directory, which the compute nodes must see (a shared home or
+  project file system, as on most clusters). Job names: `nni_exp_<exp>_env_<n>` (reuse) and
+  `nni_exp_<exp>_trial_<trial>`, so cleanup finds every job by name prefix, after a manager
+  restart too.
+- Watching: one `squeue --me -t all` call per poll for all the experiment's jobs. A PENDING
+  job's reason (Priority, Resources, QOSMaxGRESPerUser, ...) becomes the WAITING trial's
+  message; a job that ends on its own says how in Slurm's words (CANCELLED by someone else,
+  TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL).
+- A request no partition can satisfy fails at start with Slurm's words (`sbatch --test-only`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, Role, Shape
+from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
+from nni_manager.config import ConfigSection, ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+COMMAND_TIMEOUT = 60.0
+SEP = "\x1f"  # squeue field separator (unit separator: never in job names or reasons)
+LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+        "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+# How a job that ended on its own ends its trials: FAILED (the trial's own doing) or SYS_CANCELED.
+FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"}
+
+
+_DEPENDENCY_CHECK = (
+    "import importlib.util as u, sys\n"
+    "v = sys.version.split()[0]\n"
+    "sys.version_info < (3, 10) and sys.exit('nni-agent: %s is Python %s: the agent needs Python >= 3.10' "
+    "% (sys.executable, v))\n"
+    f"m = [r for k, r in {sorted((k, r) for k, r in AGENT_MODULES.items() if k != 'pynvml')!r} "
+    "if u.find_spec(k.split('.')[0]) is None]\n"
+    "m and sys.exit('nni-agent: %s (Python %s) lacks the agent dependencies: pip install %s' "
+    "% (sys.executable, v, ' '.join(m)))\n")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command refused something: one line, in Slurm's words."""
+
+
+@dataclass
+class Job:
+    env_id: str
+    name: str
+    members: list[str]
+    trial_id: str | None = None
+    job_id: str | None = None
+    done: bool = False
+    missing: int = 0
+    last_status: str = ""
+    released: bool = False
+
+
+async def run_command(*argv: str, stdin: str | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
+    """Run a Slurm client command; (exit status, stdout, stderr). A missing command or a hang is an rc 127/124."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: command not found (are the Slurm client commands on PATH?)"
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None),
+                                          COMMAND_TIMEOUT)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return 124, "", f"{argv[0]} did not answer within {COMMAND_TIMEOUT:g} s (is slurmctld up?)"
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return "; ".join(lines[-3:]) if lines else ""
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+class SlurmBackend(Backend):
+    platform = "slurm"
+    hub = "network"
+    elastic = True
+    default_reconnect_window = 300.0
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.experiment_id = "dryrun"
+        self._ctx: BackendContext | None = None
+        self._jobs: dict[str, Job] = {}  # by env id
+        self._cancelled: set[str] = set()  # job ids we scancel'ed (their end is ours, not news)
+        self._poller: asyncio.Task[None] | None = None
+        self._wheel: Path | None = None
+        self._experiment_dir: Path | None = None
+
+    @classmethod
+    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
+        return parse_slurm(section, config)
+
+    @property
+    def opts(self) -> SlurmConfig:
+        return self.platform_options
+
+    @property
+    def reuse(self) -> bool:
+        return self.opts.reuse_mode
+
+    def shape(self) -> Shape:
+        return Shape(roles=(Role("", replicas=self.opts.nodes),))
+
+    # ------------------------------------------------------------------ names and files
+    @property
+    def prefix(self) -> str:
+        return f"nni_exp_{self.experiment_id}_"
+
+    def job_name(self, env_id: str, trial_id: str | None) -> str:
+        if trial_id:
+            return f"{self.prefix}trial_{trial_id}"
+        return f"{self.prefix}env_{env_id.removeprefix('env')}"
+
+    def job_dir(self, name: str) -> Path:
+        base = (self._experiment_dir or Path("<experiment dir>")) / "slurm"
+        return base / name
+
+    def request_words(self) -> str:
+        o = self.opts
+        words = [f"{o.nodes} node(s)", f"{o.cpus} CPU(s) per node"]
+        if o.memory_mb:
+            words.append(f"{o.memory_mb} MB per node")
+        if o.gpus:
+            words.append(f"gpu:{o.gpus} per node")
+        if o.time_limit:
+            words.append(f"time limit {o.time_limit}")
+        where = f"partition {o.partition}" if o.partition else "the default partition"
+        return f"{', '.join(words)} in {where}"
+
+    def batch_script(self, env: EnvironmentRequest, name: str, job_dir: Path, hub: str, tls: bool) -> str:
+        o = self.opts
+        q = shlex.quote
+        directives = [f"--job-name={name}", f"--nodes={o.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={o.cpus}",
+                      f"--output={job_dir}/job.out", "--open-mode=append"]
+        if o.memory_mb:
+            directives.append(f"--mem={o.memory_mb}M")
+        if o.gpus:
+            directives.append(f"--gres=gpu:{o.gpus}")
+        if o.partition:
+            directives.append(f"--partition={o.partition}")
+        if o.account:
+            directives.append(f"--account={o.account}")
+        if o.qos:
+            directives.append(f"--qos={o.qos}")
+        if o.time_limit:
+            directives.append(f"--time={o.time_limit}")
+        directives += [opt.strip() for opt in o.sbatch_options]
+        python = o.python_path or sys.executable
+        # member names (Backend.member_names): <env> alone, or <env>-<index> with index = SLURM_PROCID
+        agent = f"{env.env_id}-$SLURM_PROCID" if o.nodes > 1 else env.members[0].agent_id
+        args = [f"--manager {q(hub)}", '--agent-id "$id"', '--token-file "$NNI_SLURM_JOB_DIR/$id.token"',
+                '--work-dir "$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"', f"--orphan-timeout {self.reconnect_window + 60:g}"]
+        if tls:
+            args.append('--ca-file "$NNI_SLURM_JOB_DIR/ca.crt"')
+        if env.trial_id:
+            args.append("--single-trial")
+        inner = f'id="{agent}"; exec {q(python)} -m nni_agent ' + " ".join(args)
+        if o.python_path:  # say in one line what that Python lacks (the job's log, then the trial's message)
+            inner = f"{q(python)} -c {q(_DEPENDENCY_CHECK)} || exit 3; " + inner
+        lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives]
+        lines.append(f"# nni-agent of experiment {self.experiment_id}, environment {env.env_id}"
+                     + (f" (trial {env.trial_id} only)" if env.trial_id else ""))
+        lines += o.prologue
+        for k, v in self.agent_env.items():
+            lines.append(f"export {k}={q(v)}")
+        lines.append(f"export NNI_SLURM_JOB_DIR={q(str(job_dir))}  # tokens (0600), CA, logs; no secret in this script")
+        if o.python_path and self._wheel is not None:  # the manager's own agent code, importable from its wheel
+            lines.append(f'export PYTHONPATH={q(str(self._wheel))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+        lines.append(f'exec srun --nodes={o.nodes} --ntasks={o.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 '
+                     f'--output="$NNI_SLURM_JOB_DIR/agent-%t.log" /bin/sh -c {q(inner)}')
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, ctx: BackendContext) -> None:
+        self._ctx = ctx
+        self.experiment_id = ctx.experiment_id
+        self._experiment_dir = ctx.experiment_dir
+        base = ctx.experiment_dir / "slurm"
+        base.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(base, 0o700)
+        for command in ("sbatch", "squeue", "scancel", "srun"):
+            if shutil.which(command) is None:
+                raise SlurmError(f"`{command}` is not on PATH: platform slurm runs the Slurm client commands on the "
+                                 "manager's host (run it on a login node, or install slurm-client)")
+        if self.opts.python_path:
+            wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
+            self._wheel = wheel.path
+        # a request no partition can hold fails now, in Slurm's words, not after a queue wait
+        probe = EnvironmentRequest("env0", tuple(
+            AgentSpec(agent_id=n, token="", hub_address="", hub_unix_socket=Path("/dev/null"), role=r, index=i)
+            for n, r, i in self.member_names("env0")))
+        script = self.batch_script(probe, f"{self.prefix}test", base, "127.0.0.1:1", False)
+        rc, out, err = await run_command("sbatch", "--test-only", stdin=script, cwd=base)
+        if rc != 0:
+            raise SlurmError(f"Slurm refuses a trial's request ({self.request_words()}): "
+                             f"{_one_line(err or out) or f'sbatch --test-only exited {rc}'}")
+        await self._reattach()
+        self._poller = asyncio.create_task(self._poll_loop(), name="slurm-squeue")
+
+    async def _reattach(self) -> None:
+        """After a manager restart: find the jobs of the environments the core still has; fail those
+        whose job is gone; cancel jobs of this experiment nothing wants any more."""
+        assert self._ctx is not None
+        wanted: dict[str, Job] = {}
+        for env in self._ctx.environments():
+            name = self.job_name(env.env_id, env.trial_id)
+            job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
+            wanted[name] = job
+            self._jobs[env.env_id] = job
+        if not wanted:
+            rows = await self._squeue()
+            stale = [r["id"] for r in rows or [] if r["state"] in LIVE]
+            if stale:
+                await self._scancel(stale)
+            return
+        rows = await self._squeue()
+        if rows is None:
+            return  # slurmctld not answering: the poll loop finds them later
+        found: set[str] = set()
+        for r in sorted(rows, key=lambda r: int(r["id"]) if r["id"].isdigit() else 0):
+            job = wanted.get(r["name"])
+            if job is not None:
+                job.job_id = r["id"]  # the newest job of that name
+                found.add(r["name"])
+            elif r["state"] in LIVE:
+                log.info("cancelling Slurm job %s (%s): its environment is no longer used", r["id"], r["name"])
+                await self._scancel([r["id"]])
+        for name, job in wanted.items():
+            if name not in found and job.members:
+                job.done = True
+                self._ctx.agent_failed(job.members[0], f"Slurm job {name} is gone (it ended while the manager was down)")
+
+    async def provision(self, env: EnvironmentRequest) -> None:
+        assert self._ctx is not None
+        name = self.job_name(env.env_id, env.trial_id)
+        job = self._jobs.get(env.env_id)
+        if job is not None and job.job_id and not job.done:
+            return  # a restarted manager re-provisioning a job that still runs
+        job_dir = self.job_dir(name)
+        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(job_dir, 0o700)
+        tls = bool(env.members and env.members[0].ca_certificate)
+        for m in env.members:
+            _write_secret(job_dir / f"{m.agent_id}.token", m.token.encode())
+        if tls:
+            _write_secret(job_dir / "ca.crt", env.members[0].ca_certificate)
+        script = self.batch_script(env, name, job_dir, env.members[0].hub_address, tls)
+        (job_dir / "batch.sh").write_text(script)  # for people; holds no secret
+        job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
+        self._jobs[env.env_id] = job
+        rc, out, err = await run_command("sbatch", "--parsable", stdin=script, cwd=job_dir)
+        if rc != 0:
+            job.done = True
+            raise SlurmError(f"sbatch refused {name}: {_one_line(err or out) or f'exit status {rc}'}")
+        job.job_id = out.strip().split(";")[0]
+        if job.released:  # released while sbatch was answering
+            self._cancelled.add(job.job_id)
+            await self._scancel([job.job_id])
+            return
+        for m in job.members:
+            self._ctx.agent_status(m, f"Slurm job {job.job_id} ({name}) is submitted ({self.request_words()})")
+
+    async def release(self, env_id: str) -> None:
+        job = self._jobs.get(env_id)
+        if job is None:
+            return
+        job.released = True
+        if job.job_id and not job.done:
+            self._cancelled.add(job.job_id)
+            await self._scancel([job.job_id])
+        self._remove_tokens(job)
+
+    def _remove_tokens(self, job: Job) -> None:
+        for agent_id in job.members:
+            try:
+                (self.job_dir(job.name) / f"{agent_id}.token").unlink()
+            except OSError:
+                pass
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        if self._ctx is None:
+            return
+        rows = await self._squeue()
+        live = [r["id"] for r in rows or [] if r["state"] in LIVE]
+        if live:
+            self._cancelled.update(live)
+            await self._scancel(live)
+        deadline = time.monotonic() + self.config.trial_grace_period + 60
+        while live and time.monotonic() < deadline:  # the agents end after their grace period
+            rows = await self._squeue()
+            if rows is not None and not any(r["state"] in LIVE for r in rows):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            if live:
+                log.error("Slurm jobs of experiment %s are still ending", self.experiment_id)
+        for job in self._jobs.values():
+            self._remove_tokens(job)
+
+    # ------------------------------------------------------------------ Slurm commands
+    async def _squeue(self) -> list[dict[str, str]] | None:
+        """Every job of this experiment Slurm still knows (finished ones for MinJobAge); None: no answer."""
+        fmt = SEP.join(("%i", "%j", "%T", "%r", "%N", "%P"))
+        rc, out, err = await run_command("squeue", "--me", "--noheader", "--states=all", f"--format={fmt}")
+        if rc != 0:
+            log.warning("squeue failed: %s", _one_line(err) or f"exit status {rc}")
+            return None
+        rows = []
+        for line in out.splitlines():
+            parts = line.split(SEP)
+            if len(parts) == 6 and parts[1].startswith(self.prefix):
+                rows.append(dict(zip(("id", "name", "state", "reason", "nodes", "partition"), parts)))
+        return rows
+
+    async def _scancel(self, job_ids: list[str]) -> None:
+        rc, out, err = await run_command("scancel", *job_ids)
+        if rc != 0:
+            log.warning("scancel %s: %s", " ".join(job_ids), _one_line(err or out))
+
+    # ------------------------------------------------------------------ watching
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self._poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("watching the Slurm jobs")
+            await asyncio.sleep(self.opts.poll_interval)
+
+    async def _poll(self) -> None:
+        ctx = self._ctx
+        assert ctx is not None
+        rows = await self._squeue()
+        if rows is None:
+            return
+        by_id = {r["id"]: r for r in rows}
+        for job in list(self._jobs.values()):
+            if job.job_id is None or job.done:
+                continue
+            row = by_id.get(job.job_id)
+            if row is None:
+                job.missing += 1
+                if job.missing >= 3:  # several polls in a row: not a glitch
+                    self._ended(job, "", f"Slurm job {job.job_id} ({job.name}) is no longer known to Slurm")
+                continue
+            job.missing = 0
+            state, reason = row["state"], row["reason"]
+            if state == "PENDING":
+                words = f"Slurm job {job.job_id} ({job.name}) is PENDING ({reason}) for {self.request_words()}"
+                if not self.opts.partition and row["partition"]:
+                    words = words.replace("the default partition", f"partition {row['partition']}")
+            elif state in LIVE:
+                words = f"Slurm job {job.job_id} ({job.name}) is {state} on {row['nodes'] or '?'}"
+                if state in ("RUNNING", "CONFIGURING"):
+                    words += "; its agents are starting"
+            else:
+                self._ended(job, state, self._end_words(job, state, reason))
+                continue
+            if words != job.last_status:
+                job.last_status = words
+                for m in job.members:
+                    ctx.agent_status(m, words)
+
+    def _end_words(self, job: Job, state: str, reason: str) -> str:
+        words = f"Slurm job {job.job_id} ({job.name}) ended {state}"
+        if reason and reason not in ("None", "NonZeroExitCode"):
+            words += f" ({reason})"
+        if state == "CANCELLED":
+            words = (f"Slurm job {job.job_id} ({job.name}) was CANCELLED outside this experiment "
+                     "(scancel by a user or an administrator)")
+        if state in ("FAILED", "BOOT_FAIL"):
+            tail = self._agent_log_tail(job)
+            if tail:
+                words += f": {tail}"
+        return words
+
+    def _agent_log_tail(self, job: Job) -> str:
+        d = self.job_dir(job.name)
+        for f in sorted(d.glob("agent-*.log")) + [d / "job.out"]:
+            try:
+                text = f.read_text(errors="replace")
+            except OSError:
+                continue
+            if text.strip():
+                return _one_line(text)[-400:]
+        return ""
+
+    def _ended(self, job: Job, state: str, words: str) -> None:
+        ctx = self._ctx
+        assert ctx is not None
+        job.done = True
+        self._remove_tokens(job)
+        if job.job_id in self._cancelled:
+            return  # released by us: the core knows
+        failed = state in FAILED_STATES
+        for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
+            ctx.agent_failed(m, words, failed=failed)
+
+    # ------------------------------------------------------------------ dry run
+    def render(self) -> DryRun:
+        ts = self.config.training_service
+        hub = f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
+        env_id = "env1" if self.reuse else "trial-dryrun"
+        members = tuple(AgentSpec(agent_id=n, token="", hub_address=hub, hub_unix_socket=Path("/dev/null"),
+                                  role=r, index=i) for n, r, i in self.member_names(env_id))
+        env = EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
+        name = self.job_name(env_id, env.trial_id)
+        script = self.batch_script(env, name, self.job_dir(name), hub, ts.hub_tls)
+        argv = ["sbatch", "--parsable"]
+        text = (f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
+                f"{self.config.trial_concurrency} job(s) like this one, each submitted as "
+                f"`{' '.join(argv)}` with this script on stdin\n"
+                f"# (tokens and the CA are files in the job directory, mode 0600; never in the script)\n"
+                + script)
+        return DryRun(self.platform, [{"argv": argv, "job_name": name, "script": script}], text)

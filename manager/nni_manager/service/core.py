@@ -1,0 +1,325 @@
+"""The manager core behind TrainingService: what the hub reports and what backends say.
+
+`Core` is the `HubHandler` the hub reports to (hello, records, telemetry, contact) and the
+`BackendContext` backends see (add_agent, agent_failed, agent_status). It places trials on
+fixed agents here (placement.py decides) and hands elastic platforms to `Elastic`. Everything
+runs on the asyncio thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nni_agent.v1 import agent_pb2 as pb
+from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints
+from nni_manager.bundle import Bundle
+from nni_manager.config import ExperimentConfig
+from nni_manager.hub import Hub
+from nni_manager.placement import AgentView, Placer, Request
+from nni_manager.service.agents import Agents
+from nni_manager.service.elastic import Elastic
+from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
+from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
+
+log = logging.getLogger(__name__)
+Listener = Callable[..., Any]
+SIGNALLED = "agent received SIG"  # how an agent stopped by a signal words its trials' end
+
+
+class Listeners:
+    def __init__(self) -> None:
+        self.metric: list[Listener] = []
+        self.status: list[Listener] = []
+        self.parameter: list[Listener] = []
+
+
+class Background:
+    """Background work (listener coroutines, backend hooks): failures are logged, and
+    `drain` waits for it all at clean-up."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, awaitable: Any) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    def notify(self, listeners: list[Listener], *args: Any) -> None:
+        """Call each listener; a coroutine one runs in the background; a failing one is logged."""
+        for cb in list(listeners):
+            try:
+                result = cb(*args)
+                if inspect.isawaitable(result):
+                    self.spawn(result)
+            except Exception:
+                log.exception("listener %r failed", cb)
+
+    async def drain(self) -> None:
+        for task in list(self.tasks):
+            await asyncio.gather(task, return_exceptions=True)
+
+
+class Core:
+    def __init__(self, *, config: ExperimentConfig, backend: Backend, experiment_id: str, experiment_dir: Path,
+                 trials: Trials, agents: Agents, hub: Hub, bundle: Bundle | None, listeners: Listeners,
+                 wake: asyncio.Event, background: Background) -> None:
+        self.config, self.backend = config, backend
+        self.experiment_id, self.experiment_dir = experiment_id, experiment_dir
+        self.trials, self.agents, self.hub, self.bundle = trials, agents, hub, bundle
+        self.listeners = listeners
+        self.reconnect_window = backend.reconnect_window
+        self.resources: dict[str, pb.TrialResources] = {}
+        self.stopping = False
+        self.elastic = Elastic(self)
+        self._placer = Placer()
+        self._wake = wake
+        self.spawn, self.notify = background.spawn, background.notify
+
+    # ------------------------------------------------------------------ plumbing
+    def wake(self) -> None:
+        self._wake.set()
+
+    def send(self, agent_id: str, **body: Any) -> None:
+        self.hub.send(agent_id, pb.Command(**body))
+
+    # ------------------------------------------------------------------ BackendContext
+    def add_agent(self, name: str, hints: PlacementHints = PlacementHints()) -> AgentSpec:
+        return self.agents.add(name, hints)
+
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        agent = self.agents.by_id.get(agent_id)
+        if agent is None:
+            return
+        self._explain_signalled(agent_id, reason)
+        env = self.agents.env_of(agent_id)
+        if env is not None and self.elastic.agent_ended(env, agent_id):
+            return
+        agent.failed = reason
+        status = TrialJobStatus.FAILED if failed else TrialJobStatus.SYS_CANCELED
+        if env is not None:
+            self.elastic.failed(env, reason, status)
+        for t in self.trials.live_on(agent_id):
+            self.trials.finish(t, status, reason)
+        self.wake()
+
+    def _explain_signalled(self, agent_id: str, reason: str) -> None:
+        """Trials whose agent was stopped by a signal ended SYS_CANCELED saying only that; now
+        the platform says why (evicted, deleted, node lost)."""
+        for t in self.trials.by_id.values():
+            if agent_id in t.agents and t.status == TrialJobStatus.SYS_CANCELED and t.message.startswith(SIGNALLED):
+                self.trials.change(t, message=f"{reason} ({t.message})")
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        agent = self.agents.by_id.get(agent_id)
+        if agent is not None and agent.status != message:
+            agent.status = message
+            self.wake()
+
+    def agent_connected(self, agent_id: str) -> bool:
+        return self.hub.connected(agent_id)
+
+    def environments(self) -> list[EnvironmentRequest]:
+        return [EnvironmentRequest(e.env_id, tuple(self.agents.spec(a) for a in e.members), e.trial_id)
+                for e in self.agents.envs.values() if e.live]
+
+    # ------------------------------------------------------------------ HubHandler
+    def agent_hello(self, agent_id: str, hello: pb.Hello, restarted: bool) -> None:
+        agent = self.agents.by_id[agent_id]
+        agent.host, agent.status = hello.host, ""
+        if hello.HasField("gpus"):
+            agent.gpus = hello.gpus
+        kept = {s.trial_id: s for s in hello.trials}
+        pending = {c.start_trial.trial_id for c in self.hub.pending_commands(agent_id) if c.HasField("start_trial")}
+        for t in self.trials.live_on(agent_id):
+            if t.id in kept:
+                self.apply_status(agent_id, kept[t.id])
+                self.trials.clear_contact_message(t)
+            elif restarted and t.status == TrialJobStatus.RUNNING:
+                self.trials.finish(t, TrialJobStatus.SYS_CANCELED, f"agent {agent.name} restarted and lost the trial")
+            elif t.status == TrialJobStatus.WAITING and t.id not in pending:
+                self.send_start(t, agent_id)  # the manager restarted before the agent got it
+            else:
+                self.trials.clear_contact_message(t)
+        for trial_id in kept:
+            t = self.trials.by_id.get(trial_id)
+            if t is None or t.status.is_terminal:  # e.g. cancelled after the reconnect window
+                reason = "the manager had already given up on this trial"
+                self.send(agent_id, cancel_trial=pb.CancelTrial(trial_id=trial_id, reason=reason))
+        self.wake()
+
+    def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
+        trials, store = self.trials, self.trials.store
+        notes: list[tuple[str, Any]] = []
+        with store.transaction():
+            for r in records:
+                kind = r.WhichOneof("body")
+                if kind == "status":
+                    self.apply_status(agent_id, r.status, notes)
+                elif kind == "metric":
+                    m = r.metric
+                    store.add_metric(m.trial_id, agent_id, boot_id, r.seq, m.trial_seq, m.data, m.time_ms or now_ms())
+                    if m.trial_id in trials.by_id:
+                        notes.append(("metric", TrialJobMetric(id=m.trial_id, data=m.data)))
+                elif kind == "parameter_request":
+                    notes.append(("parameter", (r.parameter_request.trial_id, r.parameter_request.parameter_index)))
+            store.set_agent_progress(agent_id, boot_id, last_seq)
+        for what, payload in notes:
+            if what == "metric":
+                self.notify(self.listeners.metric, payload)
+            elif what == "parameter":
+                self.notify(self.listeners.parameter, *payload)
+            else:
+                self.notify(self.listeners.status, payload)
+
+    def telemetry(self, agent_id: str, report: pb.GpuReport | pb.ResourceReport) -> None:
+        if isinstance(report, pb.GpuReport):
+            self.agents.by_id[agent_id].gpus = report
+            self.wake()
+        else:
+            for r in report.trials:
+                self.resources[r.trial_id] = r
+
+    def agent_lost(self, agent_id: str, since: float) -> None:
+        name = self.agents.name(agent_id)
+        at = time.strftime("%H:%M:%S", time.localtime(since))
+        message = f"{CONTACT_LOST}{name} lost at {at}; waiting up to {self.reconnect_window:g} s for it to reconnect"
+        for t in self.trials.live_on(agent_id):
+            if not self.trials.member_ended(t.id, agent_id):  # a member whose part is done may go
+                self.trials.change(t, message=message)
+        if not self.stopping:  # backends with their own transport repair it
+            self.spawn(self.backend.agent_lost(agent_id))
+
+    def agent_back(self, agent_id: str) -> None:
+        for t in self.trials.live_on(agent_id):
+            self.trials.clear_contact_message(t)
+        self.wake()
+
+    def agent_expired(self, agent_id: str) -> None:
+        reason = f"agent {self.agents.name(agent_id)} did not reconnect within {self.reconnect_window:g} s"
+        for t in self.trials.live_on(agent_id):
+            if self.trials.member_ended(t.id, agent_id):
+                continue
+            self.trials.finish(t, TrialJobStatus.SYS_CANCELED, reason)
+            for member in t.agents:
+                self.send(member, cancel_trial=pb.CancelTrial(trial_id=t.id, reason=reason))
+        self.wake()
+
+    def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
+        name = "trial.stderr" if stream == pb.LOG_STREAM_STDERR else "trial.stdout"
+        t = self.trials.by_id.get(trial_id)
+        base = self.experiment_dir / "trials" / trial_id
+        if t is not None and len(t.agents) > 1:  # one file per replica, named for its role and index
+            return base / "replicas" / self.agents.by_id[agent_id].member.label / name
+        return base / name
+
+    # ------------------------------------------------------------------ trials
+    def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:
+        t = self.trials.by_id.get(st.trial_id)
+        if t is None:
+            return
+        members, completion = self._members(t)
+        ended_by_platform = self.elastic.stops_members(t.environment_id, t.id)
+        for other in self.trials.apply_status(agent_id, st, members, completion, notes):
+            if other != agent_id and not ended_by_platform:
+                reason = f"the trial ended: {t.message or t.status.value}"
+                self.send(other, cancel_trial=pb.CancelTrial(trial_id=t.id, reason=reason))
+
+    def _members(self, t: TrialJobDetail) -> tuple[list[Member], Completion]:
+        env = self.agents.envs.get(t.environment_id or "")
+        if env is None:
+            return [self.agents.by_id[a].member for a in t.agents if a in self.agents.by_id], Completion()
+        return self.agents.members(env), self.backend.shape().completion
+
+    def place(self) -> None:
+        if self.stopping:
+            return
+        if self.backend.elastic:
+            self.elastic.tick()
+        else:
+            self._place_on_machines()
+
+    def _place_on_machines(self) -> None:
+        trials, agents = self.trials, self.agents
+        waiting = trials.waiting()
+        if not waiting:
+            return
+        if agents.by_id and all(a.failed for a in agents.by_id.values()):  # nothing will ever run them
+            reasons = "; ".join(f"{a.name}: {a.failed}" for a in agents.by_id.values())
+            for t in waiting:
+                trials.finish(t, TrialJobStatus.FAILED, f"no machine is usable: {reasons}")
+            return
+        views = []
+        for a in agents.by_id.values():
+            if a.failed:
+                continue
+            live = trials.live_on(a.agent_id)
+            views.append(AgentView(
+                agent_id=a.agent_id, name=a.name, connected=self.agent_connected(a.agent_id), hints=a.hints,
+                gpus=a.gpus, trials={t.id: tuple(t.gpu_indices or ()) for t in live},
+                pids=frozenset(pid for tid, pid in trials.pids.items() if a.agent_id in trials.by_id[tid].agents),
+                status=a.status,
+            ))
+        requests = [Request(t.id, _gpu_request(t, self.config.trial_gpu_number)) for t in waiting]
+        for d in self._placer.place(requests, views):
+            t = trials.by_id[d.trial_id]
+            if d.failed:
+                trials.finish(t, TrialJobStatus.FAILED, d.message)
+            elif d.agent_id:
+                trials.change(t, agents=[d.agent_id], gpu_indices=list(d.gpu_indices) if d.scheduled else None,
+                              message=f"starting on {agents.name(d.agent_id)}")
+                self.send_start(t, d.agent_id)
+            elif d.message != t.message:
+                trials.change(t, message=d.message)
+
+    def send_start(self, t: TrialJobDetail, agent_id: str) -> None:
+        cfg = self.config
+        agent = self.agents.by_id[agent_id]
+        command, env = cfg.trial_command, {}
+        if agent.env_id is not None:  # an environment member: its role's command, and who it is
+            role = next((r for r in self.backend.shape().roles if r.name == agent.role), None)
+            command = (role.command if role and role.command else None) or command
+            env = {"NNI_TRIAL_ROLE": agent.role, "NNI_TRIAL_ROLE_INDEX": str(agent.index),
+                   "NNI_TRIAL_ENVIRONMENT": agent.env_id}
+        start = pb.StartTrial(
+            trial_id=t.id, sequence_id=t.sequence_id, experiment_id=self.experiment_id,
+            platform=cfg.training_service.platform, command=command, parameter=t.form.hyper_parameters.value,
+            env=env, gpus=pb.GpuAssignment(scheduled=t.gpu_indices is not None, indices=t.gpu_indices or []),
+            limits=pb.Limits(
+                max_duration_ms=int((cfg.max_trial_duration or 0) * 1000),
+                kill_signal=_signal_number(cfg.trial_kill_signal),
+                grace_period_ms=int(cfg.trial_grace_period * 1000),
+            ),
+        )
+        if self.bundle is not None:
+            start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
+        else:
+            start.code_directory = str(Path(cfg.trial_code_directory).expanduser().resolve())
+        self.send(agent_id, start_trial=start)
+        for index, value in self.trials.store.parameters(t.id):
+            if index >= 1:
+                self.send(agent_id, send_parameter=pb.SendParameter(trial_id=t.id, index=index, parameter=value))
+
+
+def _gpu_request(t: TrialJobDetail, default: int | None) -> int | None:
+    """GPUs the trial needs: NNI's placementConstraint {type: GPUNumber, gpus: [n]} wins."""
+    pc = t.form.placement_constraint or {}
+    if pc.get("type") == "GPUNumber" and pc.get("gpus"):
+        return int(pc["gpus"][0])
+    return default
+
+
+def _signal_number(name: str) -> int:
+    name = name.upper()
+    return int(signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])

@@ -1,0 +1,180 @@
+"""The trial table: the one place that changes a trial's status, persists it and tells listeners.
+
+A trial runs on one agent (fixed platforms) or on every member of an environment (a TFJob's
+replicas, a Framework's tasks). Members report their own TrialStatus; `Completion` decides
+when that makes the trial end and how, as the operator does for its object.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nni_agent.v1 import agent_pb2 as pb
+from nni_manager.backends.base import Completion
+from nni_manager.store import Store
+from nni_manager.types import TrialJobDetail, TrialJobStatus
+
+STATE = {
+    pb.TRIAL_STATE_RUNNING: TrialJobStatus.RUNNING,
+    pb.TRIAL_STATE_SUCCEEDED: TrialJobStatus.SUCCEEDED,
+    pb.TRIAL_STATE_FAILED: TrialJobStatus.FAILED,
+    pb.TRIAL_STATE_USER_CANCELED: TrialJobStatus.USER_CANCELED,
+    pb.TRIAL_STATE_EARLY_STOPPED: TrialJobStatus.EARLY_STOPPED,
+    pb.TRIAL_STATE_SYS_CANCELED: TrialJobStatus.SYS_CANCELED,
+}
+CONTACT_LOST = "contact with agent "
+_STOPPED = (TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED)
+Notes = list[tuple[str, Any]]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One agent of a trial that runs on several: who it is in the group."""
+
+    agent_id: str
+    role: str
+    index: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}-{self.index}" if self.role else self.agent_id
+
+
+def decide(completion: Completion, members: list[tuple[Member, pb.TrialStatus | None]]) -> tuple[TrialJobStatus, str] | None:
+    """The trial's end from its members' latest statuses, or None while it goes on."""
+    ended = [(m, s, STATE[s.state]) for m, s in members if s is not None and s.state in STATE
+             and s.state != pb.TRIAL_STATE_RUNNING]
+
+    def said(m: Member, s: pb.TrialStatus) -> str:
+        return f"{m.label}: {s.reason}" if s.reason else f"{m.label} ended"
+
+    for m, s, status in ended:  # stopped by us or the system: the whole trial is
+        if status in _STOPPED:
+            return status, said(m, s)
+    if completion.decisive is not None:
+        for m, s, status in ended:
+            if (m.role, m.index) == completion.decisive:
+                return status, ("" if status == TrialJobStatus.SUCCEEDED else said(m, s))
+    failed: dict[str, list[tuple[Member, pb.TrialStatus]]] = {}
+    succeeded: dict[str, int] = {}
+    for m, s, status in ended:
+        if status == TrialJobStatus.FAILED:
+            failed.setdefault(m.role, []).append((m, s))
+        elif status == TrialJobStatus.SUCCEEDED:
+            succeeded[m.role] = succeeded.get(m.role, 0) + 1
+    for role, members_failed in failed.items():
+        need = completion.min_failed.get(role, 1)
+        if 0 < need <= len(members_failed):
+            return TrialJobStatus.FAILED, said(*members_failed[0])
+    for role, count in succeeded.items():
+        need = completion.min_succeeded.get(role, -1)
+        if 0 < need <= count:
+            return TrialJobStatus.SUCCEEDED, ""
+    if len(ended) == len(members):
+        return TrialJobStatus.SUCCEEDED, ""
+    return None
+
+
+class Trials:
+    """Every trial of the experiment, mirrored in the store."""
+
+    def __init__(self, store: Store, notify: Callable[[TrialJobDetail], None], wake: Callable[[], None]) -> None:
+        self.store = store
+        self.by_id: dict[str, TrialJobDetail] = {t.id: t for t in store.trials()}
+        self.pids: dict[str, int] = {}
+        self._members: dict[str, dict[str, pb.TrialStatus]] = {}  # multi-agent trial -> agent -> latest status
+        self._notify = notify
+        self._wake = wake
+
+    def get(self, trial_id: str, experiment_id: str = "") -> TrialJobDetail:
+        try:
+            return self.by_id[trial_id]
+        except KeyError:
+            raise KeyError(f"no trial {trial_id!r} in experiment {experiment_id}") from None
+
+    def live_on(self, agent_id: str) -> list[TrialJobDetail]:
+        return [t for t in self.by_id.values() if agent_id in t.agents and not t.status.is_terminal]
+
+    def waiting(self) -> list[TrialJobDetail]:
+        return [t for t in self.by_id.values() if t.status == TrialJobStatus.WAITING and not t.agents]
+
+    def live(self) -> list[TrialJobDetail]:
+        return [t for t in self.by_id.values() if not t.status.is_terminal]
+
+    def member_ended(self, trial_id: str, agent_id: str) -> bool:
+        """Whether this member of a multi-agent trial has reported its own end."""
+        st = self._members.get(trial_id, {}).get(agent_id)
+        return st is not None and st.state != pb.TRIAL_STATE_RUNNING
+
+    # ------------------------------------------------------------------ changes
+    def change(self, t: TrialJobDetail, notes: Notes | None = None, **fields: Any) -> None:
+        """Update a trial, persist it (plus an event on status change) and tell listeners."""
+        status_changed = "status" in fields and fields["status"] != t.status
+        for k, v in fields.items():
+            setattr(t, k, v)
+        if "agents" in fields:
+            t.agent_id = t.agents[0] if t.agents else None
+        with self.store.transaction():
+            self.store.save_trial(t)
+            if status_changed:
+                self.store.add_event(t.id, t.status, t.message, now_ms())
+        if notes is not None:
+            notes.append(("status", dataclasses.replace(t)))
+        else:
+            self._notify(dataclasses.replace(t))
+
+    def finish(self, t: TrialJobDetail, status: TrialJobStatus, message: str, notes: Notes | None = None,
+               end_time: int | None = None) -> None:
+        self.change(t, notes, status=status, message=message, end_time=end_time or now_ms(),
+                    is_early_stopped=status == TrialJobStatus.EARLY_STOPPED)
+        self._wake()
+
+    def clear_contact_message(self, t: TrialJobDetail) -> None:
+        if t.message.startswith(CONTACT_LOST):
+            self.change(t, message="" if t.status == TrialJobStatus.RUNNING else f"starting on {t.agent_id}")
+
+    def apply_status(self, agent_id: str, st: pb.TrialStatus, members: list[Member], completion: Completion,
+                     notes: Notes | None = None) -> list[str]:
+        """Apply one agent's status of a trial; returns the members still running that must be
+        stopped because the trial as a whole has ended."""
+        t = self.by_id.get(st.trial_id)
+        status = STATE.get(st.state)
+        if t is None or status is None or t.status.is_terminal:
+            return []
+        if st.pid and len(members) <= 1:
+            self.pids[t.id] = st.pid
+        fields: dict[str, Any] = {}
+        if st.working_directory and (not t.working_directory or len(members) <= 1):
+            fields["working_directory"] = st.working_directory
+        if len(members) > 1:
+            self._members.setdefault(t.id, {})[agent_id] = st
+            known = self._members[t.id]
+            outcome = decide(completion, [(m, known.get(m.agent_id)) for m in members])
+            if outcome is None:
+                if status == TrialJobStatus.RUNNING and t.status != TrialJobStatus.RUNNING:
+                    self.change(t, notes, status=status, message="", start_time=st.start_time_ms or now_ms(), **fields)
+                return []
+            status, reason = outcome
+            st = pb.TrialStatus(end_time_ms=st.end_time_ms, reason=reason)
+            del self._members[t.id]
+            running = [m.agent_id for m in members if m.agent_id not in known
+                       or known[m.agent_id].state == pb.TRIAL_STATE_RUNNING]
+        else:
+            running = []
+        if status == TrialJobStatus.RUNNING:
+            if t.status == TrialJobStatus.RUNNING:
+                return []
+            self.change(t, notes, status=status, message="", start_time=st.start_time_ms or now_ms(), **fields)
+            return []
+        if st.start_time_ms and not t.start_time:
+            fields["start_time"] = st.start_time_ms
+        self.change(t, notes, status=status, message=st.reason, end_time=st.end_time_ms or now_ms(),
+                    is_early_stopped=status == TrialJobStatus.EARLY_STOPPED, **fields)
+        self._wake()
+        return running

@@ -1,0 +1,104 @@
+"""Benchmark the Slurm platform on a real 2-node Slurm cluster on loopback, side by side in one run.
+
+Needs root and Slurm (apt-get install -y slurmctld slurmd slurm-client munge; the cluster is
+started the way tests/slurm/conftest.py does). Prints:
+  * per-trial overhead in reuse mode (2 allocations kept): submit -> SUCCEEDED of a trivial
+    trial, sequential, vs the local backend (target: within 1.5x);
+  * non-reuse: submit -> trial RUNNING (one job per trial: sbatch, the scheduler's cycle, srun,
+    the agent's start and TLS dial) vs a bare `sbatch --wait` of a job that runs the same trial
+    command, on the same cluster.
+
+    python scripts/bench_slurm.py [--trials 20] [--jobs 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nni_manager.config import load_config  # noqa: E402
+from nni_manager.service import create_training_service  # noqa: E402
+from tests.manager.helpers import TRIAL, form, wait_status  # noqa: E402
+from tests.slurm.conftest import start_cluster  # noqa: E402
+from bench_kube import _ms, sequential  # noqa: E402  (the same measurement as for Kubernetes)
+
+
+def config(work: Path, code: Path, ts: dict[str, Any]) -> Any:
+    return load_config({"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+                        "trialConcurrency": 2, "trialGracePeriod": 2, "experimentWorkingDirectory": str(work),
+                        "trainingService": ts})
+
+
+async def to_running(cfg: Any, n: int) -> list[float]:
+    times = []
+    async with create_training_service(cfg) as ts:
+        for i in range(n):
+            t0 = time.perf_counter()
+            job = await ts.submit_trial_job(form(i, steps=0))
+            await wait_status(ts, job.id, "RUNNING", "SUCCEEDED", timeout=120)
+            times.append(time.perf_counter() - t0)
+            await wait_status(ts, job.id, "SUCCEEDED", timeout=120)
+    return times
+
+
+def bare_sbatch(env: dict[str, str], code: Path, n: int) -> list[float]:
+    """`sbatch --wait` of a job whose first step is the trial's interpreter start (to its first line)."""
+    times = []
+    for i in range(n):
+        marker = code / f"started-{i}"
+        script = f"#!/bin/sh\n#SBATCH --job-name=bench_bare_{i}\n{sys.executable} -c \"open('{marker}', 'w')\"\n"
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(["sbatch", "--wait", "--parsable", f"--chdir={code}", "--output=/dev/null"],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+        proc.communicate(script)
+        while not marker.exists():  # --wait returns at the job's end; RUNNING is the first line
+            time.sleep(0.005)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+async def main(n: int, jobs: int) -> None:
+    if os.geteuid() != 0 or not shutil.which("sbatch"):
+        raise SystemExit("bench_slurm: needs root and Slurm (apt-get install -y slurmctld slurmd slurm-client munge)")
+    tmp = Path(tempfile.mkdtemp(prefix="nbs", dir="/tmp"))
+    (tmp / "cluster").mkdir()
+    cluster = start_cluster(tmp / "cluster")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        code = tmp / "code"
+        code.mkdir()
+        (code / "trial.py").write_text(TRIAL)
+        local = await sequential(config(tmp / "e1", code, {"platform": "local"}), n)
+        slurm = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "pollInterval": "0.2s",
+                 "trialCpuNumber": 1, "trialMemorySize": "200mb"}
+        reuse = await sequential(config(tmp / "e2", code, {**slurm, "reuseMode": True}), n, warm=2)
+        ratio = statistics.median(reuse) / statistics.median(local)
+        print(f"per-trial submit -> SUCCEEDED, {n} trivial trials, sequential:")
+        print(f"  local backend           {_ms(local)}")
+        print(f"  slurm, reuse (2 allocs) {_ms(reuse)}   ratio {ratio:.2f}x  "
+              f"[target <= 1.5x: {'OK' if ratio <= 1.5 else 'MISSED'}]")
+        ours = await to_running(config(tmp / "e3", code, {**slurm, "reuseMode": False}), jobs)
+        bare = bare_sbatch(cluster.env, code, jobs)
+        print(f"non-reuse submit -> trial RUNNING over {jobs} jobs: ours {_ms(ours)}; bare `sbatch` -> the job's "
+              f"first Python line {_ms(bare)}; ratio {statistics.median(ours) / statistics.median(bare):.2f}x")
+    finally:
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=5)
+    a = parser.parse_args()
+    asyncio.run(main(a.trials, a.jobs))

@@ -1,0 +1,201 @@
+"""Fixtures `kube` and `kube_factory`: a Kubernetes API server emulator in its own process."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _slim_python_dir(base: Path) -> str:
+    d = base / "image-python-slim"
+    d.mkdir(exist_ok=True)
+    for n in ("python3", "python"):
+        (d / n).symlink_to("/usr/bin/python3")
+    return str(d)
+
+
+class Kube:
+    """A running emulator. See tests/kube/emulator/README.md."""
+
+    def __init__(self, state_dir: Path, proc: subprocess.Popen, token: str, instance: str):
+        self.state_dir, self.proc, self.token, self.instance = state_dir, proc, token, instance
+        self.kubeconfig = state_dir / "kubeconfig"
+        self.port = int((state_dir / "port").read_text())
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._ssl = ssl.create_default_context(cafile=str(state_dir / "ca.crt"))
+
+    # ------------------------------------------------------------ clients
+    def api_client(self, token: str | None = None):
+        from kubernetes import client, config
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        if token is not None:
+            cfg.api_key = {"BearerToken": "Bearer " + token, "authorization": "Bearer " + token}
+            cfg.api_key_prefix = {}
+            cfg.refresh_api_key_hook = None
+        return client.ApiClient(cfg)
+
+    def core(self, token: str | None = None):
+        from kubernetes import client
+        return client.CoreV1Api(self.api_client(token))
+
+    def raw(self, method: str, path: str, body=None, query: list | None = None, headers: dict | None = None):
+        """A request through the official client's transport, without its model validation (to send what
+        the typed API refuses, e.g. unknown fields). Returns (status, headers, body bytes)."""
+        api = self.api_client()
+        m, url, h, b, post = api.param_serialize(method, path, query_params=query or [],
+                                                 header_params=dict(headers or {}), body=body,
+                                                 auth_settings=["BearerToken"])
+        r = api.call_api(m, url, h, b, post)
+        r.read()
+        return r.status, r.getheaders(), r.data
+
+    # ------------------------------------------------------------ controls
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl, timeout=30) as r:
+            return json.loads(r.read())
+
+    def oom_kill(self, ns: str, pod: str, container: str | None = None) -> None:
+        self._call("POST", f"/emulator/v1/namespaces/{ns}/pods/{pod}/oomkill", {"container": container})
+
+    def evict(self, ns: str, pod: str, message: str | None = None) -> None:
+        self._call("POST", f"/emulator/v1/namespaces/{ns}/pods/{pod}/evict", {"message": message})
+
+    def node_lost(self, node: str) -> None:
+        self._call("POST", f"/emulator/v1/nodes/{node}/lost", {})
+
+    def set_node(self, name: str, cpu=None, memory=None, gpus=None, labels: dict | None = None) -> None:
+        self._call("PUT", f"/emulator/v1/nodes/{name}", {"cpu": cpu, "memory": memory, "gpus": gpus, "labels": labels})
+
+    def pod_processes(self, ns: str, pod: str) -> list[int]:
+        return self._call("GET", f"/emulator/v1/namespaces/{ns}/pods/{pod}/processes")["pids"]
+
+    def history(self, kind: str, ns: str | None, name: str) -> list[dict]:
+        """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
+        return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
+
+    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while True:
+            v = predicate()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(interval)
+
+    def leftover_processes(self) -> list[int]:
+        needle = f"KUBE_EMULATOR_INSTANCE={self.instance}".encode()
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        out.append(int(d))
+            except OSError:
+                pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in self.leftover_processes():     # belt and braces; the test still fails on them
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
+                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True) -> Kube:
+    state = base / f"kube-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    instance = secrets.token_hex(8)
+    token = f"tok-{secrets.token_hex(12)}"
+    imgs = dict(images or {})
+    if default_images:
+        imgs.setdefault("nni-test/python:3.11", VENV_BIN)
+        imgs.setdefault("msranni/nni:latest", VENV_BIN)
+        imgs.setdefault("python:3.11-slim", _slim_python_dir(state))
+    args = [sys.executable, "-m", "tests.kube.emulator", "--state-dir", str(state), "--instance-id", instance,
+            "--pod-start-delay", str(pod_start_delay)]
+    toks = list(tokens or [])
+    args += ["--token", f"{token}=system:admin"]
+    for t in toks:
+        args += ["--token", t]
+    for n in nodes or []:
+        args += ["--node", n]
+    for k, v in imgs.items():
+        args += ["--image", f"{k}={v}"]
+    for g in crd_groups:
+        args += ["--crd-group", g]
+    for ns in namespaces:
+        args += ["--namespace", ns]
+    if watch_history:
+        args += ["--watch-history", str(watch_history)]
+    log = open(state / "emulator.log", "wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE_EMULATOR_")}
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    deadline = time.monotonic() + 20
+    while not (state / "port").exists():
+        if proc.poll() is not None:
+            raise RuntimeError("emulator exited: " + (state / "emulator.log").read_text()[-3000:])
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
+        time.sleep(0.01)
+    return Kube(state, proc, token, instance)
+
+
+@pytest.fixture
+def kube_factory():
+    if os.geteuid() != 0:
+        pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
+    base = Path(tempfile.mkdtemp(prefix="kube-emu-"))
+    started: list[Kube] = []
+
+    def make(**options) -> Kube:
+        k = start_emulator(base, **options)
+        started.append(k)
+        return k
+
+    yield make
+    leftovers = {}
+    for k in started:
+        k.stop()
+        left = k.leftover_processes()
+        if left:
+            leftovers[k.instance] = left
+    shutil.rmtree(base, ignore_errors=True)
+    assert not leftovers, f"processes left behind by the emulator: {leftovers}"
+
+
+@pytest.fixture
+def kube(kube_factory) -> Kube:
+    return kube_factory()

@@ -1,0 +1,378 @@
+"""The Kubernetes emulator, exercised only through the official client (sync and asyncio)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+NS = "default"
+IMG = "nni-test/python:3.11"
+
+
+def pod_body(name, cmd, *, restart="Never", labels=None, **spec):
+    c = {"name": "main", "image": spec.pop("image", IMG), "command": ["sh", "-c", cmd]}
+    c.update(spec.pop("container", {}))
+    return {"metadata": {"name": name, "labels": labels or {}},
+            "spec": {"restartPolicy": restart, "containers": [c], **spec}}
+
+
+def wait_phase(kube, v1, name, phases=("Succeeded", "Failed"), timeout=20):
+    return kube.wait_for(lambda: (lambda p: p if p.status.phase in phases else None)(
+        v1.read_namespaced_pod(name, NS)), timeout, what=f"pod {name} in {phases}")
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (reparented grandchildren may wait for their reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def err(e: ApiException) -> dict:
+    return json.loads(e.body)
+
+
+def test_crud_list_selectors_and_errors(kube):
+    v1 = kube.core()
+    for i, team in enumerate(["a", "a", "b"]):
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"cm{i}", "labels": {"team": team, "i": str(i)}},
+                                             "data": {"k": str(i)}})
+    cm = v1.read_namespaced_config_map("cm0", NS)
+    assert cm.metadata.uid and int(cm.metadata.resource_version) > 0 and cm.metadata.creation_timestamp
+    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="team=a").items) == ["cm0", "cm1"]
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="team!=a").items] == ["cm2"]
+    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="i in (0,2),team").items) == ["cm0", "cm2"]
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="!team").items] == []
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, field_selector="metadata.name=cm1").items] == ["cm1"]
+    resp = v1.list_namespaced_config_map_with_http_info(NS, _preload_content=False)
+    body = json.loads(resp.data)
+    assert body["kind"] == "ConfigMapList" and "kind" not in body["items"][0] and body["metadata"]["resourceVersion"]
+
+    # 409 AlreadyExists
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm0"}, "data": {}})
+    assert ei.value.status == 409 and err(ei.value)["reason"] == "AlreadyExists"
+    assert err(ei.value)["message"] == 'configmaps "cm0" already exists'
+    # 404 NotFound Status
+    with pytest.raises(ApiException) as ei:
+        v1.read_namespaced_pod("nope", NS)
+    assert ei.value.status == 404 and err(ei.value)["reason"] == "NotFound"
+    assert err(ei.value)["details"] == {"name": "nope", "kind": "pods"}
+    # 422 Invalid with causes
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod(NS, pod_body("Bad_Name", "true"))
+    b = err(ei.value)
+    assert ei.value.status == 422 and b["reason"] == "Invalid"
+    assert b["message"].startswith('Pod "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain')
+    assert b["details"]["causes"][0]["field"] == "metadata.name"
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod(NS, {"metadata": {"name": "x"}, "spec": {"restartPolicy": "Sometimes", "containers": [
+            {"name": "c", "command": ["true"], "volumeMounts": [{"name": "v", "mountPath": "/v"}]},
+            {"name": "c", "image": IMG, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]}})
+    fields = {c["field"]: c["reason"] for c in err(ei.value)["details"]["causes"]}
+    assert fields == {"spec.containers[0].image": "FieldValueRequired",
+                      "spec.containers[0].volumeMounts[0].name": "FieldValueNotFound",
+                      "spec.containers[1].name": "FieldValueDuplicate",
+                      "spec.containers[1].resources.requests": "FieldValueInvalid",
+                      "spec.restartPolicy": "FieldValueNotSupported"}
+    # 400: bad quantity, bad base64, unsupported field selector
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_pod(NS, pod_body("q", "true", container={"resources": {"requests": {"memory": "8GG"}}}))
+    assert ei.value.status == 400 and "quantities must match" in err(ei.value)["message"]
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "data": {"k": "not base64!"}})
+    assert ei.value.status == 400 and "illegal base64 data" in err(ei.value)["message"]
+    with pytest.raises(ApiException) as ei:
+        v1.list_namespaced_pod(NS, field_selector="spec.foo=1")
+    assert ei.value.status == 400 and err(ei.value)["message"] == "field label not supported: spec.foo"
+    # too large
+    with pytest.raises(ApiException) as ei:
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": "big"}, "data": {"k": "x" * (1024 * 1024 + 1)}})
+    assert ei.value.status == 422 and "Too long: must have at most 1048576 bytes" in err(ei.value)["message"]
+
+    # patch (strategic, merge, json), replace, delete, deletecollection
+    v1.patch_namespaced_config_map("cm0", NS, {"metadata": {"labels": {"x": "1"}}, "data": {"n": "v"}})
+    v1.patch_namespaced_config_map("cm0", NS, [{"op": "remove", "path": "/data/k"}])
+    cm = v1.read_namespaced_config_map("cm0", NS)
+    assert cm.data == {"n": "v"} and cm.metadata.labels["x"] == "1"
+    cm.data["z"] = "1"
+    cm2 = v1.replace_namespaced_config_map("cm0", NS, cm)
+    assert cm2.data == {"n": "v", "z": "1"} and int(cm2.metadata.resource_version) > int(cm.metadata.resource_version)
+    cm.data["stale"] = "1"
+    with pytest.raises(ApiException) as ei:
+        v1.replace_namespaced_config_map("cm0", NS, cm)
+    assert ei.value.status == 409 and err(ei.value)["reason"] == "Conflict"
+    v1.delete_collection_namespaced_config_map(NS, label_selector="team=a")
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["cm2"]
+    v1.delete_namespaced_config_map("cm2", NS)
+    assert v1.list_namespaced_config_map(NS).items == []
+
+    # unknown API group / resource: plain text 404 as a real apiserver
+    co = client.CustomObjectsApi(kube.api_client())
+    with pytest.raises(ApiException) as ei:
+        co.list_namespaced_custom_object("nosuch.example.com", "v1", NS, "things")
+    assert ei.value.status == 404 and ei.value.body.strip() == "404 page not found"
+
+
+def test_auth_401_403(kube_factory):
+    kube = kube_factory(tokens=["ro-token=system:serviceaccount:default:nni:get/pods,list/pods"])
+    with pytest.raises(ApiException) as ei:
+        kube.core("wrong").list_namespaced_pod(NS)
+    assert ei.value.status == 401 and err(ei.value)["reason"] == "Unauthorized"
+    ro = kube.core("ro-token")
+    assert ro.list_namespaced_pod(NS).items == []
+    with pytest.raises(ApiException) as ei:
+        ro.create_namespaced_pod(NS, pod_body("p", "true"))
+    assert ei.value.status == 403
+    assert err(ei.value)["message"] == ('pods is forbidden: User "system:serviceaccount:default:nni" cannot create '
+                                        'resource "pods" in API group "" in the namespace "default"')
+    with pytest.raises(ApiException) as ei:
+        client.CustomObjectsApi(kube.api_client("ro-token")).list_namespaced_custom_object("kubeflow.org", "v1", NS, "tfjobs")
+    assert ei.value.status == 404 and ei.value.body.strip() == "404 page not found"   # group not installed
+
+
+def test_field_validation_strict_and_warn(kube):
+    body = pod_body("strict", "true", container={"foo": 1})
+    path = f"/api/v1/namespaces/{NS}/pods"
+    status, _, data = kube.raw("POST", path, body, [("fieldValidation", "Strict")])
+    assert status == 400 and json.loads(data)["message"] == 'strict decoding error: unknown field "spec.containers[0].foo"'
+    assert json.loads(data)["reason"] == "BadRequest"
+    status, headers, data = kube.raw("POST", path, body)          # server default: Warn
+    assert status == 201 and headers.get("Warning") == '299 - "unknown field \\"spec.containers[0].foo\\""'
+    assert "foo" not in json.loads(data)["spec"]["containers"][0]
+    assert kube.core().read_namespaced_pod("strict", NS).spec.containers[0].name == "main"
+
+
+def test_watch_resource_version_and_410(kube_factory):
+    kube = kube_factory(watch_history=20)
+    v1 = kube.core()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "w0", "labels": {"w": "y"}}})
+    rv = v1.list_namespaced_config_map(NS).metadata.resource_version
+    w = watch.Watch()
+    got = [(e["type"], e["object"].metadata.name) for e in
+           w.stream(v1.list_namespaced_config_map, NS, label_selector="w=y", timeout_seconds=1)]
+    assert got == [("ADDED", "w0")]
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "w1", "labels": {"w": "y"}}})
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "other"}})
+    v1.patch_namespaced_config_map("w1", NS, {"metadata": {"labels": {"w": "n"}}})
+    v1.delete_namespaced_config_map("w0", NS)
+    got = [(e["type"], e["object"].metadata.name) for e in
+           watch.Watch().stream(v1.list_namespaced_config_map, NS, label_selector="w=y", resource_version=rv, timeout_seconds=1)]
+    # w1 leaving the selector is a DELETED for this watch, as on a real server
+    assert got == [("ADDED", "w1"), ("DELETED", "w1"), ("DELETED", "w0")]
+    for i in range(25):
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"f{i}"}})
+    resp = v1.list_namespaced_config_map_with_http_info(NS, watch=True, resource_version=rv, timeout_seconds=1,
+                                                         _preload_content=False)
+    ev = json.loads(resp.data.splitlines()[0])
+    assert ev["type"] == "ERROR" and ev["object"]["code"] == 410 and ev["object"]["reason"] == "Expired"
+    assert ev["object"]["message"].startswith(f"too old resource version: {rv} (")
+    with pytest.raises(ApiException) as ei:
+        list(watch.Watch().stream(v1.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1))
+    assert ei.value.status == 410
+
+
+def test_pod_runs_volumes_logs_fallback_message(kube):
+    v1 = kube.core()
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cfg"}, "data": {"k": "from-configmap"}})
+    v1.create_namespaced_pod(NS, pod_body(
+        "p1", "echo hi; cat /etc/cfg/k; echo; hostname; exit 3",
+        container={"terminationMessagePolicy": "FallbackToLogsOnError",
+                   "volumeMounts": [{"name": "c", "mountPath": "/etc/cfg"}]},
+        volumes=[{"name": "c", "configMap": {"name": "cfg"}}]))
+    p = wait_phase(kube, v1, "p1")
+    assert p.status.phase == "Failed"
+    t = p.status.container_statuses[0].state.terminated
+    assert t.exit_code == 3 and t.reason == "Error"
+    log = v1.read_namespaced_pod_log("p1", NS)
+    assert log == "hi\nfrom-configmap\np1\n"
+    assert t.message == log
+    assert v1.read_namespaced_pod_log("p1", NS, tail_lines=1) == "p1\n"
+    assert not os.path.exists("/etc/cfg/k")          # mounted only inside the pod
+    hist = kube.history("pods", NS, "p1")
+    assert [h["phase"] for h in hist][0] == "Pending" and hist[-1]["phase"] == "Failed"
+    assert any(h["phase"] == "Running" for h in hist)
+    assert {c["type"]: c["status"] for c in hist[-1]["conditions"]}["PodScheduled"] == "True"
+
+
+def test_secret_mount_env_field_ref_and_termination_log(kube):
+    v1 = kube.core()
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"},
+                                     "data": {"b": base64.b64encode(b"bin").decode()}})
+    v1.create_namespaced_pod(NS, pod_body(
+        "p2", 'cat /var/run/nni/sec/token; echo " $POD $NSP $LBL $IP $SEC"; stat -c %a /var/run/nni/sec/token;'
+              ' echo bye > /dev/termination-log',
+        labels={"role": "trial"},
+        container={"volumeMounts": [{"name": "s", "mountPath": "/var/run/nni/sec"}],
+                   "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                           {"name": "NSP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                           {"name": "LBL", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['role']"}}},
+                           {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                           {"name": "SEC", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "b"}}}]},
+        volumes=[{"name": "s", "secret": {"secretName": "tok", "defaultMode": 0o400}}]))
+    p = wait_phase(kube, v1, "p2")
+    assert p.status.phase == "Succeeded", v1.read_namespaced_pod_log("p2", NS)
+    assert v1.read_namespaced_pod_log("p2", NS) == "s3cret p2 default trial 127.0.0.1 bin\n400\n"
+    t = p.status.container_statuses[0].state.terminated
+    assert t.reason == "Completed" and t.message == "bye\n"
+    assert p.status.pod_ip == "127.0.0.1" and p.status.host_ip == "127.0.0.1"
+    assert not os.path.exists("/var/run/nni/sec")
+    assert "emulator.nni/started-at" in p.metadata.annotations
+
+
+def test_unschedulable_then_scheduled_after_set_node(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("gpu", "echo ok", container={
+        "resources": {"limits": {"nvidia.com/gpu": "2"}}}))
+    msg = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
+           "1 No preemption victims found for incoming pod.")
+
+    def unsched():
+        p = v1.read_namespaced_pod("gpu", NS)
+        c = [c for c in p.status.conditions or [] if c.type == "PodScheduled"]
+        return c and c[0].status == "False" and c[0]
+    c = kube.wait_for(unsched, what="Unschedulable")
+    assert c.reason == "Unschedulable" and c.message == msg
+    evs = v1.list_namespaced_event(NS, field_selector="involvedObject.name=gpu,reason=FailedScheduling").items
+    assert evs and evs[0].type == "Warning" and evs[0].message == msg and evs[0].involved_object.kind == "Pod"
+    kube.set_node("node-1", gpus=4)
+    p = wait_phase(kube, v1, "gpu")
+    assert p.status.phase == "Succeeded" and p.spec.node_name == "node-1"
+
+
+def test_image_pull_backoff(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("img", "true", image="nosuch/image:1"))
+
+    def waiting():
+        p = v1.read_namespaced_pod("img", NS)
+        cs = p.status.container_statuses
+        return cs and cs[0].state.waiting and cs[0].state.waiting.reason == "ImagePullBackOff" and p
+    p = kube.wait_for(waiting, what="ImagePullBackOff")
+    assert p.status.phase == "Pending"
+    assert p.status.container_statuses[0].state.waiting.message == 'Back-off pulling image "nosuch/image:1"'
+    reasons = {e.reason for e in v1.list_namespaced_event(NS, field_selector="involvedObject.name=img").items}
+    assert {"Failed", "BackOff"} <= reasons
+    assert any(h.get("containerStatuses", [{}])[0].get("state", {}).get("waiting", {}).get("reason") == "ErrImagePull"
+               for h in kube.history("pods", NS, "img"))
+
+
+def test_graceful_delete_kills_trap_ignoring_process(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body(
+        "stubborn", "trap '' TERM; (sleep 300 &); echo ready; while true; do sleep 0.1; done",
+        termination_grace_period_seconds=None))
+    kube.wait_for(lambda: "ready" in v1.read_namespaced_pod_log("stubborn", NS) if
+                  v1.read_namespaced_pod("stubborn", NS).status.phase == "Running" else False, what="running")
+    pids = kube.pod_processes(NS, "stubborn")
+    assert len(pids) >= 2
+    w = watch.Watch()
+    v1.delete_namespaced_pod("stubborn", NS, grace_period_seconds=1)
+    p = v1.read_namespaced_pod("stubborn", NS)
+    assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 1
+    assert all(alive(pid) for pid in pids)       # SIGTERM ignored: still alive in grace
+    types = [e["type"] for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=stubborn",
+                                         timeout_seconds=10) if not (e["type"] == "DELETED" and w.stop())]
+    assert types[0] == "ADDED" and types[-1] == "DELETED"
+    assert not any(alive(pid) for pid in pids)      # SIGKILLed after the grace period
+    with pytest.raises(ApiException) as ei:
+        v1.read_namespaced_pod("stubborn", NS)
+    assert ei.value.status == 404
+    assert kube.leftover_processes() == []
+
+
+def test_oom_killed_and_evicted(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("oom", "echo up; sleep 60"))
+    v1.create_namespaced_pod(NS, pod_body("ev", "echo up; sleep 60"))
+    for n in ("oom", "ev"):
+        kube.wait_for(lambda n=n: v1.read_namespaced_pod_log(n, NS) if v1.read_namespaced_pod(n, NS).status.phase == "Running" else "", what=n)
+    kube.oom_kill(NS, "oom")
+    p = wait_phase(kube, v1, "oom")
+    t = p.status.container_statuses[0].state.terminated
+    assert p.status.phase == "Failed" and t.reason == "OOMKilled" and t.exit_code == 137
+    kube.evict(NS, "ev")
+    p = wait_phase(kube, v1, "ev")
+    assert p.status.phase == "Failed" and p.status.reason == "Evicted"
+    assert p.status.message.startswith("The node was low on resource: memory.")
+    assert kube.pod_processes(NS, "ev") == []
+
+
+def test_owner_reference_garbage_collection(kube):
+    v1 = kube.core()
+    owner = v1.create_namespaced_config_map(NS, {"metadata": {"name": "owner"}})
+    ref = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]
+    v1.create_namespaced_pod(NS, {**pod_body("child", "sleep 60"), "metadata": {"name": "child", "ownerReferences": ref}})
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "child-s", "ownerReferences": ref}})
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "free"}})
+    kube.wait_for(lambda: v1.read_namespaced_pod("child", NS).status.phase == "Running", what="running")
+    v1.delete_namespaced_config_map("owner", NS, grace_period_seconds=0)
+
+    def gone():
+        names = [p.metadata.name for p in v1.list_namespaced_pod(NS).items]
+        return "child" not in names
+    kube.wait_for(gone, timeout=40, what="child GC")
+    assert [s.metadata.name for s in v1.list_namespaced_secret(NS).items] == ["free"]
+    # Orphan keeps dependents and strips the ownerReference
+    o2 = v1.create_namespaced_config_map(NS, {"metadata": {"name": "o2"}})
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "kept", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "o2", "uid": o2.metadata.uid}]}})
+    v1.delete_namespaced_config_map("o2", NS, propagation_policy="Orphan")
+    kept = v1.read_namespaced_secret("kept", NS)
+    assert kept.metadata.owner_references is None
+
+
+def test_node_lost(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("onnode", "sleep 60"))
+    kube.wait_for(lambda: v1.read_namespaced_pod("onnode", NS).status.phase == "Running", what="running")
+    kube.node_lost("node-1")
+    with pytest.raises(ApiException) as ei:
+        v1.read_namespaced_pod("onnode", NS)
+    assert ei.value.status == 404
+    assert kube.history("pods", NS, "onnode")[-1]["phase"] == "Failed"
+    assert v1.list_node().items == []
+
+
+def test_restart_policy_on_failure_crashloop(kube):
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("crash", "echo run; [ -e /tmp/emu-crash-$POD_UID ] && exit 0; "
+                                          "touch /tmp/emu-crash-$POD_UID; exit 1", restart="OnFailure",
+                                          container={"env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]}))
+    p = wait_phase(kube, v1, "crash")
+    uid = p.metadata.uid
+    os.unlink(f"/tmp/emu-crash-{uid}")
+    cs = p.status.container_statuses[0]
+    assert p.status.phase == "Succeeded" and cs.restart_count == 1
+    assert cs.last_state.terminated.exit_code == 1
+    assert v1.read_namespaced_pod_log("crash", NS, previous=True) == "run\n"
+    assert any(h.get("containerStatuses", [{}])[0].get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+               for h in kube.history("pods", NS, "crash"))
+
+
+def test_aio_client_and_watch(kube):
+    from kubernetes.aio import client as aclient, config as aconfig, watch as awatch
+
+    async def main():
+        cfg = aclient.Configuration()
+        await aconfig.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=cfg)
+        async with aclient.ApiClient(cfg) as api:
+            v1 = aclient.CoreV1Api(api)
+            await v1.create_namespaced_pod(NS, pod_body("ap", "echo aio"))
+            seen = []
+            w = awatch.Watch()
+            async for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=ap", timeout_seconds=15):
+                seen.append(e["object"].status.phase)
+                if e["object"].status.phase == "Succeeded":
+                    w.stop()
+            log = await v1.read_namespaced_pod_log("ap", NS)
+            return seen, log
+    seen, log = asyncio.run(main())
+    assert seen[0] == "Pending" and seen[-1] == "Succeeded" and log == "aio\n"

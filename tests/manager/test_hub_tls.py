@@ -1,0 +1,136 @@
+"""The network hub over TLS with real agent processes: the experiment's CA is trusted, a
+wrong CA or a plain-text agent never gets through, a wrong token is refused, and the
+certificate survives a restart (running agents keep trusting it)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from nni_agent.v1 import agent_pb2 as pb
+from nni_manager.hub import Hub
+from nni_manager.hub.tls import experiment_tls
+from nni_manager.store import Store
+from tests.manager.helpers import until
+
+TOKEN = "tls-token-0123456789"
+
+
+class Recorder:
+    def __init__(self, exp_dir: Path) -> None:
+        self.exp_dir = exp_dir
+        self.hellos: list[str] = []
+
+    def agent_hello(self, agent_id: str, hello: pb.Hello, restarted: bool) -> None:
+        self.hellos.append(agent_id)
+
+    def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
+        pass
+
+    def telemetry(self, agent_id: str, report: Any) -> None:
+        pass
+
+    def agent_lost(self, agent_id: str, since: float) -> None:
+        pass
+
+    def agent_back(self, agent_id: str) -> None:
+        pass
+
+    def agent_expired(self, agent_id: str) -> None:
+        pass
+
+    def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path:
+        return self.exp_dir / "trials" / trial_id / "trial.stdout"
+
+
+def agent(work: Path, address: str, *args: str, token: str = TOKEN) -> subprocess.Popen[bytes]:
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "nni_agent", "--manager", address, "--agent-id", "a1", "--work-dir", str(work),
+         "--log-file", str(work / "agent.log"), *args],
+        env=dict(os.environ, NNI_AGENT_TOKEN=token), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+
+
+async def tls_hub(exp_dir: Path) -> tuple[Hub, Recorder, Path]:
+    store = Store.open(exp_dir)
+    store.add_agent("a1", "a1", TOKEN, {})
+    material = experiment_tls(exp_dir / "tls", ["127.0.0.1"], "ExpTls1")
+    rec = Recorder(exp_dir)
+    hub = Hub(experiment_id="ExpTls1", experiment_dir=exp_dir, store=store, handler=rec, tcp="127.0.0.1:0",
+              tls=material)
+    hub.register("a1", TOKEN)
+    await hub.start()
+    return hub, rec, exp_dir / "tls" / "ca.crt"
+
+
+def test_agent_trusting_the_experiment_ca_connects(tmp_path: Path) -> None:
+    async def body() -> None:
+        hub, rec, ca = await tls_hub(tmp_path / "exp")
+        proc = agent(tmp_path / "w", hub.address, "--ca-file", str(ca))
+        try:
+            await until(lambda: hub.connected("a1"), 30, "the TLS agent to connect")
+            assert rec.hellos == ["a1"]
+        finally:
+            proc.terminate()
+            proc.wait(20)
+            await hub.stop()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("how", ["wrong CA", "plain text"])
+def test_wrong_ca_or_plain_text_never_gets_through(tmp_path: Path, how: str) -> None:
+    async def body() -> None:
+        hub, rec, _ = await tls_hub(tmp_path / "exp")
+        other = experiment_tls(tmp_path / "other", ["127.0.0.1"], "Other")  # a CA the hub does not use
+        (tmp_path / "other.crt").write_bytes(other.ca_certificate)
+        args = ("--ca-file", str(tmp_path / "other.crt")) if how == "wrong CA" else ()
+        proc = agent(tmp_path / "w", hub.address, *args, "--orphan-timeout", "3")
+        try:
+            code = await asyncio.to_thread(proc.wait, 40)
+            assert code == 3  # gave up as an orphan: it never reached the manager
+            assert rec.hellos == [] and not hub.connected("a1")
+            if how == "wrong CA":
+                log = (tmp_path / "w" / "agent.log").read_text()
+                assert "CERTIFICATE_VERIFY_FAILED" in log or "certificate verify failed" in log.lower()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            await hub.stop()
+
+    asyncio.run(body())
+
+
+def test_wrong_token_refused_over_tls_and_never_echoed(tmp_path: Path) -> None:
+    async def body() -> None:
+        hub, rec, ca = await tls_hub(tmp_path / "exp")
+        proc = agent(tmp_path / "w", hub.address, "--ca-file", str(ca), token="not-the-token-4242")
+        try:
+            out, _ = await asyncio.to_thread(proc.communicate, timeout=40)
+            assert proc.returncode == 2 and rec.hellos == []
+            log = (tmp_path / "w" / "agent.log").read_text()
+            assert "invalid token" in log and "not-the-token-4242" not in log + out.decode()
+        finally:
+            await hub.stop()
+
+    asyncio.run(body())
+
+
+def test_certificate_is_kept_across_restarts_and_covers_new_addresses(tmp_path: Path) -> None:
+    first = experiment_tls(tmp_path / "tls", ["127.0.0.1"], "Exp1")
+    again = experiment_tls(tmp_path / "tls", ["127.0.0.1"], "Exp1")
+    assert again == first  # same CA and certificate: running agents keep trusting the hub
+    assert oct((tmp_path / "tls" / "ca.key").stat().st_mode & 0o777) == "0o600"
+    moved = experiment_tls(tmp_path / "tls", ["127.0.0.2", "hub.example"], "Exp1")
+    assert moved.ca_certificate == first.ca_certificate and moved.certificate != first.certificate
+    cert = x509.load_pem_x509_certificate(moved.certificate)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "hub.example" in names.get_values_for_type(x509.DNSName)
+    assert "TlsMaterial(" in repr(moved) and "PRIVATE KEY" not in repr(moved)

@@ -1,0 +1,60 @@
+"""Backends register through the `nni_manager.backends` entry-point group: a third-party
+platform is a package of its own, found without any edit to nni-manager."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nni_manager.backends import registry
+from nni_manager.config import ConfigError, load_config
+
+PLUGIN = '''
+from nni_manager.backends.base import Backend
+from nni_manager.config import ConfigError
+
+
+class ToyBackend(Backend):
+    platform = "toy"
+
+    @classmethod
+    def parse_config(cls, section, config):
+        nodes = section.int_("nodes", minimum=1, required=True)
+        return {"nodes": nodes}
+
+    async def start(self, ctx):
+        for i in range(self.platform_options["nodes"]):
+            ctx.add_agent(f"toy-{i}")
+
+    async def stop(self):
+        pass
+'''
+
+
+@pytest.fixture
+def toy_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "toy_platform.py").write_text(PLUGIN)
+    info = tmp_path / "toy_platform-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-platform\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nni_manager.backends]\ntoy = toy_platform:ToyBackend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_builtin_platforms_come_from_entry_points() -> None:
+    assert {"local", "remote", "kubernetes", "kubeflow", "frameworkcontroller"} <= set(registry.platforms())
+
+
+def test_third_party_platform_found_and_its_schema_used(toy_plugin: None, tmp_path: Path) -> None:
+    assert "toy" in registry.platforms()
+    config = load_config({"trialCommand": "echo", "trialConcurrency": 1,
+                          "trainingService": {"platform": "toy", "nodes": 3}}, base_dir=tmp_path)
+    assert config.training_service.options == {"nodes": 3}
+    with pytest.raises(ConfigError) as info:  # the plugin's own schema: its field, its fix
+        load_config({"trialCommand": "echo", "trialConcurrency": 1,
+                      "trainingService": {"platform": "toy", "nodes": 0}}, base_dir=tmp_path)
+    assert info.value.field == "trainingService.nodes"
+    with pytest.raises(ConfigError) as info:
+        load_config({"trialCommand": "echo", "trialConcurrency": 1,
+                     "trainingService": {"platform": "toy", "nodes": 1, "gpus": 2}}, base_dir=tmp_path)
+    assert info.value.field == "trainingService.gpus" and "platform toy" in str(info.value)

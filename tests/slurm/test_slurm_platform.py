@@ -1,0 +1,328 @@
+"""`platform: slurm` end to end on a real 2-node Slurm cluster on loopback (tests/slurm/conftest.py):
+the backend's real `sbatch` / `squeue` / `scancel` calls, real agents started by `srun` in real
+jobs dialling the manager's TLS hub on 127.0.0.1. Every state path, a PENDING reason, an
+impossible request, a 2-node trial, reuse mode, cleanup, the dry run and config errors."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nni_manager.backends.registry import backend_class
+from nni_manager.backends.slurm.backend import SlurmError
+from nni_manager.config import ConfigError, load_config
+from nni_manager.service import create_training_service
+from nni_manager.types import TrialJobStatus
+from tests.manager.helpers import TRIAL, form, until, wait_status
+
+T = 90.0  # generous polling timeout: two cores shared with other test runs
+
+SEEN = r'''
+import json, os, socket
+import nni_agent
+from nni_agent import get_next_parameter, report_final_result
+get_next_parameter()
+keys = ("SLURM_PROCID", "SLURM_NODEID", "SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_ID")
+print("SEEN " + json.dumps({**{k: os.environ.get(k) for k in keys}, "agent": nni_agent.__file__}), flush=True)
+report_final_result(int(os.environ["SLURM_PROCID"]))
+'''
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+@pytest.fixture
+def base(short_dir: Path) -> Path:
+    return short_dir
+
+
+def config(base: Path, training_service: dict[str, Any] | None = None, **top: Any):  # -> ExperimentConfig
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    (code / "seen.py").write_text(SEEN)
+    ts = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1, "trialMemorySize": "200mb",
+          "pollInterval": "0.3s", **(training_service or {})}
+    data: dict[str, Any] = {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+                            "trialConcurrency": 1, "experimentWorkingDirectory": str(base / "exps"),
+                            "trialGracePeriod": 2, "trainingService": ts}
+    data.update(top)
+    return load_config(data)
+
+
+def sleeper(base: Path, seq: int, name: str, **params: Any):
+    """A trial that runs until `base/release-<name>` exists (exits by itself when `base` is gone)."""
+    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
+
+
+def release(base: Path, name: str) -> None:
+    (base / f"release-{name}").write_text("go")
+
+
+async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
+    async def check() -> str | None:
+        d = await ts.get_trial_job(trial_id)
+        return d.message if all(n in d.message for n in needles) else None
+
+    try:
+        return await until(check, timeout, f"{needles} in the message of {trial_id}")
+    except AssertionError:
+        d = await ts.get_trial_job(trial_id)
+        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
+
+
+def assert_clean(slurm: Any, experiment_id: str) -> None:
+    prefix = f"nni_exp_{experiment_id}_"
+    slurm.wait_for(lambda: not slurm.live_jobs(prefix), 60, "no live job of the experiment")
+    slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
+    slurm.wait_for(lambda: len(slurm.idle_nodes()) == 2, 60, "both nodes idle again")
+
+
+# ----------------------------------------------------------------------------- every state path
+
+def test_state_paths_one_job_per_trial(slurm, base: Path) -> None:
+    """reuseMode false: one job per trial. Completed (metrics exactly once), failed, PENDING with
+    Slurm's reason while both nodes are busy, cancelled by us, `scancel` by someone else, cleanup."""
+    cfg = config(base, {"reuseMode": False}, trialConcurrency=3)
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            exp = ts.experiment_id
+            store.append(ts.trials.store)
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            ok = await ts.submit_trial_job(form(0, x=7, steps=3))
+            bad = await ts.submit_trial_job(form(1, action="fail", steps=1))
+            d = await wait_status(ts, ok.id, "SUCCEEDED", timeout=T)
+            assert d.end_time and d.start_time, d
+            d = await wait_status(ts, bad.id, "FAILED", timeout=T)
+            assert "exit code 3" in d.message, d.message
+            # every metric of the finished trial, each once (PERIODICAL 0, 1, 2 then FINAL 7)
+            got = [json.loads(m) for m in metrics[ok.id]]
+            assert [(g["type"], g["sequence"], json.loads(g["value"])) for g in got] == [
+                ("PERIODICAL", 0, 0), ("PERIODICAL", 1, 1), ("PERIODICAL", 2, 2), ("FINAL", 0, 7)], got
+            assert [json.loads(m)["type"] for m in metrics[bad.id]] == ["PERIODICAL"]  # then exit 3
+
+            # both nodes busy: the third job waits, and the trial says why in Slurm's words
+            s1 = await ts.submit_trial_job(sleeper(base, 2, "s1"))
+            s2 = await ts.submit_trial_job(sleeper(base, 3, "s2"))
+            await wait_status(ts, s1.id, "RUNNING", timeout=T)
+            await wait_status(ts, s2.id, "RUNNING", timeout=T)
+            s3 = await ts.submit_trial_job(sleeper(base, 4, "s3"))
+            msg = await message_with(ts, s3.id, "PENDING", "Resources")
+            assert f"nni_exp_{exp}_trial_{s3.id}" in msg and "1 node(s)" in msg, msg
+            assert (await ts.get_trial_job(s3.id)).status == TrialJobStatus.WAITING
+
+            # cancelled by us: USER_CANCELED, and its job goes (the waiting one gets the node)
+            await ts.cancel_trial_job(s1.id)
+            d = await wait_status(ts, s1.id, "USER_CANCELED", timeout=T)
+            await wait_status(ts, s3.id, "RUNNING", timeout=T)
+
+            # scancel by someone else: SYS_CANCELED in Slurm's words
+            job = slurm.jobs(f"nni_exp_{exp}_trial_{s2.id}")[0]
+            slurm.run("scancel", job["id"])
+            await wait_status(ts, s2.id, "SYS_CANCELED", timeout=T)
+            msg = await message_with(ts, s2.id, "CANCELLED", "scancel")  # the agent's SIGTERM, explained
+            assert job["id"] in msg and (await ts.get_trial_job(s2.id)).status == TrialJobStatus.SYS_CANCELED, msg
+
+            release(base, "s3")
+            await wait_status(ts, s3.id, "SUCCEEDED", timeout=T)
+            jobs = slurm.jobs(f"nni_exp_{exp}_trial_")
+            assert len(jobs) == 5 and len({j["name"] for j in jobs}) == 5, jobs  # one job per trial
+            # secrets: files of mode 0600 in a 0700 directory, never in the script
+            job_dir = ts.experiment_dir / "slurm" / f"nni_exp_{exp}_trial_{ok.id}"
+            assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+            assert stat.S_IMODE((job_dir / "ca.crt").stat().st_mode) == 0o600
+            script = (job_dir / "batch.sh").read_text()
+            assert "--single-trial" in script and "--token-file" in script
+            assert not any(tok in script for tok in tokens())
+            return exp
+
+    tokens = lambda: [a["token"] for a in store[0].agents()]  # noqa: E731
+    store: list[Any] = []
+    exp = run(main())
+    assert all(len(ms) == len(set(ms)) for ms in metrics.values()), metrics  # exactly once, also late ones
+    assert_clean(slurm, exp)
+    # after clean_up no token is left in any file of the job directories
+    from nni_manager.store import Store
+    exp_dir = base / "exps" / exp
+    known = [a["token"] for a in Store.open_readonly(exp_dir).agents()]
+    assert len(known) == 5 and all(known)
+    files = [f for f in (exp_dir / "slurm").rglob("*") if f.is_file()]
+    assert files and not any(tok in f.read_text(errors="replace") for f in files for tok in known), files
+
+
+def test_impossible_request_fails_at_start_in_slurms_words(slurm, base: Path) -> None:
+    cfg = config(base, {"trialCpuNumber": 64})
+
+    async def main() -> None:
+        async with create_training_service(cfg):
+            pass
+
+    with pytest.raises(SlurmError) as err:
+        run(main())
+    assert "Requested node configuration is not available" in str(err.value), err.value
+    assert "64 CPU(s)" in str(err.value)
+    assert not slurm.live_jobs("nni_exp_")
+
+
+# ----------------------------------------------------------------------------- several nodes, reuse
+
+def test_two_node_trial_sees_slurm_and_logs_per_replica(slurm, base: Path) -> None:
+    # pythonPath: the job's Python runs the manager's own agent code from its wheel (also the trials' SDK)
+    cfg = config(base, {"nodes": 2, "reuseMode": False, "pythonPath": sys.executable},
+                 trialCommand=f"{sys.executable} seen.py")
+
+    async def main() -> tuple[str, dict[str, dict[str, Any]]]:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            assert len(d.agents) == 2, d
+            rep = ts.experiment_dir / "trials" / t.id / "replicas"
+            views = {}
+            for r in sorted(p.name for p in rep.iterdir()):
+                line = next(ln for ln in (rep / r / "trial.stdout").read_text().splitlines() if ln.startswith("SEEN "))
+                views[r] = json.loads(line[5:])
+            return ts.experiment_id, views
+
+    exp, views = run(main())
+    env = "trial-"
+    assert len(views) == 2 and all(r.startswith(env) for r in views), views
+    by_proc = {v["SLURM_PROCID"]: v for v in views.values()}
+    assert set(by_proc) == {"0", "1"}
+    assert {v["SLURMD_NODENAME"] for v in views.values()} == {"n1", "n2"}
+    assert {v["SLURM_NODEID"] for v in views.values()} == {"0", "1"}
+    assert all(v["SLURM_NNODES"] == "2" and v["SLURM_JOB_NODELIST"] == "n[1-2]" for v in views.values())
+    assert len({v["SLURM_JOB_ID"] for v in views.values()}) == 1  # one allocation
+    assert all("agent-wheel/nni_agent-" in v["agent"] for v in views.values()), views
+    for r, v in views.items():  # replica <env>-<i> is the agent started as SLURM_PROCID i
+        assert r.endswith("-" + v["SLURM_PROCID"])
+    assert_clean(slurm, exp)
+
+
+def test_reuse_mode_runs_trials_on_two_allocations(slurm, base: Path) -> None:
+    cfg = config(base, {}, trialConcurrency=2)
+    n = 6
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(n)]
+            for t in trials:
+                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            envs = {(await ts.get_trial_job(t.id)).environment_id for t in trials}
+            assert envs == {"env1", "env2"}, envs
+            jobs = slurm.jobs(f"nni_exp_{ts.experiment_id}_")
+            assert sorted(j["name"] for j in jobs) == [f"nni_exp_{ts.experiment_id}_env_1",
+                                                       f"nni_exp_{ts.experiment_id}_env_2"], jobs
+            assert all(j["state"] == "RUNNING" for j in jobs), jobs  # allocations kept for the next trials
+            assert slurm.job_processes()  # the agents, which clean_up must end
+            return ts.experiment_id
+
+    exp = run(main())
+    assert_clean(slurm, exp)  # clean_up cancelled both allocations
+
+
+def test_slurmctld_restart_loses_nothing(slurm, base: Path) -> None:
+    """slurmctld goes down and comes back mid-experiment: squeue fails meanwhile (no trial is failed
+    for it), the running trials finish, and the allocations keep serving new trials."""
+    cfg = config(base, {}, trialConcurrency=2)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            a = await ts.submit_trial_job(sleeper(base, 0, "a"))
+            b = await ts.submit_trial_job(sleeper(base, 1, "b"))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            await wait_status(ts, b.id, "RUNNING", timeout=T)
+            await asyncio.to_thread(slurm.restart_controller)
+            await asyncio.sleep(1.0)  # a few polls against the restarted controller; not a timing assertion
+            release(base, "a")
+            release(base, "b")
+            for t in (a, b):
+                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            c = await ts.submit_trial_job(form(2, x=3, steps=1))
+            d = await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
+            assert d.environment_id in ("env1", "env2"), d
+            assert len(slurm.jobs(f"nni_exp_{ts.experiment_id}_")) == 2  # no job was replaced
+            return ts.experiment_id
+
+    exp = run(main())
+    assert_clean(slurm, exp)
+
+
+def test_agent_that_cannot_start_fails_the_trial_with_its_words(slurm, base: Path) -> None:
+    """pythonPath: the job's Python runs the manager's agent wheel; one without the agent's
+    dependencies ends the job FAILED, and the trial says why (the agent's own last words)."""
+    cfg = config(base, {"pythonPath": "/usr/bin/python3", "reuseMode": False})
+    if subprocess.run(["/usr/bin/python3", "-c", "import grpc"], capture_output=True).returncode == 0:
+        pytest.skip("/usr/bin/python3 has grpc: it would start the agent")
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "FAILED" in d.message and "lacks the agent dependencies: pip install" in d.message and "grpcio" in d.message, \
+                d.message
+            return ts.experiment_id
+
+    exp = run(main())
+    assert_clean(slurm, exp)
+
+
+@pytest.mark.skipif(not os.environ.get("NNI_SLURM_SLOW"),
+                    reason="takes 60-90 s (Slurm checks time limits every 30 s): set NNI_SLURM_SLOW=1 to run it")
+def test_time_limit_ends_the_trial_with_timeout(slurm, base: Path) -> None:
+    """timeLimit 1 (minute): Slurm ends the job (SIGTERM to it, then TIMEOUT); the trial ends with
+    Slurm's word. Slurm checks time limits every 30 s, so this takes 60 to 90 s."""
+    cfg = config(base, {"timeLimit": 1, "reuseMode": False})
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(sleeper(base, 0, "never"))
+            await wait_status(ts, t.id, "RUNNING", timeout=T)
+            d = await wait_status(ts, t.id, "FAILED", "SYS_CANCELED", timeout=150)
+            msg = await message_with(ts, t.id, "TIMEOUT")
+            assert d.status.value in ("FAILED", "SYS_CANCELED") and "Slurm job" in msg, msg
+            return ts.experiment_id
+
+    exp = run(main())
+    assert_clean(slurm, exp)
+
+
+# ----------------------------------------------------------------------------- without a cluster
+
+def test_dry_run_shows_batch_script_and_no_secret(tmp_path: Path) -> None:
+    cfg = config(tmp_path, {"partition": "gpu", "account": "proj", "qos": "high", "timeLimit": "2h",
+                            "trialCpuNumber": 4, "trialMemorySize": "8gb", "nodes": 2,
+                            "sbatchOptions": ["--constraint=a100"], "prologue": ["module load cuda"],
+                            "pythonPath": "/opt/py/bin/python3"}, trialGpuNumber=1)
+    dry = backend_class("slurm")(cfg).render()
+    text = str(dry)
+    for needle in ("#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --qos=high", "#SBATCH --time=120",
+                   "#SBATCH --cpus-per-task=4", "#SBATCH --mem=8192M", "#SBATCH --gres=gpu:1", "#SBATCH --nodes=2",
+                   "#SBATCH --constraint=a100", "module load cuda", "srun --nodes=2", "/opt/py/bin/python3 -m nni_agent",
+                   "$SLURM_PROCID", "sbatch --parsable", "--ca-file"):
+        assert needle in text, (needle, text)
+    assert dry.requests[0]["job_name"].startswith("nni_exp_")
+    assert '--token-file "$NNI_SLURM_JOB_DIR/$id.token"' in text  # a path, never the token
+
+
+@pytest.mark.parametrize("field,value,problem", [
+    ("loginNode", {"host": "x"}, "not supported"),
+    ("sbatchOptions", ["--job-name=x"], "set by nni-manager"),
+    ("sbatchOptions", ["constraint=a100"], "not an sbatch option"),
+    ("timeLimit", "soon", "time limit"),
+    ("nodes", 0, ">= 1"),
+])
+def test_config_errors_name_the_field(tmp_path: Path, field: str, value: Any, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config(tmp_path, {field: value})
+    assert field in str(err.value) and problem in str(err.value), str(err.value)
