@@ -13,16 +13,19 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /usr/sbin/slurmd ] || need+=(slurmd)
   command -v sbatch >/dev/null || need+=(slurm-client)
   [ -x /usr/sbin/munged ] || need+=(munge)
+  # headless Chromium for tests/webui (NNI's WebUI in a real browser, driven by playwright)
+  [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   mkdir -p /run/sshd
 fi
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # playwright drives /usr/bin/chromium; it never downloads one
 EXTRAS=test bash scripts/setup_env.sh
 # The real NNI SDK, to prove unmodified NNI trial code works; its tests skip without it.
 .venv/bin/python -c 'import nni' 2>/dev/null \
-  || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' >>.venv/setup.log 2>&1 \
+  || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' hyperopt >>.venv/setup.log 2>&1 \
   || echo "note: the nni package could not be installed; tests marked nni_sdk will be skipped"
 .venv/bin/python scripts/gen_proto.py --check
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users

@@ -33,6 +33,7 @@ class AgentOptions:
     root_certificates: bytes | None = None
     server_name: str | None = None  # the name the manager's certificate must carry, if not the dialled host
     single_trial: bool = False  # run one trial, then exit with its outcome
+    token_file: Path | None = None  # where the token came from: a session token from enrolment replaces it
     spool_memory_limit: int = 64 << 20
     timing: Timing | None = None
 
@@ -80,6 +81,7 @@ async def run_agent(options: AgentOptions) -> int:
         tls=options.tls,
         root_certificates=options.root_certificates,
         server_name=options.server_name,
+        token_file=options.token_file,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, connection.stop, f"agent received {signal.Signals(sig).name}")

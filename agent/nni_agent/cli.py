@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     options = AgentOptions(manager=args.manager or f"@{args.manager_file}", agent_id=args.agent_id, token=token,
                            work_dir=args.work_dir, orphan_timeout=args.orphan_timeout,
                            tls=args.tls or root_certificates is not None, root_certificates=root_certificates,
-                           server_name=args.server_name, single_trial=args.single_trial)
+                           server_name=args.server_name, single_trial=args.single_trial,
+                           token_file=args.token_file)
     return asyncio.run(run_agent(options))
 
 

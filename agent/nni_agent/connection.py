@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -92,11 +94,13 @@ class Connection:
         tls: bool = False,
         root_certificates: bytes | None = None,
         server_name: str | None = None,
+        token_file: Path | None = None,
     ) -> None:
         self.target = target
         self._dialled = target  # the address of the latest dial (for "@file" targets)
         self.agent_id = agent_id
         self._token = token
+        self._token_file = token_file
         self.boot_id = boot_id
         self.keeper = keeper
         self.outbox = outbox
@@ -254,6 +258,10 @@ class Connection:
         return msg
 
     def _apply_welcome(self, welcome: pb.Welcome) -> None:
+        if welcome.session_token:  # our enrolment credential is spent: this token is for every later dial
+            self._token = welcome.session_token
+            if self._token_file is not None:  # a restarted agent process needs it too
+                _replace_secret(self._token_file, welcome.session_token)
         if welcome.heartbeat_interval_ms:
             self.timing.heartbeat_s = welcome.heartbeat_interval_ms / 1000
         if welcome.gpu_sample_interval_ms:
@@ -348,3 +356,16 @@ def _brief(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return str(exc) or type(exc).__name__
+
+
+def _replace_secret(path: Path, value: str) -> None:
+    """Write `value` to `path` (mode 0600) atomically; a failure is logged, not fatal (the
+    session token stays in memory)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot store the session token in %s: %s", path, e.strerror)

@@ -199,7 +199,7 @@ class Trial:
         return env
 
     def _kill_signal(self) -> int:
-        return self.spec.limits.kill_signal or signal.SIGTERM
+        return self.spec.limits.kill_signal or signal.SIGINT  # NNI 3's trial keeper: KeyboardInterrupt first
 
     def _grace_s(self) -> float:
         return self.spec.limits.grace_period_ms / 1000 if self.spec.limits.grace_period_ms > 0 else DEFAULT_GRACE_S

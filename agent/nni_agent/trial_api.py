@@ -1,9 +1,12 @@
 """NNI's trial API with NNI's names, stdlib only, for trial code that does not install `nni`.
 
-It speaks NNI's local file channel (nni-training-service.md §1.3-1.5): parameters come from
-`$NNI_SYS_DIR/parameter.cfg` (then `parameter_<i>.cfg`), metrics are appended to
-`$NNI_SYS_DIR/.nni/metrics` as `ME%06d` records that the agent tails. Outside a trial
-(`NNI_PLATFORM` unset) it behaves like NNI standalone: empty parameters, printed metrics.
+Under nni-agent it speaks NNI's local file channel (nni-training-service.md §1.3-1.5):
+parameters come from `$NNI_SYS_DIR/parameter.cfg` (then `parameter_<i>.cfg`), metrics are
+appended to `$NNI_SYS_DIR/.nni/metrics` as `ME%06d` records that the agent tails. Under NNI 3's
+own manager, which writes no parameter.cfg, it speaks NNI 3's HTTP trial channel
+(`NNI_TRIAL_COMMAND_CHANNEL`, §1.7), as NNI's SDK does. Outside a trial (`NNI_PLATFORM` unset)
+it behaves like NNI standalone: empty parameters, printed metrics. Metric values are encoded as
+NNI's `nni.dump` (json_tricks) encodes them: numpy scalars as numbers, arrays as `__ndarray__`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,6 +35,8 @@ _parameter_record: dict[str, Any] | None = None
 _parameter_index = 0
 _intermediate_seq = 0
 _metrics_file: BinaryIO | None = None  # kept open: one append per metric, flushed at once
+_http_url: str | None = None  # NNI 3's HTTP channel, once chosen (see _channel_url)
+_channel_chosen = False
 
 
 def _in_trial() -> bool:
@@ -58,6 +65,14 @@ def get_next_parameter() -> Any:
     if not _in_trial():
         return {}
     index = _parameter_index
+    url = _channel_url()
+    if url is not None:
+        record = _http_parameter(url)
+        if record is None:
+            return None
+        _parameter_record = record
+        _parameter_index = index + 1
+        return record.get("parameters")
     path = _sys_dir() / ("parameter.cfg" if index == 0 else f"parameter_{index}.cfg")
     if not path.is_file():
         _append_record({
@@ -97,14 +112,82 @@ def _report(kind: str, sequence: int, metric: Any) -> None:
         "trial_job_id": get_trial_id(),
         "type": kind,
         "sequence": sequence,
-        "value": json.dumps(metric),
+        "value": dump(metric),
     })
+
+
+def dump(value: Any) -> str:
+    """JSON as NNI's `nni.dump` writes it for metric values: numpy scalars become numbers and
+    arrays json_tricks' `{"__ndarray__": [...], "dtype": ..., "shape": [...]}`."""
+    return json.dumps(value, default=_encode)
+
+
+def _encode(value: Any) -> Any:
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is not None and hasattr(value, "tolist"):
+        if shape == ():
+            return value.item()  # numpy scalar (float32, int64, bool_)
+        return {"__ndarray__": value.tolist(), "dtype": str(dtype), "shape": list(shape or ())}
+    if hasattr(value, "item") and callable(value.item):  # other scalar wrappers (torch tensors of one value)
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{type(value).__name__} is not JSON serializable (NNI metrics are numbers or dicts of them)")
+
+
+def _channel_url() -> str | None:
+    """NNI 3's HTTP trial channel when this trial runs under NNI 3's own manager: the channel is
+    set and no parameter.cfg was written (nni-agent writes one and tails the faster metrics file)."""
+    global _http_url, _channel_chosen
+    if not _channel_chosen:
+        url = os.environ.get("NNI_TRIAL_COMMAND_CHANNEL", "")
+        if url.startswith(("http://", "https://")) and not (_sys_dir() / "parameter.cfg").is_file():
+            _http_url = url
+        _channel_chosen = True
+    return _http_url
+
+
+def _http(url: str, method: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read()
+            return response.status, (json.loads(text) if text else None)
+    except urllib.error.HTTPError as e:
+        return e.code, None
+
+
+def _http_parameter(url: str) -> dict[str, Any] | None:
+    """`request_parameter`, then long-poll GET until the `parameter` command (408: ask again;
+    410: the channel is closed, no parameter), as NNI's `nni/runtime/command_channel/http.py`."""
+    _http(url, "PUT", {"type": "request_parameter"})
+    while True:
+        status, command = _http(url, "GET")
+        if status == 408:
+            continue
+        if status == 410:
+            return None
+        if status != 200 or not isinstance(command, dict):
+            raise RuntimeError(f"NNI trial channel {url}: unexpected answer {status}")
+        if command.get("type") == "parameter":
+            record = json.loads(command["parameter"])
+            if not isinstance(record, dict) or "parameters" not in record:
+                raise ValueError("the trial channel sent no ParameterRecord (a JSON object with 'parameters')")
+            return record
 
 
 def _append_record(metric: dict[str, Any]) -> None:
     payload = (json.dumps(metric) + "\n").encode("utf-8")
     if len(payload) >= METRIC_SIZE_LIMIT:
         raise ValueError(f"metric too long: {len(payload)} bytes (NNI's limit is {METRIC_SIZE_LIMIT})")
+    url = _channel_url()
+    if url is not None:
+        status, _ = _http(url, "PUT", {"type": "metric", "metric": payload.decode("utf-8").rstrip("\n")})
+        if status != 200:
+            raise RuntimeError(f"NNI trial channel {url}: the metric was refused ({status})")
+        return
     global _metrics_file
     if _metrics_file is None:
         nni_dir = _sys_dir() / ".nni"

@@ -23,11 +23,16 @@ def __getattr__(name: str):  # lazy: importing types must not pull in grpc/sqlit
         from nni_manager import service
 
         return getattr(service, name)
+    if name in ("Experiment", "TrialResult", "TrialJob"):  # NNI's experiment API (nni.experiment.Experiment)
+        from nni_manager import api
+
+        return getattr(api, name)
     raise AttributeError(name)
 
 
 __all__ = [
     "ConfigError",
+    "Experiment",
     "ExperimentConfig",
     "HyperParameters",
     "TrainingService",
@@ -35,5 +40,7 @@ __all__ = [
     "TrialJobDetail",
     "TrialJobMetric",
     "TrialJobStatus",
+    "TrialJob",
+    "TrialResult",
     "create_training_service",
 ]

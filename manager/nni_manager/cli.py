@@ -12,6 +12,7 @@ from pathlib import Path
 from nni_manager.config import ConfigError, load_config
 from nni_manager.types import TrialJobDetail
 
+EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
@@ -32,12 +33,25 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dry-run", action="store_true",
                      help="print what would be submitted (the Kubernetes objects as YAML, the SSH commands, ...) "
                           "and exit; nothing is started")
+    _web_arguments(run)
+    run.add_argument("--no-webui", action="store_true", help="serve no WebUI / REST API (open no TCP port)")
+    run.add_argument("--keep-serving", action=argparse.BooleanOptionalAction, default=None,
+                     help="after the experiment ends, keep serving the WebUI until Ctrl-C, as NNI does "
+                          "(default: when the output is a terminal)")
+    view_cmd = sub.add_parser("view", help="serve a stored experiment's WebUI and REST API, read-only",
+                              description="Serve NNI's WebUI and REST API for an experiment directory (also "
+                                          "one copied from another machine) until Ctrl-C.")
+    view_cmd.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    _web_arguments(view_cmd)
     trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
     trials.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
     logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
     logs.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
     logs.add_argument("trial_id")
     logs.add_argument("--stderr", action="store_true", help="print trial.stderr instead of trial.stdout")
+    logs.add_argument("--trial-log", action="store_true",
+                      help="print only trial.log: what NNI's SDK logs, and on the local platform the trial's print() "
+                           "output (shown after trial.stdout by default)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the trial ends")
     logs.add_argument("--replica", metavar="ROLE-INDEX",
                       help="for a trial on several replicas (TFJob, Framework): only this one's log, e.g. worker-0 "
@@ -47,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             if args.dry_run:
                 return _dry_run(args.config)
-            return _run(args.config, args.experiment_id, args.plain)
+            keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
+            return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args),
+                        keep)
+        if args.command == "view":
+            return _view(args.experiment_dir, _web_options(args))
         if args.command == "trials":
             return _trials(args.experiment_dir)
-        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow, args.replica)
+        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow, args.replica, args.trial_log)
     except (ConfigError, UsageError) as exc:
         print(f"nni-manager: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -66,23 +84,61 @@ def _dry_run(config_path: Path) -> int:
     return 0
 
 
-def _run(config_path: Path, experiment_id: str | None, plain: bool) -> int:
+def _web_arguments(parser: argparse.ArgumentParser) -> None:
+    from nni_manager.webui.server import DEFAULT_BIND, DEFAULT_PORT
+
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port of NNI's WebUI and REST API (default {DEFAULT_PORT}, as NNI; the next free one "
+                             "if taken)")
+    parser.add_argument("--bind", default=DEFAULT_BIND, metavar="ADDRESS",
+                        help=f"address to serve on (default {DEFAULT_BIND}). NNI's REST API has no authentication "
+                             "and DELETE /experiment stops the experiment: bind another address only on a trusted "
+                             "network, or reach it with `ssh -L`")
+    parser.add_argument("--url-prefix", default="", help="serve under /PREFIX/ (NNI's urlPrefix), e.g. behind a proxy")
+
+
+def _web_options(args: argparse.Namespace):  # -> WebOptions
+    from nni_manager.webui.runner import WebOptions
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a port number (0-65535)")
+    return WebOptions(port=args.port, bind=args.bind, url_prefix=args.url_prefix)
+
+
+def _view(experiment_dir: Path, web) -> int:  # web: WebOptions
+    from nni_manager.webui.runner import serve_stored
+
+    _open_store(experiment_dir).close()  # a clear error for a directory without an experiment
+    asyncio.run(serve_stored(experiment_dir, web))
+    return 0
+
+
+def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
+         keep_serving: bool = False) -> int:
     from nni_manager.experiment import Experiment
+    from nni_manager.service.nni_api import new_id
     from nni_manager.ui import ExperimentView, final_summary
+    from nni_manager.webui.runner import LiveWebUI, live_webui
 
     config = load_config(config_path)
+    experiment_id = experiment_id or new_id(8)  # known before the run: the WebUI's manifest entry needs it
     view: ExperimentView | None = None
     experiment = Experiment(config, experiment_id=experiment_id, on_event=lambda k, t: view and view.event(k, t))
     view = ExperimentView(experiment, live=False if plain else None)
+    webui: LiveWebUI | None = None
 
     async def go() -> bool:
+        nonlocal webui
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
         stopping = False
 
-        def stop() -> None:  # first Ctrl-C / SIGTERM: cancel trials and clean up; later ones wait for that
+        def stop() -> None:  # first Ctrl-C / SIGTERM / DELETE /experiment: cancel trials and clean up
             nonlocal stopping
+            if webui is not None and webui.serving_after_end:
+                webui.release()
+                return
             if not stopping:
                 stopping = True
                 print("\nnni-manager: stopping: cancelling running trials ...", file=sys.stderr, flush=True)
@@ -90,15 +146,31 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
-        try:
-            await experiment.run()
-        except asyncio.CancelledError:
-            return False
+        async with live_webui(experiment, experiment_id, web, stop) as webui:
+            try:
+                await experiment.run()
+            except asyncio.CancelledError:
+                webui.finish("STOPPING")
+                return False
+            except Exception as exc:
+                webui.finish("ERROR", str(exc))
+                raise
+            webui.finish("DONE")
+            if keep_serving:
+                await webui.serve_until_stopped()
         return True
 
+    from nni_manager.dispatcher import DispatcherError
+
     with view:
-        finished = asyncio.run(go())
+        try:
+            finished = asyncio.run(go())
+        except DispatcherError:  # the tuner failed; its trials are cancelled: the summary and the reason follow
+            finished = True
     print(final_summary(experiment.result()))
+    if experiment.error:
+        print(f"nni-manager: {experiment.error}", file=sys.stderr)
+        return EXIT_FAILED
     return 0 if finished else EXIT_INTERRUPTED
 
 
@@ -125,7 +197,7 @@ def _trials(experiment_dir: Path) -> int:
     summaries: dict[str, TrialSummary] = {}
     for d in details:
         record = json.loads(d.form.hyper_parameters.value)
-        summaries[d.id] = TrialSummary(d.id, d.sequence_id, int(record.get("parameter_id") or 0),
+        summaries[d.id] = TrialSummary(d.id, d.sequence_id, record.get("parameter_id"),
                                        record.get("parameters") or {}, d.status, gpu_indices=d.gpu_indices,
                                        start_time=d.start_time, end_time=d.end_time, message=d.message)
     for m in metrics:
@@ -156,9 +228,10 @@ def _log_path(experiment_dir: Path, trial: TrialJobDetail, name: str) -> Path:
     return streamed if streamed.exists() or not local.exists() else local
 
 
-def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None) -> int:
+def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None,
+          trial_log: bool = False) -> int:
     replicas_dir = experiment_dir / "trials" / trial_id / "replicas"
-    name = "trial.stderr" if stderr else "trial.stdout"
+    name = "trial.log" if trial_log else "trial.stderr" if stderr else "trial.stdout"
     replicas = sorted(p.name for p in replicas_dir.iterdir()) if replicas_dir.is_dir() else []
     if replica is not None and replica not in replicas:
         raise UsageError(f"trial {trial_id} has no replica {replica!r}; its replicas: {', '.join(replicas) or 'none'}")
@@ -193,7 +266,15 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
                 out.write(data)
                 out.flush()
             if not follow or ended:
-                return 0
+                break
             time.sleep(0.2)
+        if name == "trial.stdout" and not follow and not replica:
+            # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): show it too
+            extra = _log_path(experiment_dir, trial(), "trial.log")
+            data = extra.read_bytes() if extra.is_file() else b""
+            if data:
+                out.write(b"==> trial.log <==\n" + data)
+                out.flush()
+        return 0
     finally:
         store.close()

@@ -52,8 +52,19 @@ class TrainingServiceConfig:
 
 @dataclass
 class TunerConfig:
-    name: str  # built in: "Random", "GridSearch"
+    """A tuner, assessor or advisor: NNI's built-in `name`, or a customised `className` found in
+    `codeDirectory`; either with its `classArgs`."""
+
+    name: str = ""  # built in: NNI's names (TPE, Medianstop, Hyperband, ...); Random, GridSearch without nni
     class_args: dict[str, Any] = field(default_factory=dict)
+    class_name: str | None = None  # a customised algorithm: "module.Class" importable from code_directory
+    code_directory: Path | None = None
+    kind: str = "tuner"  # "tuner", "assessor" or "advisor" (an advisor is run as NNI runs it: as the tuner)
+    include_intermediate_results: bool = False  # NNI_INCLUDE_INTERMEDIATE_RESULTS for the dispatcher
+
+
+AlgorithmConfig = TunerConfig
+LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
 
 @dataclass
@@ -69,11 +80,15 @@ class ExperimentConfig:
     experiment_working_directory: Path = field(default_factory=lambda: Path("~/nni-experiments").expanduser())
     experiment_name: str | None = None
     search_space: dict[str, Any] | None = None
-    tuner: TunerConfig | None = None
-    # Our extensions for stopping trials (NNI has none): signal name and grace seconds.
-    trial_kill_signal: str = "SIGTERM"
+    tuner: TunerConfig | None = None  # the tuner, or the advisor (NNI's canonical form moves it here)
+    assessor: TunerConfig | None = None
+    tuner_gpu_indices: list[int] | None = None
+    # How trials are stopped: NNI 3's trial keeper sends SIGINT (a Python trial sees
+    # KeyboardInterrupt and can clean up and report) and SIGKILL 5 s later; ours are configurable.
+    trial_kill_signal: str = "SIGINT"
     trial_grace_period: float = 5.0
     debug: bool = False
+    log_level: str = "info"  # NNI's logLevel: the manager's log file and the dispatcher's
 
 
 # ---------------------------------------------------------------------------------------
@@ -98,7 +113,10 @@ _V1_PLATFORM_SECTIONS: dict[str, dict[str, str]] = {
     "paiConfig": {"userName": "username", "reuse": "reuseMode"},
     "kubeflowConfig": {},
     "frameworkcontrollerConfig": {},
+    "dltsConfig": {},
+    "amlConfig": {"maxTrialNumPerGpu": "maxTrialNumberPerGpu"},
 }
+_V1_PLATFORM_NAMES = {"pai": "openpai"}  # v1 `trainingServicePlatform` names that v2 renamed
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
 _TS_COMMON = ("platform", "useActiveGpu", "maxTrialNumberPerGpu", "gpuIndices", "machineList")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -111,6 +129,21 @@ def supported_platforms() -> list[str]:
     return registry.platforms()
 
 
+def canonical_key(key: Any) -> str:
+    """NNI's rule for config keys (nni/experiment/config/utils/internal.py `case_insensitive`):
+    case and underscores do not matter, so `trial_command`, `TrialCommand` and `trialCommand`
+    name one field. Values (search spaces, classArgs, env) keep their keys as written."""
+    return str(key).lower().replace("_", "")
+
+
+class _Fields(dict):  # type: ignore[type-arg]
+    """A config mapping whose `in` follows NNI's key rule (`"preCommand" in section.data`)."""
+
+    def __contains__(self, key: object) -> bool:
+        wanted = canonical_key(key)
+        return any(canonical_key(k) == wanted for k in self.keys())
+
+
 class ConfigSection:
     """One mapping of the config: typed reads by name (with v1 aliases), and a final
     check that flags every key nobody read, suggesting the closest known name."""
@@ -120,7 +153,7 @@ class ConfigSection:
         if not isinstance(data, dict):
             raise ConfigError(path or "(root)", f"must be a mapping, got {_type_name(data)}",
                               "write it as `key: value` lines")
-        self.data = dict(data)
+        self.data: dict[str, Any] = _Fields(data)
         self.path = path
         self.known: list[str] = []
 
@@ -132,7 +165,8 @@ class ConfigSection:
     def take(self, name: str, *aliases: str) -> tuple[Any, str]:
         """(value, dotted path of the key used); value is _MISSING when absent or null."""
         self.known.append(name)
-        found = [k for k in (name, *aliases) if k in self.data]
+        wanted = [canonical_key(k) for k in (name, *aliases)]
+        found = sorted((k for k in self.data if canonical_key(k) in wanted), key=lambda k: wanted.index(canonical_key(k)))
         if len(found) > 1:
             raise ConfigError(self.at(found[1]), f"given together with `{found[0]}` (the same field)",
                               f"keep only `{name}`")
@@ -245,8 +279,13 @@ class ConfigSection:
 
     def rest(self) -> dict[str, Any]:
         """Everything not read yet (removing it from the unknown-field check)."""
-        rest, self.data = self.data, {}
+        rest, self.data = dict(self.data), _Fields()
         return rest
+
+    def put(self, name: str, value: Any) -> None:
+        """Set a field unless the mapping has it under any spelling NNI treats as the same."""
+        if name not in self.data:
+            self.data[name] = value
 
     def finish(self, extra_known: tuple[str, ...] = (), where: str = "") -> None:
         for key in self.data:
@@ -303,12 +342,19 @@ def parse_size_mb(value: Any, field_path: str) -> int:
     return max(1, int(mb))
 
 
-def load_config(source: dict[str, Any] | str | Path, *, base_dir: Path | None = None) -> ExperimentConfig:
-    """Parse an NNI experiment config (a YAML file path or an already-loaded mapping).
+def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfig:
+    """Parse an NNI experiment config: a YAML file path, an already-loaded mapping, or a config
+    object built with NNI's Python API (`nni.experiment.ExperimentConfig`).
 
     Relative paths are relative to the YAML file's directory (NNI's rule), or to
     `base_dir` / the current directory for a mapping.
     """
+    if _is_nni_config(source):
+        try:  # NNI's own canonical form: validated, paths absolute, shortcuts copied into trainingService
+            source = source.json()
+        except Exception as exc:  # NNI raises AssertionError / ValueError / TypeError naming the field
+            raise ConfigError("(nni.experiment.ExperimentConfig)", f"NNI's validation failed: {exc!r}",
+                              "fix the config object as NNI's message says") from None
     if isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         try:
@@ -323,6 +369,12 @@ def load_config(source: dict[str, Any] | str | Path, *, base_dir: Path | None = 
     if data is None:
         raise ConfigError("(root)", "the config is empty", "write at least trialCommand, trialConcurrency and trainingService")
     return _parse(ConfigSection(data, "", base), base)
+
+
+def _is_nni_config(source: Any) -> bool:
+    """A config object of NNI's Python API (any `nni.experiment.config` ConfigBase)."""
+    return any(cls.__module__.startswith("nni.experiment.config") and cls.__name__ == "ConfigBase"
+               for cls in type(source).__mro__)
 
 
 def _load_yaml(text: str, where: str) -> Any:
@@ -391,8 +443,11 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     working_dir = root.path_("experimentWorkingDirectory", "logDir", base=base)
     if working_dir is not None:
         config.experiment_working_directory = working_dir
-    config.search_space = _search_space(root, base)
-    config.tuner = _tuner(root)
+    config.tuner, config.assessor = _algorithms(root, base)
+    config.search_space = _search_space(root, base, custom=bool(config.tuner and config.tuner.class_name))
+    config.tuner_gpu_indices = root.gpu_indices("tunerGpuIndices")
+    level = root.choice("logLevel", options=LOG_LEVELS)
+    config.log_level = level or ("debug" if debug else "info")
     signal_name = root.str_("trialKillSignal")
     if signal_name is not None:
         config.trial_kill_signal = _signal(signal_name, root.at("trialKillSignal"))
@@ -401,10 +456,11 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         config.trial_grace_period = grace
     experiment_type = root.str_("experimentType")  # NNI 3's `ExperimentConfig.json()` writes "hpo"
     if experiment_type not in (None, "hpo"):
-        raise ConfigError("experimentType", f"{experiment_type!r} experiments are not supported",
-                          "use `experimentType: hpo` (hyperparameter tuning) or remove it")
-    for ignored in ("logLevel", "tunerGpuIndices", "authorName", "multiPhase", "multiThread",
-                    "logCollection", "versionCheck"):
+        fix = ("NAS experiments (experimentType: nas) are run by NNI's own NasExperiment; "
+               if experiment_type == "nas" else "")
+        raise ConfigError("experimentType", f"must be hpo (NNI's only other type, nas, is not supported here), "
+                          f"got {experiment_type!r}", fix + "use `experimentType: hpo` (hyperparameter tuning) or remove it")
+    for ignored in ("authorName", "multiPhase", "multiThread", "logCollection", "versionCheck"):
         root.take(ignored)  # accepted for compatibility; they change nothing here
 
     config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
@@ -414,8 +470,6 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
 
 def _reject_unsupported(root: ConfigSection) -> None:
     fixes = {
-        "assessor": "remove it; assessors are not supported (use maxTrialDuration to bound trials)",
-        "advisor": "replace it with `tuner: {name: Random}` or GridSearch",
         "useAnnotation": "remove it and call nni.get_next_parameter() in the trial code",
         "sharedStorage": "remove it; trial code is shipped to workers by nni-manager",
     }
@@ -452,13 +506,14 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
         v1 = root.section(section_name)
         if v1 is not None:
             for key, value in v1.rest().items():
-                ts.data.setdefault(renames.get(key, key), value)
+                ts.put(renames.get(key, key), value)
     if trial is not None:  # v1 role sections (worker, ps, master, taskRoles) belong to the platform
         for key, value in trial.rest().items():
-            ts.data.setdefault(key, value)
+            ts.put(key, value)
 
     platform = ts.str_("platform", required=True)
     assert platform is not None
+    platform = _V1_PLATFORM_NAMES.get(platform, platform)
     try:
         backend = registry.backend_class(platform)
     except ValueError as e:
@@ -500,6 +555,8 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
         if value is not None and not value.is_file():
             raise ConfigError(ts.at(name), f"{value} does not exist", "point it at a PEM file")
     config.training_service = ts_config
+    if platform == "local":
+        ts.bool_("reuseMode")  # NNI's canonical form carries it; local trials run the same either way
     ts_config.options = backend.parse_config(ts, config)
     if backend.trial_command_required and not config.trial_command:
         raise ConfigError("trialCommand", "is required", "add `trialCommand: python3 trial.py` (the command each trial runs)")
@@ -513,7 +570,9 @@ def check_per_gpu(per_gpu: int, gpu_number: int | None, field: str) -> None:
                           "set trialGpuNumber >= 1, or remove maxTrialNumberPerGpu")
 
 
-def _search_space(root: ConfigSection, base: Path) -> dict[str, Any] | None:
+def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict[str, Any] | None:
+    """The search space, checked against NNI's format, except for a customised tuner: it may
+    define its own (NNI leaves validation to each tuner)."""
     from nni_manager.search_space import validate
 
     inline, inline_path = root.take("searchSpace")
@@ -529,29 +588,76 @@ def _search_space(root: ConfigSection, base: Path) -> dict[str, Any] | None:
         inline, inline_path = _load_yaml(text, str(file)), "searchSpaceFile"  # YAML is a superset of JSON
     if inline is _MISSING:
         return None
+    if custom:
+        if not isinstance(inline, dict):
+            raise ConfigError(inline_path, "must be a mapping of parameter names to their specs",
+                              "write e.g. `lr: {_type: loguniform, _value: [0.0001, 0.1]}`")
+        return inline
     validate(inline, inline_path)
     return inline
 
 
-def _tuner(root: ConfigSection) -> TunerConfig | None:
-    section = root.section("tuner")
+def _algorithms(root: ConfigSection, base: Path) -> tuple[TunerConfig | None, TunerConfig | None]:
+    """(tuner or advisor, assessor), as NNI canonicalises them: an advisor takes the tuner's place."""
+    tuner = _algorithm(root, "tuner", base)
+    advisor = _algorithm(root, "advisor", base)
+    assessor = _algorithm(root, "assessor", base)
+    if advisor is not None:
+        if tuner is not None:
+            raise ConfigError("advisor", "given together with `tuner`",
+                              "keep one: an advisor (Hyperband, BOHB) is a tuner with its own early stopping")
+        if assessor is not None:
+            raise ConfigError("assessor", "given together with an advisor, which stops trials itself",
+                              "remove the assessor (NNI ignores it with an advisor)")
+        tuner = advisor
+    return tuner, assessor
+
+
+def _algorithm(root: ConfigSection, kind: str, base: Path) -> TunerConfig | None:
+    """One algorithm section: `name` (v1: builtinTunerName / builtinAssessorName /
+    builtinAdvisorName) or `className` + `codeDirectory` (v1: classFileName + codeDir)."""
+    section = root.section(kind)
     if section is None:
         return None
-    for custom in ("className", "codeDirectory", "codeDir", "classFileName"):
-        if custom in section.data:
-            raise ConfigError(section.at(custom), "custom tuners are not supported",
-                              "use a built-in tuner: `name: Random` or `name: GridSearch`")
-    name = section.str_("name", "builtinTunerName", required=True)
-    assert name is not None
+    v1_name = {"tuner": "builtinTunerName", "assessor": "builtinAssessorName", "advisor": "builtinAdvisorName"}[kind]
+    name = section.str_("name", v1_name)
+    class_name = section.str_("className")
+    class_file = section.str_("classFileName")  # v1: file + class -> module.Class
+    if class_file is not None and class_name is not None and "." not in class_name:
+        class_name = f"{Path(class_file).stem}.{class_name}"
+    code_dir = section.path_("codeDirectory", "codeDir", base=base)
     args, args_path = section.take("classArgs")
-    if args is _MISSING:
+    if args is MISSING:
         args = {}
     elif not isinstance(args, dict):
         raise ConfigError(args_path, f"must be a mapping, got {_type_name(args)}", "write e.g. `classArgs: {seed: 1}`")
-    for ignored in ("gpuIndices", "includeIntermediateResults"):
-        section.take(ignored)
+    include = section.bool_("includeIntermediateResults") or False
+    section.take("gpuIndices")  # v1 per-algorithm GPUs: tunerGpuIndices is the v2 field
     section.finish()
-    return TunerConfig(name=name, class_args=args)
+    if name is not None and class_name is not None:
+        raise ConfigError(section.at("className"), "given together with `name`",
+                          "use `name` for one of NNI's built-in algorithms, or `className` + `codeDirectory` "
+                          "for your own")
+    if name is None and class_name is None:
+        raise ConfigError(section.at("name"), "is required",
+                          f"add `name: {'TPE' if kind == 'tuner' else 'Medianstop' if kind == 'assessor' else 'Hyperband'}`"
+                          " (a built-in algorithm) or `className` + `codeDirectory` (your own)")
+    if class_name is not None:
+        if "." not in class_name:
+            raise ConfigError(section.at("className"), f"must be `module.Class`, got {class_name!r}",
+                              "write e.g. `className: my_tuner.MyTuner` (my_tuner.py in codeDirectory)")
+        if code_dir is None:
+            raise ConfigError(section.at("codeDirectory"), "is required with className",
+                              "point it at the folder holding your algorithm's module")
+        if not code_dir.is_dir():
+            raise ConfigError(section.at("codeDirectory"), f"{code_dir} is not an existing directory",
+                              "point it at the folder holding your algorithm's module "
+                              "(relative paths start at the config file's folder)")
+    elif code_dir is not None:
+        raise ConfigError(section.at("codeDirectory"), "is only for customised algorithms (className)",
+                          "remove it, or give `className` instead of `name`")
+    return TunerConfig(name=name or "", class_args=args, class_name=class_name, code_directory=code_dir,
+                       kind=kind, include_intermediate_results=include)
 
 
 def _signal(name: str, field: str) -> str:

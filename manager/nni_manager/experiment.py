@@ -1,25 +1,32 @@
 """The experiment loop: NNI's NNIManager duties over a TrainingService.
 
-It asks the tuner for parameters, keeps `trialConcurrency` trials alive, stops at
-maxTrialNumber / maxExperimentDuration / an exhausted tuner, feeds final metrics back to
-the tuner, answers multi-phase parameter requests, and early-stops trials that pass
-maxTrialDuration. Like NNI, when maxExperimentDuration runs out no new trial starts and
-running ones finish. Cancelling `run()` (Ctrl-C) cancels every live trial USER_CANCELED
-before the training service cleans up.
+It follows NNI 3's manager (ts/nni_manager/core/nnimanager.ts): the dispatcher (NNI's own
+tuner / assessor / advisor process, or a built-in tuner without nni) is initialised with the
+search space and asked for `trialConcurrency` trials; their parameter records queue up and
+are submitted while fewer than `trialConcurrency` trials are alive; every metric is reported to
+the dispatcher, every trial end is told to it and answered with a request for one more trial.
+Its "kill trial" verdicts early-stop trials. It stops at maxTrialNumber / maxExperimentDuration
+/ an exhausted tuner, and early-stops trials that pass maxTrialDuration. Like NNI, when
+maxExperimentDuration runs out no new trial starts and running ones finish. Cancelling `run()`
+(Ctrl-C) cancels every live trial USER_CANCELED before the training service cleans up; a failed
+dispatcher does the same and raises `DispatcherError`.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nni_manager.config import ExperimentConfig
-from nni_manager.tuners import Tuner, make_tuner
+from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
+from nni_manager.dispatcher.base import parameter_record
 from nni_manager.types import (
     HyperParameters,
     TrialJobApplicationForm,
@@ -28,6 +35,11 @@ from nni_manager.types import (
     TrialJobStatus,
 )
 
+__all__ = ["DispatcherError", "Experiment", "ExperimentResult", "TrialSummary", "metric_number", "parameter_record"]
+
+log = logging.getLogger(__name__)
+_LOG_LEVELS = {"fatal": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
+               "debug": logging.DEBUG, "trace": 5}
 _CANCEL_WAIT_S = 10.0  # beyond the trial grace period, for cancelled trials to report their end
 
 
@@ -37,7 +49,7 @@ class TrialSummary:
 
     trial_id: str
     sequence_id: int
-    parameter_id: int
+    parameter_id: Any  # an int from most tuners; Hyperband's are strings like "0-3_0_1"
     parameters: dict[str, Any]
     status: TrialJobStatus = TrialJobStatus.WAITING
     latest: Any = None  # the latest intermediate result as reported (number or dict)
@@ -48,6 +60,7 @@ class TrialSummary:
     start_time: int | None = None  # epoch ms
     end_time: int | None = None
     message: str = ""
+    hyper_params: str = ""  # the ParameterRecord JSON as the dispatcher sent it (TRIAL_END carries it back)
 
     def elapsed(self, now_ms: int | None = None) -> float | None:
         """Seconds running so far (or in total once ended)."""
@@ -65,6 +78,7 @@ class ExperimentResult:
     stop_reason: str
     trials: list[TrialSummary] = field(default_factory=list)
     best: TrialSummary | None = None
+    error: str = ""  # why the tuner / assessor failed, when it did
 
 
 def metric_number(value: Any) -> float | None:
@@ -76,38 +90,35 @@ def metric_number(value: Any) -> float | None:
     return None
 
 
-def parameter_record(parameter_id: int, parameters: dict[str, Any] | None, index: int = 0,
-                     trial_id: str | None = None) -> str:
-    """A ParameterRecord JSON (nni-training-service.md §1.3), NNI's separators."""
-    record: dict[str, Any] = {"parameter_id": parameter_id, "parameter_source": "algorithm",
-                              "parameters": parameters, "parameter_index": index}
-    if trial_id is not None:
-        record["trial_job_id"] = trial_id
-    return json.dumps(record)
-
-
 class Experiment:
     """Run one experiment: `result = await Experiment(config).run()`.
 
     `on_event(kind, trial)` is called on "submitted", "status", "intermediate" and "final".
+    `status` follows NNI's experiment states: INITIALIZED, RUNNING, TUNER_NO_MORE_TRIAL,
+    NO_MORE_TRIAL, DONE, STOPPED, ERROR.
     """
 
     def __init__(self, config: ExperimentConfig, *, experiment_id: str | None = None,
                  on_event: Callable[[str, TrialSummary], None] | None = None,
                  poll_interval: float = 0.5) -> None:
+        check_algorithms(config)  # ConfigError before any work
         self.config = config
-        self.tuner: Tuner = make_tuner(config.tuner, config.search_space)  # ConfigError before any work
+        self.optimize_mode = optimize_mode(config)
+        self.dispatcher: Dispatcher | None = None
         self.experiment_id = experiment_id
         self.experiment_dir: Path | None = None
         self.trials: dict[str, TrialSummary] = {}
         self.stop_reason = ""
+        self.status = "INITIALIZED"
+        self.error = ""
         self._on_event = on_event
         self._poll_interval = poll_interval
-        self._params: dict[int, dict[str, Any]] = {}  # parameter_id -> parameters
-        self._next_parameter_id = 0
+        self._queue: deque[str] = deque()  # parameter records waiting for a trial slot
+        self._phase_requests: deque[tuple[str, int]] = deque()  # multi-phase: (trial id, parameter index)
         self._next_sequence_id = 0
         self._exhausted = False
         self._early_stopped: set[str] = set()
+        self._resumed: set[str] = set()  # trials of an earlier run: the new dispatcher never saw them
         self._started = time.monotonic()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -122,76 +133,146 @@ class Experiment:
         async with create_training_service(self.config, experiment_id=self.experiment_id) as ts:
             self._ts = ts
             self.experiment_id, self.experiment_dir = ts.experiment_id, Path(ts.experiment_dir)
+            handler = _log_file(self.experiment_dir, self.config.log_level)
             ts.add_trial_job_metric_listener(self._on_metric)
             ts.add_trial_job_status_listener(self._on_status)
             ts.add_parameter_request_listener(self._on_parameter_request)
             try:
-                await self._resume(ts)
+                history = await self._resume(ts)
+                self.dispatcher = make_dispatcher(self.config, self.experiment_dir, resume=bool(self._resumed))
+                await self.dispatcher.start(self, self.config.search_space or {}, history)
+                self.status = "RUNNING"
+                self.dispatcher.request_trials(self.config.trial_concurrency)
                 await self._loop(ts)
+                self.status = "DONE"
             except asyncio.CancelledError:
-                self.stop_reason = "interrupted"
+                self.stop_reason, self.status = "interrupted", "STOPPED"
+                await asyncio.shield(self._cancel_all(ts))
+                raise
+            except DispatcherError as exc:
+                self.error, self.status = str(exc), "ERROR"
+                self.stop_reason = "the tuner failed"
+                log.error("%s", exc)
                 await asyncio.shield(self._cancel_all(ts))
                 raise
             finally:
                 for task in list(self._tasks):
                     task.cancel()
+                if self.dispatcher is not None:
+                    await asyncio.shield(self.dispatcher.stop())
+                logging.getLogger("nni_manager").removeHandler(handler)
+                handler.close()
         return self.result()
 
     def result(self) -> ExperimentResult:
         trials = sorted(self.trials.values(), key=lambda t: t.sequence_id)
         best: TrialSummary | None = None
         for trial in trials:  # a NaN or infinite metric is no result: never the best
-            if trial.metric is not None and math.isfinite(trial.metric) and (
-                    best is None or self.tuner.better(trial.metric, best.metric)):
+            if trial.metric is not None and math.isfinite(trial.metric) and (best is None or self._better(trial.metric, best.metric)):
                 best = trial
         return ExperimentResult(self.experiment_id or "", self.experiment_dir or Path(),
-                                self.tuner.optimize_mode, self.stop_reason, trials, best)
+                                self.optimize_mode, self.stop_reason, trials, best, self.error)
 
     def live_count(self) -> int:
         return sum(1 for t in self.trials.values() if not t.status.is_terminal)
 
+    def update_search_space(self, search_space: dict[str, Any]) -> None:
+        """NNI's UPDATE_SEARCH_SPACE: trials requested from now on come from the new space."""
+        from nni_manager.search_space import validate
+
+        validate(search_space)
+        self.config.search_space = search_space
+        if self.dispatcher is not None:
+            self.dispatcher.update_search_space(search_space)
+
+    def _better(self, a: float, b: float | None) -> bool:
+        return b is None or (a > b if self.optimize_mode == "maximize" else a < b)
+
+    # -- the dispatcher's commands (DispatcherEvents) --------------------------------------
+
+    def new_trial(self, record: str) -> None:
+        if self._phase_requests:  # multi-phase: this record was asked for by a running trial
+            self._answer(*self._phase_requests.popleft(), record)
+            return
+        self._queue.append(record)
+        self._exhausted = False
+        if self.status == "TUNER_NO_MORE_TRIAL":
+            self.status = "RUNNING"
+        self._wake.set()
+
+    def no_more_trials(self) -> None:
+        if self._phase_requests:
+            self._answer(*self._phase_requests.popleft(), None)
+            return
+        self._exhausted = True
+        if self.status == "RUNNING":
+            self.status = "TUNER_NO_MORE_TRIAL"
+        self._wake.set()
+
+    def kill_trial(self, trial_id: str) -> None:
+        trial = self.trials.get(trial_id)
+        if trial is None or trial.status.is_terminal or trial_id in self._early_stopped:
+            return
+        log.info("the assessor / advisor early-stops trial %s", trial_id)
+        self._early_stopped.add(trial_id)
+        self._spawn(self._ts.cancel_trial_job(trial_id, is_early_stopped=True))
+
     # -- the loop -----------------------------------------------------------------------
 
     async def _loop(self, ts: Any) -> None:
+        assert self.dispatcher is not None
         while True:
+            if self.dispatcher.error is not None:
+                raise DispatcherError(self.dispatcher.error)
             self._apply_details(await ts.list_trial_jobs())
             await self._enforce_trial_duration(ts)
             stop = self._why_no_more_trials() or _no_usable_machine(ts)
-            while not stop and self.live_count() < self.config.trial_concurrency:
-                await self._submit(ts)
+            while not stop and self.live_count() < self.config.trial_concurrency and self._queue:
+                await self._submit(ts, self._queue.popleft())
                 stop = self._why_no_more_trials() or _no_usable_machine(ts)
             if stop and self.live_count() == 0:
                 self.stop_reason = stop
                 return
+            if stop and self.status in ("RUNNING", "TUNER_NO_MORE_TRIAL") and not self._exhausted:
+                self.status = "NO_MORE_TRIAL"
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval)
             except asyncio.TimeoutError:
                 pass
 
-    def _why_no_more_trials(self) -> str:
+    def _limit_reached(self) -> str:
         if self.config.max_trial_number is not None and len(self.trials) >= self.config.max_trial_number:
             return f"maxTrialNumber ({self.config.max_trial_number}) reached"
         duration = self.config.max_experiment_duration
         if duration is not None and time.monotonic() - self._started >= duration:
             return f"maxExperimentDuration ({duration:g} s) reached"
-        if self._exhausted:
+        return ""
+
+    def _why_no_more_trials(self) -> str:
+        limit = self._limit_reached()
+        if limit:
+            return limit
+        assert self.dispatcher is not None
+        # An advisor may answer the last trial end with a new round: let it settle first.
+        if (self._exhausted and not self._queue and not self._phase_requests
+                and time.monotonic() - self.dispatcher.last_activity >= self.dispatcher.settle_s):
             return "the tuner has no more parameters"
         return ""
 
-    async def _submit(self, ts: Any) -> None:
-        parameter_id = self._next_parameter_id
-        params = self.tuner.generate_parameters(parameter_id)
-        if params is None:
-            self._exhausted = True
-            return
-        self._next_parameter_id += 1
-        self._params[parameter_id] = params
+    async def _submit(self, ts: Any, record: str) -> None:
+        try:
+            parsed = json.loads(record)
+        except ValueError:
+            parsed = {}
+        parameters = parsed.get("parameters") if isinstance(parsed, dict) else None
         sequence_id = self._next_sequence_id
         self._next_sequence_id += 1
-        form = TrialJobApplicationForm(sequence_id, HyperParameters(parameter_record(parameter_id, params), 0))
+        form = TrialJobApplicationForm(sequence_id, HyperParameters(record, 0),
+                                       placement_constraint=parsed.get("placement_constraint") if isinstance(parsed, dict) else None)
         detail = await ts.submit_trial_job(form)
-        trial = TrialSummary(detail.id, sequence_id, parameter_id, params)
+        trial = TrialSummary(detail.id, sequence_id, parsed.get("parameter_id") if isinstance(parsed, dict) else None,
+                             parameters if isinstance(parameters, dict) else {}, hyper_params=record)
         self.trials[detail.id] = trial
         self._emit("submitted", trial)
         self._apply_details([detail])
@@ -206,8 +287,16 @@ class Experiment:
             if detail.status != trial.status:
                 trial.status = detail.status
                 if detail.status.is_terminal:
-                    self.tuner.trial_end(trial.parameter_id, detail.status == TrialJobStatus.SUCCEEDED)
+                    self._trial_ended(trial)
                 self._emit("status", trial)
+
+    def _trial_ended(self, trial: TrialSummary) -> None:
+        """TRIAL_END, then one more trial in its place (NNI requests as many as ended)."""
+        if self.dispatcher is None or trial.trial_id in self._resumed:
+            return
+        self.dispatcher.trial_end(trial.trial_id, trial.status.value, trial.hyper_params)
+        if not self._limit_reached():
+            self.dispatcher.request_trials(1)
 
     async def _enforce_trial_duration(self, ts: Any) -> None:
         limit = self.config.max_trial_duration
@@ -230,13 +319,14 @@ class Experiment:
             self._apply_details(await ts.list_trial_jobs())
             await asyncio.sleep(0.05)
 
-    async def _resume(self, ts: Any) -> None:
-        """Take over the trials of a resumed experiment: count them, tell the tuner."""
+    async def _resume(self, ts: Any) -> list[dict[str, Any]]:
+        """Take over the trials of a resumed experiment: count them; their results, in NNI's
+        IMPORT_DATA form ([{"parameter": ..., "value": ...}]), go to the new dispatcher."""
         from nni_manager.store import Store
 
         details = await ts.list_trial_jobs()
         if not details:
-            return
+            return []
         finals: dict[str, Any] = {}
         store = Store.open_readonly(Path(ts.experiment_dir))
         try:
@@ -248,19 +338,18 @@ class Experiment:
         history = []
         for detail in details:
             record = json.loads(detail.form.hyper_parameters.value)
-            parameter_id = int(record.get("parameter_id") or 0)
-            trial = TrialSummary(detail.id, detail.sequence_id, parameter_id, record.get("parameters") or {},
-                                 status=detail.status)
+            trial = TrialSummary(detail.id, detail.sequence_id, record.get("parameter_id"), record.get("parameters") or {},
+                                 status=detail.status, hyper_params=detail.form.hyper_parameters.value)
             if detail.id in finals:
                 trial.final = finals[detail.id]
                 trial.metric = metric_number(trial.final)
+                if trial.final is not None:
+                    history.append({"parameter": trial.parameters, "value": trial.final})
             self.trials[detail.id] = trial
-            self._params[parameter_id] = trial.parameters
-            history.append({"parameter": trial.parameters, "value": trial.metric})
-            self._next_parameter_id = max(self._next_parameter_id, parameter_id + 1)
+            self._resumed.add(detail.id)
             self._next_sequence_id = max(self._next_sequence_id, detail.sequence_id + 1)
-        self.tuner.import_data(history)
         self._apply_details(details)
+        return history
 
     # -- listeners (called on the event loop by the training service) -------------------
 
@@ -276,39 +365,57 @@ class Experiment:
             return
         if trial is None or not isinstance(message, dict):
             return
-        value = _decode(message.get("value"))
+        if self.dispatcher is not None and metric.id not in self._resumed:
+            self.dispatcher.report_metric(metric.data)  # REPORT_METRIC_DATA, exactly as the trial sent it
+        value = decode_metric_value(message.get("value"))
         if message.get("type") == "PERIODICAL":
             trial.latest = value
             trial.intermediate_count += 1
             self._emit("intermediate", trial)
         elif message.get("type") == "FINAL":
             trial.final, trial.metric = value, metric_number(value)
-            parameter_id = message.get("parameter_id")
-            parameter_id = trial.parameter_id if parameter_id is None else int(parameter_id)
-            if trial.metric is not None:
-                self.tuner.receive_trial_result(parameter_id, self._params.get(parameter_id, trial.parameters),
-                                                trial.metric)
             self._emit("final", trial)
             self._wake.set()
 
     def _on_parameter_request(self, trial_id: str, index: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._answer(trial_id, index))
+        """Multi-phase (`nni.get_next_parameter()` called again): the next record the dispatcher
+        sends goes to this trial (NNI 3's dispatcher has no multi-phase mode of its own)."""
+        if self.dispatcher is None:
+            return
+        self._phase_requests.append((trial_id, index))
+        self.dispatcher.request_trials(1)
+
+    def _answer(self, trial_id: str, index: int, record: str | None) -> None:
+        parsed: dict[str, Any] = {}
+        if record is not None:
+            try:
+                parsed = json.loads(record)
+            except ValueError:
+                pass
+        value = parameter_record(parsed.get("parameter_id"), parsed.get("parameters"), index, trial_id)
+        self._spawn(self._ts.update_trial_job(trial_id, TrialJobApplicationForm(-1, HyperParameters(value, index))))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _answer(self, trial_id: str, index: int) -> None:
-        """Multi-phase: a new tuner point for the trial (parameters null once exhausted)."""
-        parameter_id = self._next_parameter_id
-        params = None if self._exhausted else self.tuner.generate_parameters(parameter_id)
-        if params is not None:
-            self._next_parameter_id += 1
-            self._params[parameter_id] = params
-        value = parameter_record(parameter_id, params, index, trial_id)
-        await self._ts.update_trial_job(trial_id, TrialJobApplicationForm(-1, HyperParameters(value, index)))
 
     def _emit(self, kind: str, trial: TrialSummary) -> None:
         if self._on_event is not None:
             self._on_event(kind, trial)
+
+
+def _log_file(experiment_dir: Path, level: str) -> logging.Handler:
+    """The manager's log at NNI's `logLevel`: <experiment>/log/nnimanager.log."""
+    (experiment_dir / "log").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(experiment_dir / "log" / "nnimanager.log")
+    handler.setLevel(_LOG_LEVELS.get(level, logging.INFO))
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s (%(name)s) %(message)s"))
+    root = logging.getLogger("nni_manager")
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > handler.level:
+        root.setLevel(handler.level)
+    return handler
 
 
 def _no_usable_machine(ts: Any) -> str:
@@ -325,10 +432,10 @@ def _metric_value(data: str) -> Any:
         message = json.loads(data)
     except ValueError:
         return None
-    return _decode(message.get("value")) if isinstance(message, dict) else None
+    return decode_metric_value(message.get("value")) if isinstance(message, dict) else None
 
 
-def _decode(value: Any) -> Any:
+def decode_metric_value(value: Any) -> Any:
     """Metric values travel JSON-encoded inside the metric JSON (NNI >= 1.4)."""
     if isinstance(value, str):
         try:

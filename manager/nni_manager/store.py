@@ -58,10 +58,11 @@ CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Columns added after the first release: added to older databases on open.
 _ADDED_COLUMNS = {
-    "trials": (("environment_id", "TEXT"), ("agents", "TEXT")),
-    "agents": (("env_id", "TEXT"), ("role", "TEXT NOT NULL DEFAULT ''"), ("idx", "INTEGER NOT NULL DEFAULT 0")),
+    "trials": (("environment_id", "TEXT"), ("agents", "TEXT"), ("url", "TEXT")),
+    "agents": (("env_id", "TEXT"), ("role", "TEXT NOT NULL DEFAULT ''"), ("idx", "INTEGER NOT NULL DEFAULT 0"),
+               ("enrol", "INTEGER NOT NULL DEFAULT 0"), ("spent", "TEXT NOT NULL DEFAULT ''")),
 }
-_AGENT_COLUMNS = "agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq, env_id, role, idx"
+_AGENT_COLUMNS = "agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq, env_id, role, idx, enrol, spent"
 
 
 class Store:
@@ -139,13 +140,13 @@ class Store:
     def save_trial(self, t: TrialJobDetail) -> None:
         self._conn.execute(
             "INSERT OR REPLACE INTO trials (id, sequence_id, status, message, submit_time, start_time, end_time,"
-            " form, agent_id, gpu_indices, working_directory, is_early_stopped, environment_id, agents)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " form, agent_id, gpu_indices, working_directory, is_early_stopped, environment_id, agents, url)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 t.id, t.sequence_id, t.status.value, t.message, t.submit_time, t.start_time, t.end_time,
                 json.dumps(asdict(t.form)), t.agent_id,
                 None if t.gpu_indices is None else json.dumps(t.gpu_indices),
-                t.working_directory, int(t.is_early_stopped), t.environment_id, json.dumps(t.agents),
+                t.working_directory, int(t.is_early_stopped), t.environment_id, json.dumps(t.agents), t.url,
             ),
         )
 
@@ -160,7 +161,7 @@ class Store:
     def trials(self) -> list[TrialJobDetail]:
         rows = self._conn.execute(
             "SELECT id, sequence_id, status, message, submit_time, start_time, end_time, form, agent_id,"
-            " gpu_indices, working_directory, is_early_stopped, environment_id, agents FROM trials"
+            " gpu_indices, working_directory, is_early_stopped, environment_id, agents, url FROM trials"
             " ORDER BY submit_time, rowid"
         ).fetchall()
         return [_trial_from_row(r) for r in rows]
@@ -203,11 +204,17 @@ class Store:
         return [_agent_from_row(r) for r in rows]
 
     def add_agent(self, agent_id: str, name: str, token: str, hints: dict[str, Any], env_id: str | None = None,
-                  role: str = "", index: int = 0) -> None:
+                  role: str = "", index: int = 0, enrol: bool = False) -> None:
         self._conn.execute(
-            "INSERT INTO agents (agent_id, name, token, hints, env_id, role, idx) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (agent_id, name, token, json.dumps(hints), env_id, role, index),
+            "INSERT INTO agents (agent_id, name, token, hints, env_id, role, idx, enrol) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (agent_id, name, token, json.dumps(hints), env_id, role, index, int(enrol)),
         )
+
+    def set_agent_token(self, agent_id: str, token: str, spent: str) -> None:
+        """An agent enrolled: its session token replaces the spent enrolment credential."""
+        with self.transaction():
+            self._conn.execute("UPDATE agents SET token = ?, enrol = 0, spent = ? WHERE agent_id = ?",
+                               (token, spent, agent_id))
 
     # ------------------------------------------------------------------ environments, settings
     def save_environment(self, env_id: str, trial_id: str | None, state: str, reason: str = "") -> None:
@@ -251,7 +258,7 @@ def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:
         form=TrialJobApplicationForm(hyper_parameters=HyperParameters(**hp), **form),
         agent_id=r[8], gpu_indices=None if r[9] is None else json.loads(r[9]),
         working_directory=r[10], is_early_stopped=bool(r[11]), environment_id=r[12],
-        agents=json.loads(r[13]) if r[13] else ([r[8]] if r[8] else []),
+        agents=json.loads(r[13]) if r[13] else ([r[8]] if r[8] else []), url=r[14],
     )
 
 

@@ -1,7 +1,8 @@
-"""Tuners: where the next trial's parameters come from.
+"""Built-in tuners, used when the `nni` package is not installed (with it, every tuner runs in
+NNI's own dispatcher: see `nni_manager.dispatcher`).
 
 The interface follows NNI's Tuner (generate_parameters / receive_trial_result /
-trial_end) so porting another NNI tuner is mechanical. Built in: Random and GridSearch.
+trial_end / update_search_space). Built in: Random, and GridSearch (NNI's algorithm, ported).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from nni_manager import search_space as ss
 from nni_manager.config import ConfigError, TunerConfig
+from nni_manager.gridsearch import GridSearch
 
 OPTIMIZE_MODES = ("maximize", "minimize")
 
@@ -33,6 +35,10 @@ class Tuner:
 
     def trial_end(self, parameter_id: int, success: bool) -> None:
         """A trial ended (also without a final metric)."""
+
+    def update_search_space(self, space: dict[str, Any]) -> None:
+        """A new search space (NNI's UPDATE_SEARCH_SPACE)."""
+        self.space = space
 
     def import_data(self, data: list[dict[str, Any]]) -> None:
         """Earlier trials (a resumed experiment), NNI's format: [{"parameter": {...}, "value": x | None}]."""
@@ -71,22 +77,24 @@ class RandomTuner(Tuner):
 
 
 class GridSearchTuner(Tuner):
-    """Every grid point once (search_space.grid), then exhausted."""
+    """NNI's GridSearch (nni_manager.gridsearch): every combination of categorical values, and
+    numerical parameters sampled progressively finer; exhausted once nothing new is left."""
 
     def __init__(self, space: dict[str, Any], optimize_mode: str = "maximize") -> None:
         super().__init__(space, optimize_mode)
-        self._points = ss.grid(space)
-        self._tried: set[str] = set()
+        self._grid = GridSearch(space)
+
+    def update_search_space(self, space: dict[str, Any]) -> None:
+        super().update_search_space(space)
+        self._grid = GridSearch(space)
 
     def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None:
-        for point in self._points:
-            if _key(point) not in self._tried:
-                return point
-        return None
+        return self._grid.next()
 
     def import_data(self, data: list[dict[str, Any]]) -> None:
         super().import_data(data)
-        self._tried.update(_key(item["parameter"]) for item in data)
+        for item in data:
+            self._grid.mark_tried(item["parameter"])
 
 
 def _key(params: dict[str, Any]) -> str:
@@ -106,8 +114,8 @@ def make_tuner(config: TunerConfig | None, space: dict[str, Any] | None) -> Tune
     by_lower = {name.lower(): cls for name, cls in BUILTIN.items()}
     cls = by_lower.get(config.name.lower())
     if cls is None:
-        raise ConfigError("tuner.name", f"unknown tuner {config.name!r}",
-                          f"use a built-in tuner: {', '.join(BUILTIN)}")
+        raise ConfigError("tuner.name", f"unknown tuner {config.name!r}: without the `nni` package only the built-in "
+                          f"tuners run", f"`pip install nni` for all of NNI's algorithms, or use one of: {', '.join(BUILTIN)}")
     args = dict(config.class_args)
     for key in args:
         if key not in cls.class_args:

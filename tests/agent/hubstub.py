@@ -76,7 +76,7 @@ class HubStub(pb_grpc.AgentHubServicer):
         self.bundles[digest] = data
         return digest
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 120) -> None:
         async def loop() -> None:
             while not predicate():
                 self._changed.clear()

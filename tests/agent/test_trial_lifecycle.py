@@ -129,7 +129,7 @@ def test_cancel_wins_over_exit_code(tmp_path: Path) -> None:
     """NNI reported a killed trial by its exit code; a cancel is a cancel."""
     ready = tmp_path / "ready"
     command = "exec " + python_command(
-        f"import signal, sys, time, pathlib; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+        f"import signal, sys, time, pathlib; signal.signal(signal.SIGINT, lambda *a: sys.exit(0)); "
         f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
     rec, _ = _cancel_scenario(tmp_path, command, early=False, ready_file=ready)
     final = rec.terminal
@@ -153,16 +153,16 @@ def test_max_duration_early_stops(tmp_path: Path) -> None:
     final = rec.terminal
     assert final.state == pb.TRIAL_STATE_EARLY_STOPPED
     assert final.reason == "exceeded the maximum trial duration of 0.3s"
-    assert final.signal == 15  # sleep died of the default kill signal
+    assert final.signal == 2  # sleep died of the default kill signal: SIGINT, as NNI 3's trial keeper sends
 
 
 def test_custom_kill_signal(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     command = python_command(
-        f"import signal, sys, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        f"signal.signal(signal.SIGINT, lambda *a: sys.exit(5)); pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+        f"import signal, sys, time, pathlib; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        f"signal.signal(signal.SIGTERM, lambda *a: sys.exit(5)); pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
     rec = Recorder()
-    spec = make_spec(tmp_path, "exec " + command, limits=pb.Limits(kill_signal=2, grace_period_ms=10_000))
+    spec = make_spec(tmp_path, "exec " + command, limits=pb.Limits(kill_signal=15, grace_period_ms=10_000))
 
     async def body() -> None:
         trial = new_trial(spec, tmp_path, rec)

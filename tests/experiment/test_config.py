@@ -46,7 +46,7 @@ MISTAKES = [
     (v2(trainingService={"platform": "local", "maxTrialNumberPerGpu": 2}),
      "trainingService.maxTrialNumberPerGpu", "trialGpuNumber"),
     (v2(trialCodeDirectory="no/such/dir"), "trialCodeDirectory", "folder"),
-    (v2(trainingService={"platform": "openpai"}), "trainingService.platform", "local"),
+    (v2(trainingService={"platform": "dlc"}), "trainingService.platform", "local"),
     (v2(trainingService=None), "trainingService.platform", "add `platform"),
     (v2(trainingService={"platform": "remote", "machineList": []}), "trainingService.machineList", "machineList: [{host"),
     (remote({"user": "u"}), "trainingService.machineList[0].host", "add `host"),
@@ -63,8 +63,15 @@ MISTAKES = [
     (v2(searchSpace={"lr": [1, 2]}), "searchSpace.lr", "_type"),
     (v2(searchSpaceFile="nope.json", searchSpace=None), "searchSpaceFile", "JSON or YAML"),
     (v2(tuner={"name": "Random", "classArg": {}}), "tuner.classArg", "did you mean `classArgs`?"),
-    (v2(tuner={"className": "My"}), "tuner.className", "built-in"),
-    (v2(assessor={"name": "Medianstop"}), "assessor", "remove it"),
+    (v2(tuner={"className": "My"}), "tuner.className", "my_tuner.MyTuner"),
+    (v2(tuner={"className": "my.My"}), "tuner.codeDirectory", "folder"),
+    (v2(tuner={"name": "TPE", "className": "my.My"}), "tuner.className", "built-in"),
+    (v2(tuner={"name": "TPE", "codeDirectory": "."}), "tuner.codeDirectory", "className"),
+    (v2(tuner=None, advisor={"name": "Hyperband"}, assessor={"name": "Medianstop"}), "assessor", "remove the assessor"),
+    (v2(advisor={"name": "Hyperband"}), "advisor", "keep one"),
+    (v2(assessor={"classArgs": {}}), "assessor.name", "Medianstop"),
+    (v2(logLevel="loud"), "logLevel", "debug"),
+    (v2(experimentType="nas"), "experimentType", "hpo"),
     (v2(trainingService=[{"platform": "local"}]), "trainingService", "one trainingService"),
     (v2(trialKillSignal="SIGFOO"), "trialKillSignal", "SIGTERM"),
     (v2(trainingService={"platform": "local", "gpuIndices": "a,b"}), "trainingService.gpuIndices", "[0, 1]"),
@@ -178,7 +185,7 @@ def test_secret_never_in_error(tmp_path: Path) -> None:
 
 def test_planned_platform_says_it_is_not_implemented(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(v2(trainingService={"platform": "openpai", "host": "pai"}), base_dir=tmp_path)
+        load_config(v2(trainingService={"platform": "dlc", "host": "pai"}), base_dir=tmp_path)
     assert info.value.field == "trainingService.platform"
     assert "not implemented in nni-manager yet" in str(info.value) and "kubeflow" in str(info.value)
 

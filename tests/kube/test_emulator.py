@@ -281,7 +281,7 @@ def test_graceful_delete_kills_trap_ignoring_process(kube):
     types = [e["type"] for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=stubborn",
                                          timeout_seconds=10) if not (e["type"] == "DELETED" and w.stop())]
     assert types[0] == "ADDED" and types[-1] == "DELETED"
-    assert not any(alive(pid) for pid in pids)      # SIGKILLed after the grace period
+    kube.wait_for(lambda: not any(alive(pid) for pid in pids), what="SIGKILLed after the grace period")
     with pytest.raises(ApiException) as ei:
         v1.read_namespaced_pod("stubborn", NS)
     assert ei.value.status == 404
@@ -365,10 +365,13 @@ def test_aio_client_and_watch(kube):
         await aconfig.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=cfg)
         async with aclient.ApiClient(cfg) as api:
             v1 = aclient.CoreV1Api(api)
+            # watch from before the creation: every phase is seen, however fast the pod runs
+            since = (await v1.list_namespaced_pod(NS)).metadata.resource_version
             await v1.create_namespaced_pod(NS, pod_body("ap", "echo aio"))
             seen = []
             w = awatch.Watch()
-            async for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=ap", timeout_seconds=15):
+            async for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=ap", timeout_seconds=15,
+                                    resource_version=since):
                 seen.append(e["object"].status.phase)
                 if e["object"].status.phase == "Succeeded":
                     w.stop()

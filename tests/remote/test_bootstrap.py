@@ -10,7 +10,7 @@ import pytest
 
 from nni_manager.backends.remote import bootstrap
 from nni_manager.backends.remote.bootstrap import BootstrapError
-from nni_manager.backends.remote.connection import connect
+from nni_manager.ssh.connection import connect
 from nni_manager.backends.agent_wheel import build_agent_wheel
 
 pytestmark = pytest.mark.ssh

@@ -10,7 +10,7 @@ import pytest
 
 from nni_manager.backends.remote.config import MachineConfig
 from nni_manager.backends.remote.bootstrap import run
-from nni_manager.backends.remote.connection import SshError, connect, fingerprint, proxy_command_line
+from nni_manager.ssh.connection import SshError, connect, fingerprint, proxy_command_line
 
 pytestmark = pytest.mark.ssh
 
@@ -118,7 +118,7 @@ def test_proxy_command_dies_with_the_manager(tmp_path):
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import threading, time, grpc\n"
-         "from nni_manager.backends.remote.connection import _ProxyCommand\n"
+         "from nni_manager.ssh.connection import _ProxyCommand\n"
          "channel = grpc.insecure_channel('127.0.0.1:9')\n"  # gRPC running, as in the manager
          "grpc.channel_ready_future(channel)\n"
          "box = []\n"

@@ -3,6 +3,10 @@ everything in one temp dir, started once per session and stopped by pid at the e
 
 Installs nothing (scripts/test.sh installs `slurmctld slurmd slurm-client munge` as root): without
 root or the binaries, the tests skip and say why. See docs: test-infrastructure §8.
+
+A second partition `high` (PriorityTier 10, PreemptMode CANCEL) lets a test preempt the
+experiment's jobs for real. Fixture `login_node`: a real sshd on 127.0.0.1 whose sessions see the
+cluster (SetEnv SLURM_CONF), the `loginNode` the manager drives the cluster through.
 """
 from __future__ import annotations
 
@@ -15,10 +19,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+
+from tests.remote.conftest import SSHD, SshKeys
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun")
 NODES = ("n1", "n2")
@@ -70,7 +78,8 @@ class Slurm:
 
     def idle_nodes(self) -> list[str]:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split("\n")
-        return [line.split()[0] for line in out if line.strip() and line.split()[1] == "idle"]
+        # one line per node and partition (debug, high): each node once
+        return sorted({line.split()[0] for line in out if line.strip() and line.split()[1] == "idle"})
 
     def job_processes(self) -> list[int]:
         """Processes started by slurmd for jobs (their environment carries SLURM_JOB_ID and our SLURM_CONF
@@ -167,9 +176,11 @@ def start_cluster(root: Path) -> Slurm:
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "ReturnToService=2",
         "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
         "MpiDefault=none", "SchedulerParameters=sched_interval=2", "KillWait=5", "InactiveLimit=0",
+        "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
         f"NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={p1} CPUs=1 RealMemory=1000",
         f"NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={p2} CPUs=1 RealMemory=1000",
-        "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP",
+        "PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+        "PartitionName=high Nodes=n1,n2 MaxTime=INFINITE State=UP PriorityTier=10",
     ]) + "\n")
     try:
         subprocess.run([_which("slurmctld") or "slurmctld", "-f", str(s.conf), "-i"], env=s.env, check=True,
@@ -208,3 +219,78 @@ def slurm() -> Iterator[Slurm]:
         cluster.stop()
         if os.environ.get("NNI_KEEP_SLURM_DIR") is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def base(short_dir: Path) -> Path:
+    """A short directory for an experiment (the hub's Unix socket lives in it)."""
+    return short_dir
+
+
+@dataclass
+class LoginNodeSshd:
+    """A running sshd on 127.0.0.1 playing the cluster's login node; `spec` is its `loginNode` entry."""
+
+    port: int
+    spec: dict[str, Any]
+    home: Path  # the SSH user's home there (root's): where the backend puts ~/nni-experiments/<exp>
+    proc: subprocess.Popen[bytes]
+
+    def kill_connections(self) -> int:
+        """Kill the sshd children serving connections (the listener stays): the manager's link drops."""
+        children = psutil.Process(self.proc.pid).children()
+        for child in children:
+            child.kill()
+        return len(children)
+
+
+@pytest.fixture(scope="session")
+def login_node(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoginNodeSshd]:
+    if not os.path.exists(SSHD):
+        pytest.skip("the loginNode tests need /usr/sbin/sshd: apt-get install -y openssh-server")
+    os.makedirs("/run/sshd", exist_ok=True)
+    keys = SshKeys(tmp_path_factory.mktemp("login"))
+    port = _free_port()
+    cfg = keys.sshd_config(port, "login")
+    with cfg.open("a") as f:  # the login node's sessions find the cluster, as /etc/slurm does on a real one
+        f.write(f"SetEnv SLURM_CONF={slurm.conf}\n")
+    subprocess.run([SSHD, "-t", "-f", str(cfg)], check=True)
+    home = Path.home()
+    before = set((home / "nni-experiments").iterdir()) if (home / "nni-experiments").is_dir() else None
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        slurm.wait_for(lambda: _listening(port), 20, "the login node's sshd")
+        keys.trust("127.0.0.1", port)
+        yield LoginNodeSshd(port, {"host": "127.0.0.1", "port": port, "user": "root",
+                                   "sshKeyFile": str(keys.root / "client"), "knownHostsFile": str(keys.known_hosts)},
+                            home, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if before is None:
+            shutil.rmtree(home / "nni-experiments", ignore_errors=True)
+        elif (home / "nni-experiments").is_dir():
+            for entry in set((home / "nni-experiments").iterdir()) - before:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def relay_processes() -> list[int]:
+    """Relays of the loginNode mode still running (on the "login node", i.e. this machine)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if b"nni_slurm_relay.py" in Path(f"/proc/{d}/cmdline").read_bytes():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out

@@ -40,11 +40,6 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 240))
 
 
-@pytest.fixture
-def base(short_dir: Path) -> Path:
-    return short_dir
-
-
 def config(base: Path, training_service: dict[str, Any] | None = None, **top: Any):  # -> ExperimentConfig
     code = base / "code"
     code.mkdir(exist_ok=True)
@@ -209,17 +204,18 @@ def test_two_node_trial_sees_slurm_and_logs_per_replica(slurm, base: Path) -> No
     assert_clean(slurm, exp)
 
 
-def test_reuse_mode_runs_trials_on_two_allocations(slurm, base: Path) -> None:
+def test_reuse_mode_runs_ten_trials_on_two_allocations(slurm, base: Path) -> None:
     cfg = config(base, {}, trialConcurrency=2)
-    n = 6
+    n = 10
 
     async def main() -> str:
         async with create_training_service(cfg) as ts:
             trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(n)]
             for t in trials:
                 await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
-            envs = {(await ts.get_trial_job(t.id)).environment_id for t in trials}
-            assert envs == {"env1", "env2"}, envs
+            envs = [(await ts.get_trial_job(t.id)).environment_id for t in trials]
+            assert set(envs) == {"env1", "env2"}, envs  # 10 trials, each on one of the two allocations
+            assert all(envs.count(e) >= 2 for e in set(envs)), envs  # both ran trial after trial
             jobs = slurm.jobs(f"nni_exp_{ts.experiment_id}_")
             assert sorted(j["name"] for j in jobs) == [f"nni_exp_{ts.experiment_id}_env_1",
                                                        f"nni_exp_{ts.experiment_id}_env_2"], jobs
@@ -229,6 +225,60 @@ def test_reuse_mode_runs_trials_on_two_allocations(slurm, base: Path) -> None:
 
     exp = run(main())
     assert_clean(slurm, exp)  # clean_up cancelled both allocations
+
+
+def test_preempted_or_cancelled_allocation_is_replaced_and_its_trial_reported(slurm, base: Path) -> None:
+    """reuse mode: an allocation `scancel`ed by someone else, then both allocations PREEMPTED for real (a
+    job in partition `high`, PreemptMode CANCEL): each running trial ends SYS_CANCELED in Slurm's words
+    (never silently lost), and new allocations take over the trials that still wait."""
+    cfg = config(base, {}, trialConcurrency=2)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            exp = ts.experiment_id
+            a = await ts.submit_trial_job(sleeper(base, 0, "a"))
+            b = await ts.submit_trial_job(sleeper(base, 1, "b"))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            await wait_status(ts, b.id, "RUNNING", timeout=T)
+            env_a = (await ts.get_trial_job(a.id)).environment_id
+
+            # someone scancels the allocation running a: a is reported, a new allocation runs c
+            job = slurm.jobs(f"nni_exp_{exp}_env_{env_a.removeprefix('env')}")[0]
+            slurm.run("scancel", job["id"])
+            d = await wait_status(ts, a.id, "SYS_CANCELED", timeout=T)
+            msg = await message_with(ts, a.id, "CANCELLED", job["id"])
+            c = await ts.submit_trial_job(form(2, x=5, steps=1))
+            d = await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
+            assert d.environment_id not in ("env1", "env2"), d  # a replacement allocation
+            assert (await ts.get_trial_job(b.id)).status.value == "RUNNING"
+
+            # a higher-tier job preempts both allocations: the running trial b is reported PREEMPTED
+            live = {j["id"] for j in slurm.live_jobs(f"nni_exp_{exp}_")}
+            assert len(live) == 2, live
+            high = slurm.run("sbatch", "--parsable", "-p", "high", "-N", "2", "--mem=100M", "-J", "preemptor",
+                             "-o", "/dev/null", "--wrap", "sleep 600").stdout.strip().split(";")[0]
+            try:
+                await wait_status(ts, b.id, "SYS_CANCELED", timeout=T)
+                msg = await message_with(ts, b.id, "PREEMPTED")
+                assert "Slurm job" in msg, msg
+                states = {j["id"]: j["state"] for j in slurm.jobs(f"nni_exp_{exp}_")}
+                assert all(states[i] == "PREEMPTED" for i in live), states
+                # trials keep coming: they wait (the preemptor holds both nodes), then run on new allocations
+                e = await ts.submit_trial_job(form(3, x=9, steps=1))
+                await message_with(ts, e.id, "PENDING")
+            finally:
+                slurm.run("scancel", high)
+            d = await wait_status(ts, e.id, "SUCCEEDED", timeout=T)
+            names = {j["name"] for j in slurm.jobs(f"nni_exp_{exp}_")}
+            assert f"nni_exp_{exp}_env_{d.environment_id.removeprefix('env')}" in names
+            assert d.environment_id not in ("env1", "env2", (await ts.get_trial_job(c.id)).environment_id)
+            # every trial has an end, none is lost
+            statuses = {t: (await ts.get_trial_job(t)).status.value for t in (a.id, b.id, c.id, e.id)}
+            assert statuses == {a.id: "SYS_CANCELED", b.id: "SYS_CANCELED", c.id: "SUCCEEDED", e.id: "SUCCEEDED"}
+            return exp
+
+    exp = run(main())
+    assert_clean(slurm, exp)
 
 
 def test_slurmctld_restart_loses_nothing(slurm, base: Path) -> None:
@@ -316,7 +366,7 @@ def test_dry_run_shows_batch_script_and_no_secret(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("field,value,problem", [
-    ("loginNode", {"host": "x"}, "not supported"),
+    ("loginNode", {"host": "x"}, "user"),  # an SSH machine spec, as in machineList
     ("sbatchOptions", ["--job-name=x"], "set by nni-manager"),
     ("sbatchOptions", ["constraint=a100"], "not an sbatch option"),
     ("timeLimit", "soon", "time limit"),

@@ -40,3 +40,40 @@ def test_manager_sigkill_and_restart_reattaches_running_jobs(slurm, tmp_path: Pa
     assert sorted(names) == ["nni_exp_SlurmRestart1_env_1", "nni_exp_SlurmRestart1_env_2"], names  # no new job
     slurm.wait_for(lambda: not slurm.live_jobs("nni_exp_SlurmRestart1_"), 60, "no live job")
     slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
+
+
+def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_node, tmp_path: Path) -> None:
+    """The same through `loginNode`: the SIGKILLed manager's SSH link and forward die with it; the
+    restarted one reconnects, finds the relay still running (same port, the one the batch scripts
+    name), points it at a new forward, and the agents' redials reach the new hub."""
+    from tests.slurm.conftest import relay_processes
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
+        "trialGracePeriod": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
+        "trainingService": {"platform": "slurm", "reuseMode": True, "pythonPath": sys.executable,
+                            "trialCpuNumber": 1, "trialMemorySize": "200mb", "pollInterval": "0.3s",
+                            "loginNode": login_node.spec},
+    }))
+    exp_dir = tmp_path / "exps" / "SlurmLoginRestart1"
+    first = start_manager("SlurmLoginRestart1", "new", 2, "--config", str(config), "--step-sleep", "0.3")
+    out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
+    relays = relay_processes()
+    assert len(relays) == 1, relays  # the relay outlives its manager (agents keep its address)
+
+    second = start_manager("SlurmLoginRestart1", "resume", 2, "--config", str(config), "--step-sleep", "0.3")
+    out2, err2 = second.communicate(timeout=150)
+    assert second.returncode == 0, err2[-3000:]
+    trials = check_resumed(exp_dir, out2, before)
+    assert {t.environment_id for t in trials} == {"env1", "env2"}
+    names = [j["name"] for j in slurm.jobs("nni_exp_SlurmLoginRestart1_")]
+    assert sorted(names) == ["nni_exp_SlurmLoginRestart1_env_1", "nni_exp_SlurmLoginRestart1_env_2"], names
+    log = (login_node.home / "nni-experiments" / "SlurmLoginRestart1" / "relay.log").read_text()
+    assert log.count("relay on ") == 1, log  # one relay for both managers
+    slurm.wait_for(lambda: not slurm.live_jobs("nni_exp_SlurmLoginRestart1_"), 60, "no live job")
+    slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
+    slurm.wait_for(lambda: not relay_processes(), 30, "the relay to stop")

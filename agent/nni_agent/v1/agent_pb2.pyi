@@ -259,7 +259,7 @@ class ManagerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., bundle_chunk: _Optional[_Union[BundleChunk, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("manager_version", "protocol_major", "protocol_minor", "acked_seq", "experiment_id", "heartbeat_interval_ms", "gpu_sample_interval_ms")
+    __slots__ = ("manager_version", "protocol_major", "protocol_minor", "acked_seq", "experiment_id", "heartbeat_interval_ms", "gpu_sample_interval_ms", "session_token")
     MANAGER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_MAJOR_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_MINOR_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class Welcome(_message.Message):
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     GPU_SAMPLE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     manager_version: str
     protocol_major: int
     protocol_minor: int
@@ -274,7 +275,8 @@ class Welcome(_message.Message):
     experiment_id: str
     heartbeat_interval_ms: int
     gpu_sample_interval_ms: int
-    def __init__(self, manager_version: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., acked_seq: _Optional[int] = ..., experiment_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., gpu_sample_interval_ms: _Optional[int] = ...) -> None: ...
+    session_token: str
+    def __init__(self, manager_version: _Optional[str] = ..., protocol_major: _Optional[int] = ..., protocol_minor: _Optional[int] = ..., acked_seq: _Optional[int] = ..., experiment_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., gpu_sample_interval_ms: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq",)

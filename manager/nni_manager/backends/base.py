@@ -142,6 +142,11 @@ class BackendContext(Protocol):
         nodes are available ..."); shown as the message of trials waiting for it."""
         ...
 
+    def agent_url(self, agent_id: str, url: str) -> None:
+        """Where people can look at the agent's job in the platform's own UI (a portal's job
+        page, a studio URL); trials placed on that agent get it as their `url`."""
+        ...
+
     def agent_connected(self, agent_id: str) -> bool:
         """Whether the agent currently holds an open stream to the hub."""
         ...
@@ -169,6 +174,12 @@ class Backend(abc.ABC):
     ships_code: ClassVar[bool] = True
     # False where roles carry their own commands (kubeflow, frameworkcontroller).
     trial_command_required: ClassVar[bool] = True
+    # Platforms with no secret store a job can mount (DLTS, AML): an elastic agent's token is a
+    # single-use enrolment credential; the hub accepts it once and gives that agent a session token.
+    single_use_credentials: ClassVar[bool] = False
+    # Whether cancelling a trial of a one-trial environment (reuseMode false) stops its job through
+    # the platform at once, so the platform shows it stopped, not completed (REST-job platforms).
+    stop_job_on_cancel: ClassVar[bool] = False
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
@@ -240,6 +251,11 @@ class Backend(abc.ABC):
         """Network hubs: the address agents reach this manager at when `nniManagerIp` is not
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
         return None
+
+    def hub_names(self) -> list[str]:
+        """Network hubs: further names the hub's certificate must carry, for agents that dial it
+        through a relay elsewhere (Slurm's `loginNode`); none by default."""
+        return []
 
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:

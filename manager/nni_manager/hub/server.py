@@ -9,10 +9,12 @@ bundle serving, and the reconnect window. What records *mean* is the handler's b
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +60,11 @@ class HubHandler(Protocol):
         ...
 
 
+def credential_digest(token: str) -> str:
+    """What the hub keeps of a spent enrolment credential: enough to recognise it, not to use it."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 @dataclass
 class _Link:
     """Everything the hub keeps about one agent across its streams."""
@@ -71,6 +78,8 @@ class _Link:
     session: _Session | None = None
     lost_since: float | None = None  # wall-clock time contact was lost
     expired: bool = False
+    enrol: bool = False  # `token` is a single-use enrolment credential, not used yet
+    spent: str = ""  # digest of the enrolment credential this agent used (a second use is refused)
 
 
 @dataclass
@@ -138,10 +147,12 @@ class Hub(pb_grpc.AgentHubServicer):
         return self.handler
 
     # ------------------------------------------------------------------ lifecycle
-    def register(self, agent_id: str, token: str, *, boot_id: str = "", applied_seq: int = 0, next_cmd_seq: int = 1) -> None:
-        """Allow `agent_id` to connect. It counts as out of contact until it does."""
+    def register(self, agent_id: str, token: str, *, boot_id: str = "", applied_seq: int = 0, next_cmd_seq: int = 1,
+                 enrol: bool = False, spent: str = "") -> None:
+        """Allow `agent_id` to connect. It counts as out of contact until it does. With `enrol`,
+        `token` is accepted once: that Hello gets a fresh session token for every later dial."""
         self._links[agent_id] = _Link(
-            agent_id, token, boot_id, applied_seq, next_cmd_seq, lost_since=time.time()
+            agent_id, token, boot_id, applied_seq, next_cmd_seq, lost_since=time.time(), enrol=enrol, spent=spent
         )
 
     async def start(self) -> None:
@@ -206,9 +217,20 @@ class Hub(pb_grpc.AgentHubServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = first.hello
         link = self._links.get(hello.agent_id)
+        if link is not None and link.spent and hmac.compare_digest(link.spent, credential_digest(hello.token)):
+            log.warning("agent %s: its single-use enrolment credential was presented again and refused (a copy of "
+                        "the job's credential? the enrolled agent keeps its own session)", hello.agent_id)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                f"agent {hello.agent_id}: enrolment credential already used")
         if link is None or not hmac.compare_digest(link.token.encode(), hello.token.encode()):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {hello.agent_id}: invalid token")
         assert link is not None
+        session_token = ""
+        if link.enrol:  # spend the credential; from now on only the session token works
+            session_token = secrets.token_urlsafe(32)
+            link.spent, link.token, link.enrol = credential_digest(link.token), session_token, False
+            self._store.set_agent_token(link.agent_id, session_token, link.spent)
+            log.info("agent %s enrolled (its enrolment credential is spent)", link.agent_id)
         if hello.protocol_major != PROTOCOL_MAJOR:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, version_mismatch(hello.protocol_major, hello.protocol_minor)
@@ -236,6 +258,7 @@ class Hub(pb_grpc.AgentHubServicer):
                     experiment_id=self.experiment_id,
                     heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
                     gpu_sample_interval_ms=int(self.gpu_sample_interval * 1000),
+                    session_token=session_token,
                 )
             )
         )

@@ -37,6 +37,7 @@ class AgentState:
     host: pb.HostInfo | None = None
     failed: str = ""  # the backend gave up on it
     status: str = ""  # the platform's words on why it is not there yet
+    url: str = ""  # the platform's page for the agent's job (the `url` of trials placed on it)
 
     @property
     def member(self) -> Member:
@@ -80,23 +81,24 @@ class Agents:
             self.by_id[a["agent_id"]] = AgentState(a["agent_id"], a["name"], _hints(a["hints"]), a["env_id"],
                                                    a["role"], a["idx"])
             hub.register(a["agent_id"], a["token"], boot_id=a["boot_id"], applied_seq=a["applied_seq"],
-                         next_cmd_seq=a["next_cmd_seq"])
+                         next_cmd_seq=a["next_cmd_seq"], enrol=bool(a["enrol"]), spent=a["spent"])
         for e in store.environments():
             members = [a.agent_id for a in self.by_id.values() if a.env_id == e["env_id"]]
             self.envs[e["env_id"]] = Environment(e["env_id"], members, e["trial_id"], e["state"], e["reason"],
                                                  ever_ready=e["state"] == READY)
 
     def add(self, name: str, hints: PlacementHints, env_id: str | None = None, role: str = "",
-            index: int = 0) -> AgentSpec:
-        """Register an agent (or find it again by name after a restart) and its spec."""
+            index: int = 0, enrol: bool = False) -> AgentSpec:
+        """Register an agent (or find it again by name after a restart) and its spec. With
+        `enrol`, its token is a single-use enrolment credential (see Hub.register)."""
         if not _NAME.fullmatch(name):
             raise ValueError(f"agent name {name!r}: use letters, digits, '.', '_' and '-' only")
         known = self.store.agent_by_name(name)
         if known is None:
             token = secrets.token_urlsafe(32)
             with self.store.transaction():
-                self.store.add_agent(name, name, token, dataclasses.asdict(hints), env_id, role, index)
-            self.hub.register(name, token)
+                self.store.add_agent(name, name, token, dataclasses.asdict(hints), env_id, role, index, enrol)
+            self.hub.register(name, token, enrol=enrol)
         else:
             token = known["token"]
         self.by_id[name] = AgentState(name, name, hints, env_id, role, index)

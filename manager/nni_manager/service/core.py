@@ -127,6 +127,11 @@ class Core:
             agent.status = message
             self.wake()
 
+    def agent_url(self, agent_id: str, url: str) -> None:
+        agent = self.agents.by_id.get(agent_id)
+        if agent is not None:
+            agent.url = url
+
     def agent_connected(self, agent_id: str) -> bool:
         return self.hub.connected(agent_id)
 
@@ -286,6 +291,8 @@ class Core:
     def send_start(self, t: TrialJobDetail, agent_id: str) -> None:
         cfg = self.config
         agent = self.agents.by_id[agent_id]
+        if agent.url and t.url != agent.url:
+            self.trials.change(t, url=agent.url)
         command, env = cfg.trial_command, {}
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
             role = next((r for r in self.backend.shape().roles if r.name == agent.role), None)

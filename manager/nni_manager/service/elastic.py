@@ -16,7 +16,7 @@ from nni_manager.backends.base import EnvironmentRequest, PlacementHints
 from nni_manager.service import capacity
 from nni_manager.service.agents import FAILED, PROVISIONING, READY, RELEASED, Environment
 from nni_manager.service.trials import now_ms
-from nni_manager.types import TrialJobStatus
+from nni_manager.types import TrialJobDetail, TrialJobStatus
 
 if TYPE_CHECKING:
     from nni_manager.service.core import Core
@@ -68,7 +68,8 @@ class Elastic:
         env = agents.add_environment(env_id, trial_id)
         specs = []
         for name, role, index in self.core.backend.member_names(env_id):
-            specs.append(agents.add(name, PlacementHints(), env_id, role, index))
+            specs.append(agents.add(name, PlacementHints(), env_id, role, index,
+                                    enrol=self.core.backend.single_use_credentials))
             env.members.append(name)
         self.core.spawn(self._submit(env, EnvironmentRequest(env_id, tuple(specs), trial_id)))
 
@@ -85,6 +86,13 @@ class Elastic:
             for agent_id in env.members:
                 self.core.send(agent_id, shutdown=pb.Shutdown(reason=f"environment {env.env_id} is released"))
         self.core.spawn(self.core.backend.release(env.env_id))
+
+    def cancelled(self, trial: TrialJobDetail) -> None:
+        """We cancel a trial: where the platform shows a stopped job for that (OpenPAI's STOP), its
+        one-trial environment is stopped through the platform at once, as NNI did."""
+        env = self.core.agents.envs.get(trial.environment_id or "")
+        if env is not None and env.trial_id == trial.id and env.live and self.core.backend.stop_job_on_cancel:
+            self.release(env)
 
     def stops_members(self, environment_id: str | None, trial_id: str) -> bool:
         """Whether the platform, not the core, stops the members still running when this trial

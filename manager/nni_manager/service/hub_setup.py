@@ -41,7 +41,7 @@ async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
         return f"{host}:{port}", None
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
         return f"{host}:{port}", user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
-    return f"{host}:{port}", experiment_tls(experiment_dir / "tls", [host], experiment_id)
+    return f"{host}:{port}", experiment_tls(experiment_dir / "tls", [host, *backend.hub_names()], experiment_id)
 
 
 def remember(store: Store, hub: Hub) -> None:

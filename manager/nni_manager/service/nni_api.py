@@ -224,9 +224,11 @@ class TrainingService:
         if not trial.agents:
             self.trials.finish(trial, status, reason)
             return
+        self.trials.cancelling[trial_id] = (status, reason)
         for agent_id in trial.agents:
             self.core.send(agent_id, cancel_trial=pb.CancelTrial(trial_id=trial_id, early_stopped=is_early_stopped,
                                                                  reason=reason))
+        self.core.elastic.cancelled(trial)
 
     async def set_cluster_metadata(self, key: str, value: str) -> None:
         self._metadata[key] = value

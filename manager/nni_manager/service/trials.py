@@ -89,6 +89,8 @@ class Trials:
         self.by_id: dict[str, TrialJobDetail] = {t.id: t for t in store.trials()}
         self.pids: dict[str, int] = {}
         self._members: dict[str, dict[str, pb.TrialStatus]] = {}  # multi-agent trial -> agent -> latest status
+        # trials we were asked to stop: (USER_CANCELED | EARLY_STOPPED, reason) is their outcome
+        self.cancelling: dict[str, tuple[TrialJobStatus, str]] = {}
         self._notify = notify
         self._wake = wake
 
@@ -174,7 +176,12 @@ class Trials:
             return []
         if st.start_time_ms and not t.start_time:
             fields["start_time"] = st.start_time_ms
-        self.change(t, notes, status=status, message=st.reason, end_time=st.end_time_ms or now_ms(),
+        reason = st.reason
+        asked = self.cancelling.pop(t.id, None)
+        if asked is not None and status in (TrialJobStatus.SYS_CANCELED, TrialJobStatus.USER_CANCELED,
+                                            TrialJobStatus.EARLY_STOPPED):
+            status, reason = asked  # we stopped it (perhaps through the platform, whose signal the agent saw)
+        self.change(t, notes, status=status, message=reason, end_time=st.end_time_ms or now_ms(),
                     is_early_stopped=status == TrialJobStatus.EARLY_STOPPED, **fields)
         self._wake()
         return running

@@ -24,8 +24,8 @@ from nni_manager.backends.remote import config as remote_config
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.backends.remote import bootstrap
 from nni_manager.backends.remote.bootstrap import AgentLaunch, BootstrapError
-from nni_manager.backends.remote.connection import SshError, connect, machine_label, proxy_command_line
-from nni_manager.backends.remote.tunnel import RemoteForward
+from nni_manager.ssh.connection import SshError, connect, machine_label, proxy_command_line
+from nni_manager.ssh.tunnel import RemoteForward
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from importlib import resources
 import paramiko
 
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
+from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
 
 MIN_PYTHON = (3, 10)
-EXEC_TIMEOUT = 120.0
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 # import name -> distribution name, for the agent's requirements
 MODULES = AGENT_MODULES
@@ -61,29 +61,6 @@ class AgentLaunch:
     @property
     def marker(self) -> str:
         return f"{self.experiment_id}/{self.agent_id}"
-
-
-def home_path(rel: str) -> str:
-    """A shell word for ~/<rel> that survives any characters in rel."""
-    return '"$HOME"/' + shlex.quote(rel)
-
-
-def run(client: paramiko.SSHClient, command: str, stdin: bytes | None = None,
-        timeout: float = EXEC_TIMEOUT) -> tuple[int, str, str]:
-    """Run `command` on the worker; `stdin` (a script, a token) never goes to argv."""
-    chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
-    chan.settimeout(timeout)
-    chan.exec_command(command)
-    if stdin is not None:
-        chan.sendall(stdin)
-    chan.shutdown_write()
-    out, err = bytearray(), bytearray()
-    stdout, stderr = chan.makefile("rb"), chan.makefile_stderr("rb")
-    out += stdout.read()
-    err += stderr.read()
-    rc = chan.recv_exit_status()
-    chan.close()
-    return rc, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def _script(name: str) -> bytes:

@@ -17,14 +17,15 @@ queue wait is paid once per allocation; without it, one job per trial, whose age
   message; a job that ends on its own says how in Slurm's words (CANCELLED by someone else,
   TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL).
 - A request no partition can satisfy fails at start with Slurm's words (`sbatch --test-only`).
+- Where: the Slurm commands run on this host (`hosts.LocalHost`), or with `loginNode` on a login
+  node over SSH (`login.LoginNodeHost`): job files go there by SFTP, and the agents reach the hub
+  through a relay on the login node and the same SSH connection (TLS end to end).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shlex
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -33,11 +34,13 @@ from pathlib import Path
 from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, Role, Shape
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
+from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
+from nni_manager.backends.slurm.login import LoginNodeHost
 from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.ssh.connection import known_hosts_path, machine_label, proxy_command_line
 
 log = logging.getLogger(__name__)
 
-COMMAND_TIMEOUT = 60.0
 SEP = "\x1f"  # squeue field separator (unit separator: never in job names or reasons)
 LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
         "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
@@ -73,34 +76,9 @@ class Job:
     released: bool = False
 
 
-async def run_command(*argv: str, stdin: str | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
-    """Run a Slurm client command; (exit status, stdout, stderr). A missing command or a hang is an rc 127/124."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd)
-    except FileNotFoundError:
-        return 127, "", f"{argv[0]}: command not found (are the Slurm client commands on PATH?)"
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None),
-                                          COMMAND_TIMEOUT)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return 124, "", f"{argv[0]} did not answer within {COMMAND_TIMEOUT:g} s (is slurmctld up?)"
-    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 def _one_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return "; ".join(lines[-3:]) if lines else ""
-
-
-def _write_secret(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
 
 
 class SlurmBackend(Backend):
@@ -116,8 +94,10 @@ class SlurmBackend(Backend):
         self._jobs: dict[str, Job] = {}  # by env id
         self._cancelled: set[str] = set()  # job ids we scancel'ed (their end is ours, not news)
         self._poller: asyncio.Task[None] | None = None
-        self._wheel: Path | None = None
-        self._experiment_dir: Path | None = None
+        self._host: SlurmHost | None = None
+        self._wheel: str | None = None  # the agent wheel as the jobs see it (shipped when set)
+        self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
+        self._relay_lock = asyncio.Lock()
 
     @classmethod
     def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
@@ -134,6 +114,21 @@ class SlurmBackend(Backend):
     def shape(self) -> Shape:
         return Shape(roles=(Role("", replicas=self.opts.nodes),))
 
+    async def manager_address(self) -> str | None:
+        """With loginNode the hub needs no network address: only the SSH forward reaches it."""
+        return "127.0.0.1" if self.opts.login_node else None
+
+    def hub_names(self) -> list[str]:
+        """The agents dial the relay on the login node: the certificate must carry its name."""
+        node = self.opts.login_node
+        return [node.relay_address] if node else []
+
+    @property
+    def python(self) -> str:
+        """The Python that runs the agent in the job: pythonPath; else the manager's own (a shared
+        file system), or the compute node's python3 when the manager is elsewhere (loginNode)."""
+        return self.opts.python_path or ("python3" if self.opts.login_node else sys.executable)
+
     # ------------------------------------------------------------------ names and files
     @property
     def prefix(self) -> str:
@@ -144,9 +139,15 @@ class SlurmBackend(Backend):
             return f"{self.prefix}trial_{trial_id}"
         return f"{self.prefix}env_{env_id.removeprefix('env')}"
 
-    def job_dir(self, name: str) -> Path:
-        base = (self._experiment_dir or Path("<experiment dir>")) / "slurm"
-        return base / name
+    def base_dir(self) -> str:
+        if self._host is not None:
+            return self._host.base_dir()
+        # dry run: the login node's $HOME is read at start (sbatch does not expand ~ in #SBATCH lines)
+        return f"<$HOME on the login node>/nni-experiments/{self.experiment_id}" if self.opts.login_node \
+            else "<experiment dir>"
+
+    def job_dir(self, name: str) -> str:
+        return f"{self.base_dir()}/slurm/{name}"
 
     def request_words(self) -> str:
         o = self.opts
@@ -160,7 +161,7 @@ class SlurmBackend(Backend):
         where = f"partition {o.partition}" if o.partition else "the default partition"
         return f"{', '.join(words)} in {where}"
 
-    def batch_script(self, env: EnvironmentRequest, name: str, job_dir: Path, hub: str, tls: bool) -> str:
+    def batch_script(self, env: EnvironmentRequest, name: str, job_dir: str, hub: str, tls: bool) -> str:
         o = self.opts
         q = shlex.quote
         directives = [f"--job-name={name}", f"--nodes={o.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={o.cpus}",
@@ -178,7 +179,7 @@ class SlurmBackend(Backend):
         if o.time_limit:
             directives.append(f"--time={o.time_limit}")
         directives += [opt.strip() for opt in o.sbatch_options]
-        python = o.python_path or sys.executable
+        python = self.python
         # member names (Backend.member_names): <env> alone, or <env>-<index> with index = SLURM_PROCID
         agent = f"{env.env_id}-$SLURM_PROCID" if o.nodes > 1 else env.members[0].agent_id
         args = [f"--manager {q(hub)}", '--agent-id "$id"', '--token-file "$NNI_SLURM_JOB_DIR/$id.token"',
@@ -188,7 +189,7 @@ class SlurmBackend(Backend):
         if env.trial_id:
             args.append("--single-trial")
         inner = f'id="{agent}"; exec {q(python)} -m nni_agent ' + " ".join(args)
-        if o.python_path:  # say in one line what that Python lacks (the job's log, then the trial's message)
+        if self.ships_wheel:  # say in one line what that Python lacks (the job's log, then the trial's message)
             inner = f"{q(python)} -c {q(_DEPENDENCY_CHECK)} || exit 3; " + inner
         lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives]
         lines.append(f"# nni-agent of experiment {self.experiment_id}, environment {env.env_id}"
@@ -196,39 +197,66 @@ class SlurmBackend(Backend):
         lines += o.prologue
         for k, v in self.agent_env.items():
             lines.append(f"export {k}={q(v)}")
-        lines.append(f"export NNI_SLURM_JOB_DIR={q(str(job_dir))}  # tokens (0600), CA, logs; no secret in this script")
-        if o.python_path and self._wheel is not None:  # the manager's own agent code, importable from its wheel
-            lines.append(f'export PYTHONPATH={q(str(self._wheel))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+        lines.append(f"export NNI_SLURM_JOB_DIR={q(job_dir)}  # tokens (0600), CA, logs; no secret in this script")
+        if self.ships_wheel:  # the manager's own agent code, importable from its wheel
+            wheel = self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl"
+            lines.append(f'export PYTHONPATH={q(wheel)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
         lines.append(f'exec srun --nodes={o.nodes} --ntasks={o.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 '
                      f'--output="$NNI_SLURM_JOB_DIR/agent-%t.log" /bin/sh -c {q(inner)}')
         return "\n".join(lines) + "\n"
+
+    @property
+    def ships_wheel(self) -> bool:
+        """Whether jobs run the agent from the manager's wheel (pythonPath, or a login node's Python)."""
+        return bool(self.opts.python_path or self.opts.login_node)
+
+    async def run(self, *argv: str, stdin: str | None = None, cwd: str | None = None) -> tuple[int, str, str]:
+        assert self._host is not None
+        return await self._host.run(argv, stdin=stdin, cwd=cwd)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
-        self._experiment_dir = ctx.experiment_dir
-        base = ctx.experiment_dir / "slurm"
-        base.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(base, 0o700)
-        for command in ("sbatch", "squeue", "scancel", "srun"):
-            if shutil.which(command) is None:
-                raise SlurmError(f"`{command}` is not on PATH: platform slurm runs the Slurm client commands on the "
-                                 "manager's host (run it on a login node, or install slurm-client)")
-        if self.opts.python_path:
+        node = self.opts.login_node
+        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60) if node
+                           else LocalHost(ctx.experiment_dir))
+        self._host = host
+        try:
+            await self._start(ctx, host)
+        except BaseException:
+            await host.close()
+            raise
+        self._poller = asyncio.create_task(self._poll_loop(), name="slurm-squeue")
+
+    async def _start(self, ctx: BackendContext, host: SlurmHost) -> None:
+        node = self.opts.login_node
+        await host.open()
+        base = f"{host.base_dir()}/slurm"
+        await host.make_private_dir(base)
+        missing = await host.missing_commands(("sbatch", "squeue", "scancel", "srun"))
+        if missing:
+            fix = ("install the Slurm client commands there, or fix the login node's PATH for non-interactive SSH "
+                   "sessions" if node else "run the manager on a login node, set `loginNode`, or install slurm-client")
+            raise SlurmError(f"`{'`, `'.join(missing)}` not found {host.where}: platform slurm runs the Slurm client "
+                             f"commands {host.where} ({fix})")
+        if self.ships_wheel:
             wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
-            self._wheel = wheel.path
+            self._wheel = str(wheel.path)
+            if isinstance(host, LoginNodeHost):  # by SFTP to the login node's (shared) file system
+                await host.make_private_dir(f"{host.base_dir()}/agent-wheel")
+                self._wheel = f"{host.base_dir()}/agent-wheel/{wheel.path.name}"
+                await host.put_file(str(wheel.path), self._wheel)
         # a request no partition can hold fails now, in Slurm's words, not after a queue wait
         probe = EnvironmentRequest("env0", tuple(
             AgentSpec(agent_id=n, token="", hub_address="", hub_unix_socket=Path("/dev/null"), role=r, index=i)
             for n, r, i in self.member_names("env0")))
         script = self.batch_script(probe, f"{self.prefix}test", base, "127.0.0.1:1", False)
-        rc, out, err = await run_command("sbatch", "--test-only", stdin=script, cwd=base)
+        rc, out, err = await self.run("sbatch", "--test-only", stdin=script, cwd=base)
         if rc != 0:
             raise SlurmError(f"Slurm refuses a trial's request ({self.request_words()}): "
                              f"{_one_line(err or out) or f'sbatch --test-only exited {rc}'}")
         await self._reattach()
-        self._poller = asyncio.create_task(self._poll_loop(), name="slurm-squeue")
 
     async def _reattach(self) -> None:
         """After a manager restart: find the jobs of the environments the core still has; fail those
@@ -240,6 +268,8 @@ class SlurmBackend(Backend):
             job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
             wanted[name] = job
             self._jobs[env.env_id] = job
+            if self.opts.login_node and env.members and self._relay is None:  # running agents redial the relay
+                await self._dial_address(env.members[0].hub_address)
         if not wanted:
             rows = await self._squeue()
             stale = [r["id"] for r in rows or [] if r["state"] in LIVE]
@@ -269,19 +299,25 @@ class SlurmBackend(Backend):
         job = self._jobs.get(env.env_id)
         if job is not None and job.job_id and not job.done:
             return  # a restarted manager re-provisioning a job that still runs
-        job_dir = self.job_dir(name)
-        job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(job_dir, 0o700)
-        tls = bool(env.members and env.members[0].ca_certificate)
-        for m in env.members:
-            _write_secret(job_dir / f"{m.agent_id}.token", m.token.encode())
-        if tls:
-            _write_secret(job_dir / "ca.crt", env.members[0].ca_certificate)
-        script = self.batch_script(env, name, job_dir, env.members[0].hub_address, tls)
-        (job_dir / "batch.sh").write_text(script)  # for people; holds no secret
+        host = self._host
+        assert host is not None
         job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
         self._jobs[env.env_id] = job
-        rc, out, err = await run_command("sbatch", "--parsable", stdin=script, cwd=job_dir)
+        job_dir = self.job_dir(name)
+        try:
+            dial = await self._dial_address(env.members[0].hub_address)
+            await host.make_private_dir(job_dir)
+            tls = bool(env.members and env.members[0].ca_certificate)
+            for m in env.members:
+                await host.write_private(f"{job_dir}/{m.agent_id}.token", m.token.encode())
+            if tls:
+                await host.write_private(f"{job_dir}/ca.crt", env.members[0].ca_certificate)
+            script = self.batch_script(env, name, job_dir, dial, tls)
+            await host.write_text(f"{job_dir}/batch.sh", script)  # for people; holds no secret
+        except Exception:
+            job.done = True
+            raise
+        rc, out, err = await self.run("sbatch", "--parsable", stdin=script, cwd=job_dir)
         if rc != 0:
             job.done = True
             raise SlurmError(f"sbatch refused {name}: {_one_line(err or out) or f'exit status {rc}'}")
@@ -293,6 +329,16 @@ class SlurmBackend(Backend):
         for m in job.members:
             self._ctx.agent_status(m, f"Slurm job {job.job_id} ({name}) is submitted ({self.request_words()})")
 
+    async def _dial_address(self, hub: str) -> str:
+        """What the agents dial: the hub itself, or (loginNode) the relay in front of it."""
+        if not isinstance(self._host, LoginNodeHost):
+            return hub
+        async with self._relay_lock:
+            if self._relay is None:
+                host, port = await self._host.ensure_relay(hub)
+                self._relay = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return self._relay
+
     async def release(self, env_id: str) -> None:
         job = self._jobs.get(env_id)
         if job is None:
@@ -301,21 +347,18 @@ class SlurmBackend(Backend):
         if job.job_id and not job.done:
             self._cancelled.add(job.job_id)
             await self._scancel([job.job_id])
-        self._remove_tokens(job)
+        await self._remove_tokens(job)
 
-    def _remove_tokens(self, job: Job) -> None:
-        for agent_id in job.members:
-            try:
-                (self.job_dir(job.name) / f"{agent_id}.token").unlink()
-            except OSError:
-                pass
+    async def _remove_tokens(self, job: Job) -> None:
+        if self._host is not None:
+            await self._host.remove([f"{self.job_dir(job.name)}/{agent_id}.token" for agent_id in job.members])
 
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
             self._poller = None
-        if self._ctx is None:
+        if self._ctx is None or self._host is None:
             return
         rows = await self._squeue()
         live = [r["id"] for r in rows or [] if r["state"] in LIVE]
@@ -332,13 +375,16 @@ class SlurmBackend(Backend):
             if live:
                 log.error("Slurm jobs of experiment %s are still ending", self.experiment_id)
         for job in self._jobs.values():
-            self._remove_tokens(job)
+            await self._remove_tokens(job)
+        if isinstance(self._host, LoginNodeHost):
+            await self._host.stop_relay()
+        await self._host.close()
 
     # ------------------------------------------------------------------ Slurm commands
     async def _squeue(self) -> list[dict[str, str]] | None:
         """Every job of this experiment Slurm still knows (finished ones for MinJobAge); None: no answer."""
         fmt = SEP.join(("%i", "%j", "%T", "%r", "%N", "%P"))
-        rc, out, err = await run_command("squeue", "--me", "--noheader", "--states=all", f"--format={fmt}")
+        rc, out, err = await self.run("squeue", "--me", "--noheader", "--states=all", f"--format={fmt}")
         if rc != 0:
             log.warning("squeue failed: %s", _one_line(err) or f"exit status {rc}")
             return None
@@ -350,7 +396,7 @@ class SlurmBackend(Backend):
         return rows
 
     async def _scancel(self, job_ids: list[str]) -> None:
-        rc, out, err = await run_command("scancel", *job_ids)
+        rc, out, err = await self.run("scancel", *job_ids)
         if rc != 0:
             log.warning("scancel %s: %s", " ".join(job_ids), _one_line(err or out))
 
@@ -379,7 +425,7 @@ class SlurmBackend(Backend):
             if row is None:
                 job.missing += 1
                 if job.missing >= 3:  # several polls in a row: not a glitch
-                    self._ended(job, "", f"Slurm job {job.job_id} ({job.name}) is no longer known to Slurm")
+                    await self._ended(job, "", f"Slurm job {job.job_id} ({job.name}) is no longer known to Slurm")
                 continue
             job.missing = 0
             state, reason = row["state"], row["reason"]
@@ -392,14 +438,14 @@ class SlurmBackend(Backend):
                 if state in ("RUNNING", "CONFIGURING"):
                     words += "; its agents are starting"
             else:
-                self._ended(job, state, self._end_words(job, state, reason))
+                await self._ended(job, state, await self._end_words(job, state, reason))
                 continue
             if words != job.last_status:
                 job.last_status = words
                 for m in job.members:
                     ctx.agent_status(m, words)
 
-    def _end_words(self, job: Job, state: str, reason: str) -> str:
+    async def _end_words(self, job: Job, state: str, reason: str) -> str:
         words = f"Slurm job {job.job_id} ({job.name}) ended {state}"
         if reason and reason not in ("None", "NonZeroExitCode"):
             words += f" ({reason})"
@@ -407,27 +453,17 @@ class SlurmBackend(Backend):
             words = (f"Slurm job {job.job_id} ({job.name}) was CANCELLED outside this experiment "
                      "(scancel by a user or an administrator)")
         if state in ("FAILED", "BOOT_FAIL"):
-            tail = self._agent_log_tail(job)
+            assert self._host is not None
+            tail = _one_line(await self._host.log_tail(self.job_dir(job.name)))[-400:]
             if tail:
                 words += f": {tail}"
         return words
 
-    def _agent_log_tail(self, job: Job) -> str:
-        d = self.job_dir(job.name)
-        for f in sorted(d.glob("agent-*.log")) + [d / "job.out"]:
-            try:
-                text = f.read_text(errors="replace")
-            except OSError:
-                continue
-            if text.strip():
-                return _one_line(text)[-400:]
-        return ""
-
-    def _ended(self, job: Job, state: str, words: str) -> None:
+    async def _ended(self, job: Job, state: str, words: str) -> None:
         ctx = self._ctx
         assert ctx is not None
         job.done = True
-        self._remove_tokens(job)
+        await self._remove_tokens(job)
         if job.job_id in self._cancelled:
             return  # released by us: the core knows
         failed = state in FAILED_STATES
@@ -437,17 +473,47 @@ class SlurmBackend(Backend):
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:
         ts = self.config.training_service
-        hub = f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
+        node = self.opts.login_node
+        if node:
+            hub = f"{node.relay_address}:{node.relay_port or '<relay port>'}"
+        else:
+            hub = f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
         env_id = "env1" if self.reuse else "trial-dryrun"
         members = tuple(AgentSpec(agent_id=n, token="", hub_address=hub, hub_unix_socket=Path("/dev/null"),
                                   role=r, index=i) for n, r, i in self.member_names(env_id))
         env = EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
         name = self.job_name(env_id, env.trial_id)
-        script = self.batch_script(env, name, self.job_dir(name), hub, ts.hub_tls)
+        job_dir = self.job_dir(name)
+        script = self.batch_script(env, name, job_dir, hub, ts.hub_tls)
         argv = ["sbatch", "--parsable"]
-        text = (f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
-                f"{self.config.trial_concurrency} job(s) like this one, each submitted as "
-                f"`{' '.join(argv)}` with this script on stdin\n"
-                f"# (tokens and the CA are files in the job directory, mode 0600; never in the script)\n"
-                + script)
-        return DryRun(self.platform, [{"argv": argv, "job_name": name, "script": script}], text)
+        submit = command_line(argv, job_dir)
+        where = self._render_where()
+        text = "\n".join([
+            f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
+            f"{self.config.trial_concurrency} job(s) like this one",
+            *(f"# {line}" for line in where),
+            "# at start: `sbatch --test-only` with this script on stdin (a request no partition can hold fails then)",
+            f"# each job: `{submit}` with this script on stdin; one `squeue --me --states=all` per poll; `scancel` to stop",
+            "# (tokens and the CA are files in the job directory, mode 0600; never in the script)",
+        ]) + "\n" + script
+        request = {"argv": argv, "cwd": job_dir, "job_name": name, "script": script,
+                   "runs_on": f"{machine_label(node)}" if node else "localhost"}
+        return DryRun(self.platform, [request], text)
+
+    def _render_where(self) -> list[str]:
+        node = self.opts.login_node
+        if node is None:
+            return ["Slurm commands run on this host; job files under the experiment directory "
+                    "(compute nodes must see it)", "agents dial the hub at nniManagerIp over TLS"]
+        proxy = proxy_command_line(node)
+        checked = (f"host key checked against {known_hosts_path(node)}" if node.strict_host_key_checking
+                   else "host key NOT checked")
+        return [
+            f"Slurm commands run on login node {machine_label(node)} over SSH "
+            f"({'via proxyCommand `' + proxy + '`' if proxy else 'direct'}; {checked})",
+            f"job files go there by SFTP, under {self.base_dir()}/ (compute nodes must see it)",
+            f"agents dial the relay {node.relay_address}:{node.relay_port or '<any free port>'} on the login node "
+            f"({node.python} {self.base_dir()}/nni_slurm_relay.py), which pipes into an SSH remote forward back to the "
+            "hub on this manager's 127.0.0.1 (TLS end to end; the hub's certificate names "
+            f"{node.relay_address})",
+        ]

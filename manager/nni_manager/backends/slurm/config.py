@@ -16,6 +16,13 @@
       pythonPath: /usr/bin/python3  # the Python that runs the agent (default: the manager's own)
       reuseMode: true             # a pool of up to trialConcurrency allocations running trial after trial
       pollInterval: 5s            # how often one `squeue` call looks at all the experiment's jobs
+      loginNode:                  # optional: drive the cluster over SSH (a machineList entry's fields)
+        host: login.hpc.example.edu
+        user: alice
+        sshKeyFile: ~/.ssh/id_ed25519
+        relayHost: login01        # optional: the login node's address as compute nodes reach it (default: host)
+        relayPort: 0              # optional: the relay's port there (default: any free one, kept across restarts)
+        pythonPath: python3       # optional: the login node's Python for the relay
 """
 from __future__ import annotations
 
@@ -25,9 +32,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_duration, parse_size_mb
+from nni_manager.ssh.machine import SshMachine, parse_machine
 
 _SLURM_TIME = re.compile(r"(UNLIMITED|INFINITE|\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+){0,2})", re.IGNORECASE)
 _OPTION = re.compile(r"--?[A-Za-z]")
+
+
+@dataclass
+class LoginNode(SshMachine):
+    """`loginNode`: where the Slurm commands run, reached over SSH; also the relay's host."""
+
+    relay_host: str | None = None  # what compute nodes dial (default: `host`)
+    relay_port: int = 0  # 0: any free port, remembered on the login node for restarts
+    python: str = "python3"  # runs the relay (stdlib only)
+
+    @property
+    def relay_address(self) -> str:
+        return self.relay_host or self.host
 
 
 @dataclass
@@ -45,6 +66,7 @@ class SlurmConfig:
     python_path: str | None = None
     reuse_mode: bool = True
     poll_interval: float = 5.0
+    login_node: LoginNode | None = None
 
 
 def _time_limit(value: Any, path: str) -> str:
@@ -73,10 +95,9 @@ def _lines(value: Any, path: str, what: str) -> list[str]:
 
 def parse_slurm(ts: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
     out = SlurmConfig()
-    value, path = ts.take("loginNode")
-    if value is not MISSING:
-        raise ConfigError(path, "is not supported yet: the Slurm commands run on the manager's host",
-                          "run the manager on a login node of the cluster and remove `loginNode`")
+    login = ts.section("loginNode")
+    if login is not None:
+        out.login_node = _login_node(login)
     out.partition = ts.str_("partition")
     out.account = ts.str_("account")
     out.qos = ts.str_("qos")
@@ -109,3 +130,17 @@ def parse_slurm(ts: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
     if poll is not None:
         out.poll_interval = poll
     return out
+
+
+def _login_node(m: ConfigSection) -> LoginNode:
+    node = parse_machine(m, LoginNode)
+    node.relay_host = m.str_("relayHost")
+    port = m.int_("relayPort", minimum=0)
+    if port is not None:
+        if port > 65535:
+            raise ConfigError(m.at("relayPort"), f"must be a TCP port (1-65535), got {port}",
+                              "pick a port the compute nodes may reach on the login node, or leave it out")
+        node.relay_port = port
+    node.python = m.str_("pythonPath") or node.python
+    m.finish()
+    return node

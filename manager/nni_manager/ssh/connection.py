@@ -18,7 +18,7 @@ from select import select
 
 import paramiko
 
-from nni_manager.backends.remote.config import MachineConfig
+from nni_manager.ssh.machine import SshMachine
 
 CONNECT_TIMEOUT = 15.0
 
@@ -27,7 +27,7 @@ class SshError(RuntimeError):
     """A machine could not be reached or logged into; the message is for the user."""
 
 
-def machine_label(m: MachineConfig) -> str:
+def machine_label(m: SshMachine) -> str:
     return f"{m.user}@{m.host}:{m.port}"
 
 
@@ -37,15 +37,15 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def known_hosts_path(m: MachineConfig) -> Path:
+def known_hosts_path(m: SshMachine) -> Path:
     return Path(m.known_hosts_file or "~/.ssh/known_hosts").expanduser()
 
 
-def _host_entry(m: MachineConfig) -> str:
+def _host_entry(m: SshMachine) -> str:
     return m.host if m.port == 22 else f"[{m.host}]:{m.port}"
 
 
-def _trust_hint(m: MachineConfig, key: paramiko.PKey) -> str:
+def _trust_hint(m: SshMachine, key: paramiko.PKey) -> str:
     path = known_hosts_path(m)
     return (
         f"If you trust this key (compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` "
@@ -58,7 +58,7 @@ def _trust_hint(m: MachineConfig, key: paramiko.PKey) -> str:
 class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
     """paramiko's RejectPolicy, but the error shows the offered key and how to trust it."""
 
-    def __init__(self, machine: MachineConfig) -> None:
+    def __init__(self, machine: SshMachine) -> None:
         self.machine = machine
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
@@ -112,7 +112,7 @@ def _proxy_exit(sock: _ProxyCommand | None) -> str:
     return f"the proxy command exited with code {code}" + (f": {said}" if said else "")
 
 
-def proxy_command_line(m: MachineConfig) -> str | None:
+def proxy_command_line(m: SshMachine) -> str | None:
     """OpenSSH ProxyCommand tokens: %h host, %p port, %r user, %% a literal %."""
     if not m.proxy_command:
         return None
@@ -129,24 +129,24 @@ def proxy_command_line(m: MachineConfig) -> str | None:
     return "".join(out)
 
 
-def _auth_kwargs(m: MachineConfig) -> dict[str, object]:
+def _auth_kwargs(m: SshMachine) -> dict[str, object]:
     if m.ssh_key_file is not None:
         key_file = Path(m.ssh_key_file).expanduser()
         if not key_file.is_file():
-            raise SshError(f"{machine_label(m)}: sshKeyFile {key_file} does not exist; fix the path in machineList")
+            raise SshError(f"{machine_label(m)}: sshKeyFile {key_file} does not exist; fix the sshKeyFile path in the config")
         return {"key_filename": str(key_file), "passphrase": m.ssh_passphrase, "allow_agent": False, "look_for_keys": False}
     if m.password is not None:
         return {"password": m.password, "allow_agent": False, "look_for_keys": False}
     return {}  # neither given: the SSH agent and ~/.ssh/id_* keys, like `ssh` does
 
 
-def _auth_method(m: MachineConfig) -> str:
+def _auth_method(m: SshMachine) -> str:
     if m.ssh_key_file is not None:
         return f"key {m.ssh_key_file}"
     return "password" if m.password is not None else "SSH agent / default keys"
 
 
-def connect(m: MachineConfig) -> paramiko.SSHClient:
+def connect(m: SshMachine) -> paramiko.SSHClient:
     """Connect and authenticate (blocking; call it from a worker thread)."""
     label = machine_label(m)
     client = paramiko.SSHClient()

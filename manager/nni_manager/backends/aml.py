@@ -1,0 +1,256 @@
+"""platform: aml — trials in Azure Machine Learning command jobs, through AML's v2 jobs REST API.
+
+NNI's `aml` configs run unchanged (v2 `platform: aml`, v1 `amlConfig` + `trial.image`). As in NNI,
+a pool of up to trialConcurrency jobs (environments) runs trial after trial; each job runs one
+`nni-agent` that dials the manager's TLS hub at `nniManagerIp`. NNI drove AML through the retired
+SDK v1 and carried every message as run metrics; here AML only runs the job: submit, watch,
+cancel (`PUT`/`GET`/`POST .../cancel` on `.../workspaces/{ws}/jobs/{name}`), and everything else
+travels over the agent stream.
+
+- Credentials: azure-identity's DefaultAzureCredential (Azure CLI login, environment service
+  principal, managed identity), a token for ARM per request; ARM errors become one line naming
+  the missing permission or resource.
+- The image is an AML environment (`nni-agent-<hash of the image>`, version 1), created once.
+- AML has no secret store a job can mount and shows the command in the studio: the agent's
+  credential there is single-use (the hub accepts it once, then only that agent's session).
+- Status: AML's JobStatus mapped so that a cancelled job ends (NNI left `Canceled` runs alive).
+
+    trainingService:
+      platform: aml
+      subscriptionId: ...
+      resourceGroup: ...
+      workspaceName: ...
+      computeTarget: gpu-cluster
+      dockerImage: msranni/nni:latest   # needs Python >= 3.10 and nni-agent
+      nniManagerIp: 20.1.2.3            # reachable from the compute cluster
+      resourceManagerEndpoint: https://management.azure.com   # ours: other Azure clouds
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from nni_manager.backends.base import EnvironmentRequest
+from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, agent_boot,
+                                             literal_secret_lines, parse_watch_fields)
+from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
+
+API_VERSION = "2024-04-01"  # a stable version documented for jobs, environments and computes
+ARM = "https://management.azure.com"
+STATES = {"NotStarted": "waiting", "Starting": "waiting", "Provisioning": "waiting", "Preparing": "waiting",
+          "Queued": "waiting", "Scheduled": "waiting", "Running": "running", "Finalizing": "running",
+          "NotResponding": "running", "Completed": "succeeded", "Failed": "failed", "CancelRequested": "stopped",
+          "Canceled": "stopped"}
+
+
+@dataclass
+class AmlConfig:
+    subscription_id: str = ""
+    resource_group: str = ""
+    workspace_name: str = ""
+    compute_target: str = ""
+    docker_image: str = "msranni/nni:latest"
+    endpoint: str = ARM
+    audience: str = ARM
+    poll_interval: float | None = None
+    connect_timeout: float | None = None
+
+
+def parse_aml(ts: ConfigSection, config: ExperimentConfig) -> AmlConfig:
+    out = AmlConfig()
+    for attr, name in (("subscription_id", "subscriptionId"), ("resource_group", "resourceGroup"),
+                       ("workspace_name", "workspaceName"), ("compute_target", "computeTarget")):
+        setattr(out, attr, ts.str_(name, required=True))
+    out.docker_image = ts.str_("dockerImage", "image") or out.docker_image
+    endpoint = ts.str_("resourceManagerEndpoint")
+    if endpoint is not None:
+        if not endpoint.startswith("https://"):
+            raise ConfigError(ts.at("resourceManagerEndpoint"), f"must be an https:// URL, got {endpoint!r}",
+                              "e.g. https://management.chinacloudapi.cn for Azure China (default: Azure's global ARM)")
+        out.endpoint = endpoint.rstrip("/")
+    out.audience = (ts.str_("resourceManagerAudience") or ARM).rstrip("/")
+    reuse = ts.bool_("reuseMode")
+    if reuse is False:
+        raise ConfigError(ts.at("reuseMode"), "must be true on platform aml (AML runs a pool of environments)",
+                          "remove reuseMode")
+    out.poll_interval, out.connect_timeout = parse_watch_fields(ts)
+    return out
+
+
+def _arm_error_words(status: int, body: Any) -> tuple[str, str]:
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        return str(err.get("code", "")), str(err.get("message", ""))[:500]
+    return "", str(body or "").strip()[:300]
+
+
+def _fix_for(status: int, code: str) -> str:
+    if status == 401:
+        return "sign in again (az login) or check the service principal's credentials"
+    if status == 403:
+        return "give this identity a role that allows it on the workspace, e.g. AzureML Data Scientist"
+    if code in ("SubscriptionNotFound", "ResourceGroupNotFound", "ResourceNotFound"):
+        return "check subscriptionId, resourceGroup, workspaceName and computeTarget"
+    return ""
+
+
+class AmlBackend(RestJobBackend):
+    platform = "aml"
+    service = "AML"
+    single_use_credentials = True
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.client: RestClient | None = None
+        self._credential: Any = None
+        self.studio: dict[str, str] = {}  # job name -> studio URL
+
+    @classmethod
+    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> AmlConfig:
+        return parse_aml(section, config)
+
+    @property
+    def opts(self) -> AmlConfig:
+        return self.platform_options
+
+    @property
+    def workspace(self) -> str:
+        o = self.opts
+        return (f"/subscriptions/{quote(o.subscription_id, safe='')}/resourceGroups/{quote(o.resource_group, safe='')}"
+                f"/providers/Microsoft.MachineLearningServices/workspaces/{quote(o.workspace_name, safe='')}")
+
+    @property
+    def environment_id(self) -> str:
+        digest = hashlib.sha256(self.opts.docker_image.encode()).hexdigest()[:12]
+        return f"{self.workspace}/environments/nni-agent-{digest}/versions/1"
+
+    # ------------------------------------------------------------------ client
+    async def _auth(self) -> dict[str, str]:
+        try:
+            token = await self._credential.get_token(self.opts.audience + "/.default")
+        except Exception as e:  # azure-identity says which credentials it tried
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RestError(f"no Azure credential for {self.opts.audience}: {first} (sign in with `az login`, "
+                            "set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or run on a managed identity)")
+        return {"Authorization": f"Bearer {token.token}"}
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        assert self.client is not None
+        reply = await self.client.request(method, self.workspace + path, params={"api-version": API_VERSION}, **kw)
+        return reply.body
+
+    async def open(self) -> None:
+        from azure.identity.aio import DefaultAzureCredential
+
+        self._credential = DefaultAzureCredential()
+        # trust what requests/azure-core trust (REQUESTS_CA_BUNDLE), else the system's CAs
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE")
+        context = ssl.create_default_context(cafile=bundle) if bundle else ssl.create_default_context()
+        self.client = RestClient(self.opts.endpoint, self.service, auth=self._auth, error_words=_arm_error_words,
+                                 fix_for=_fix_for, ssl=context)
+        o = self.opts
+        # the credentials, the workspace and the compute, now: one clear line at start
+        await self._call("GET", f"/computes/{quote(o.compute_target, safe='')}")
+        await self._call("PUT", self.environment_id[len(self.workspace):], json={"properties": {
+            "image": o.docker_image, "description": "nni-agent environments (nni-manager)"}})
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self._credential is not None:
+            await self._credential.close()
+
+    # ------------------------------------------------------------------ the job
+    def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
+        m = env.members[0]
+        token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
+        command = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
+                             tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.reconnect_window + 60,
+                             single_trial=bool(env.trial_id), env=self.agent_env, image=self.opts.docker_image)
+        return {"properties": {
+            "jobType": "Command",
+            "command": "\n".join(command),
+            "environmentId": self.environment_id,
+            "computeId": f"{self.workspace}/computes/{self.opts.compute_target}",
+            "experimentName": f"nni_exp_{self.experiment_id}",
+            "displayName": name,
+            "description": f"nni-agent environment {env.env_id} of NNI experiment {self.experiment_id}",
+            "resources": {"instanceCount": 1},
+            "environmentVariables": {},
+            "tags": {"nni_experiment": self.experiment_id},
+        }}
+
+    def render_request(self, request: dict[str, Any]) -> str:
+        return (f"# PUT {self.opts.endpoint}{self.environment_id}?api-version={API_VERSION}\n"
+                + json.dumps({"properties": {"image": self.opts.docker_image}}, indent=2) + "\n"
+                f"# PUT {self.opts.endpoint}{self.workspace}/jobs/<name>?api-version={API_VERSION}\n"
+                "# (the agent's credential in the command is single-use: spent when the agent enrols)\n"
+                + json.dumps(request, indent=2))
+
+    async def submit(self, job: Job, request: dict[str, Any]) -> None:
+        # PUT is idempotent (201 created, then 200): safe to retry
+        body = await self._call("PUT", f"/jobs/{quote(job.name, safe='')}", json=request)
+        self._remember_studio(job.name, body)
+
+    def _remember_studio(self, name: str, body: Any) -> None:
+        endpoint = ((((body or {}).get("properties") or {}).get("services") or {}).get("Studio") or {}).get("endpoint")
+        if endpoint:
+            self.studio[name] = endpoint
+
+    async def cancel(self, job: Job) -> None:
+        # 202 with a Location to poll: the poll loop sees CancelRequested, then Canceled
+        await self._call("POST", f"/jobs/{quote(job.name, safe='')}/cancel", retry=True, accept=(404,))
+
+    def job_url(self, job: Job) -> str:
+        return self.studio.get(job.name, "")
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        """Each tracked job by name (at most trialConcurrency of them), and on the first call every
+        job of the workspace named for this experiment (re-attaching, cleaning up)."""
+        out: dict[str, JobView] = {}
+        if not self._listed_all:
+            self._listed_all = True
+            path: str | None = f"{self.workspace}/jobs"
+            params: dict[str, str] | None = {"api-version": API_VERSION, "listViewType": "ActiveOnly"}
+            assert self.client is not None
+            while path:
+                reply = await self.client.request("GET", path, params=params)
+                for item in (reply.body or {}).get("value", []):
+                    if str(item.get("name", "")).startswith(self.prefix):
+                        out[item["name"]] = self._view(item)
+                nxt = (reply.body or {}).get("nextLink")
+                path, params = (nxt[len(self.opts.endpoint):], None) if nxt and nxt.startswith(self.opts.endpoint) else (None, None)
+        for job in self.jobs.values():
+            if job.submitted and not job.done and job.name not in out:
+                try:
+                    out[job.name] = self._view(await self._call("GET", f"/jobs/{quote(job.name, safe='')}"))
+                except RestError as e:
+                    if e.status != 404:
+                        raise
+        return out
+
+    _listed_all = False
+
+    def _view(self, item: dict[str, Any]) -> JobView:
+        name = str(item.get("name"))
+        self._remember_studio(name, item)
+        props = item.get("properties") or {}
+        status = str(props.get("status") or "Unknown")
+        phase = STATES.get(status, "unknown")
+        if phase == "stopped":
+            words = f"AML job {name} was {status} outside this experiment (by a user or an administrator)"
+        else:
+            words = f"AML job {name} is {status} on compute {self.opts.compute_target}"
+        error = props.get("error") if isinstance(props.get("error"), dict) else None
+        if phase == "failed" and error:
+            words += f": {error.get('code', '')} {error.get('message', '')}".rstrip()
+        return JobView(name, phase, words, settled=status not in ("CancelRequested", "Finalizing"))
+
+    async def _stop_all(self) -> None:
+        self._listed_all = False  # look at every job of the experiment once more
+        await super()._stop_all()

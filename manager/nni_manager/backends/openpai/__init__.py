@@ -1,0 +1,1 @@
+"""platform: openpai (see backend.py)."""

@@ -1,0 +1,274 @@
+"""platform: openpai — trials in OpenPAI jobs, submitted over PAI's REST API (v2).
+
+Elastic, on the REST-job pattern (`rest_jobs`): one environment = one PAI job whose task role
+instances each run one `nni-agent` that dials the manager's TLS hub at `nniManagerIp`. With
+reuseMode (the default) a pool of up to trialConcurrency jobs runs trial after trial; without it,
+one job per trial (`nni_exp_<exp>_trial_<trial>`), whose agents run `--single-trial` so the job's
+state follows the trial's.
+
+- The job protocol is NNI's (`generateJobConfigInYamlFormat`), or a deep copy of the user's own
+  (`openpaiConfig`): its task roles become the environment's roles, each instance an agent, the
+  role's commands the trial command there; PAI's environment (PAI_CURRENT_TASK_ROLE_NAME, peer
+  hosts and ports) reaches the trial through the agent.
+- Secrets: each agent's token and the experiment's CA go in the protocol's `secrets`, which PAI
+  keeps out of the job config it shows and renders into the command only inside the container;
+  the command writes them to 0600 files. The user's PAI token is only ever a request header.
+- Status: one `GET /api/v2/jobs?username=` per poll, mapped as NNI mapped PAI's states; a
+  FAILED job's exit diagnostics come from its detail.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import shutil
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from nni_manager.backends.agent_wheel import build_agent_wheel
+from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
+from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
+from nni_manager.backends.rest_jobs import Job, JobView, RestClient, RestError, RestJobBackend, agent_boot
+from nni_manager.config import ConfigSection, ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROLE = "taskrole"  # NNI's task role name
+API = "/rest-server/api/v2"  # PAI's pylon routes /rest-server/api/* to the rest-server
+LIVE_STATES = {"WAITING": "waiting", "RUNNING": "running", "STOPPING": "stopped", "STOPPED": "stopped",
+               "SUCCEEDED": "succeeded", "FAILED": "failed"}
+
+
+def _pai_error_words(status: int, body: Any) -> tuple[str, str]:
+    """PAI's error body is {"code", "message"}; rate limiting answers plain text."""
+    if isinstance(body, dict):
+        return str(body.get("code", "")), str(body.get("message", ""))[:400]
+    return "", str(body or "").strip()[:400]
+
+
+def _fix_for(status: int, code: str) -> str:
+    if status == 401:
+        return "check trainingService.token (an application token from the portal's Profile > Tokens)"
+    if status == 403:
+        return "check trainingService.username and virtualCluster (the user must be allowed to use it)"
+    if code == "NoStorageError":
+        return "check trainingService.storageConfigName against your storages in the portal"
+    return ""
+
+
+class OpenpaiBackend(RestJobBackend):
+    platform = "openpai"
+    service = "OpenPAI"
+    trial_command_required = False  # task roles of openpaiConfig carry their own commands
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.client: RestClient | None = None
+        self._wheel_path: str | None = None  # the agent wheel's path inside containers (shipped through storage)
+
+    @classmethod
+    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> OpenpaiConfig:
+        return parse_openpai(section, config)
+
+    @property
+    def opts(self) -> OpenpaiConfig:
+        return self.platform_options
+
+    @property
+    def reuse(self) -> bool:
+        return self.opts.reuse_mode
+
+    def shape(self) -> Shape:
+        roles = (self.opts.protocol or {}).get("taskRoles")
+        if not roles:
+            return Shape()
+        shape_roles, min_failed, min_succeeded = [], {}, {}
+        for name, role in roles.items():
+            shape_roles.append(Role(name, replicas=int(role.get("instances", 1)),
+                                    command=" && ".join(c.strip() for c in role["commands"])))
+            completion = role.get("completion") or {}
+            # PAI's defaults (0 or null): one failed instance fails the job; all must succeed
+            if completion.get("minFailedInstances"):
+                min_failed[name] = int(completion["minFailedInstances"])
+            if completion.get("minSucceededInstances"):
+                min_succeeded[name] = int(completion["minSucceededInstances"])
+        return Shape(tuple(shape_roles), Completion(min_failed=min_failed, min_succeeded=min_succeeded))
+
+    # ------------------------------------------------------------------ client
+    async def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.opts.token}"}
+
+    async def open(self) -> None:
+        self.client = RestClient(self.opts.host, self.service, auth=self._auth, error_words=_pai_error_words,
+                                 fix_for=_fix_for)
+        # the credentials, now: a wrong token is one clear line at start, not a failed trial later
+        await self.client.request("GET", f"{API}/jobs", params={"username": self.opts.username, "limit": "1"})
+        o = self.opts
+        if o.local_storage_mount_point is not None and o.container_storage_mount_point:
+            assert self.ctx is not None
+            wheel = await asyncio.to_thread(build_agent_wheel, self.ctx.experiment_dir / "agent-wheel")
+            dest = o.local_storage_mount_point / self.experiment_id
+            dest.mkdir(parents=True, exist_ok=True)
+            target = dest / f"nni_agent-{wheel.tag}.whl"
+            if not target.exists():
+                await asyncio.to_thread(shutil.copyfile, wheel.path, target)
+            self._wheel_path = f"{o.container_storage_mount_point.rstrip('/')}/{self.experiment_id}/{target.name}"
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    # ------------------------------------------------------------------ the job
+    def _agent_lines(self, env: EnvironmentRequest, role: str, members: list[tuple[int, str]]) -> list[str]:
+        """Shell that starts this instance's agent: its token picked by task index from the
+        secrets PAI renders only inside the container."""
+        first = env.members[0]
+        index = "${PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX:-${PAI_TASK_INDEX:-0}}"
+        token_lines = [f'case "{index}" in']
+        for idx, key in members:
+            token_lines.append(f"  {idx}) NNI_AGENT_TOKEN_VALUE='<% $secrets.{key} %>' ;;")
+        token_lines += ['  *) echo "nni-agent: no agent token for task index $PAI_TASK_INDEX" >&2; exit 3 ;;', "esac",
+                        'printf "%s" "$NNI_AGENT_TOKEN_VALUE" > "$NNI_AGENT_DIR/token"; unset NNI_AGENT_TOKEN_VALUE']
+        image = self.opts.docker_image if self.opts.protocol is None else f"of task role {role or DEFAULT_ROLE}"
+        ca_lines = ['printf "%s\\n" \'<% $secrets.nni_ca_crt %>\' > "$NNI_AGENT_DIR/ca.crt"']
+        return agent_boot(hub_address=first.hub_address, agent_id=f"{env.env_id}-{role}-{index}" if role else env.env_id,
+                          token_lines=token_lines, tls=bool(first.ca_certificate), ca_lines=ca_lines,
+                          orphan_timeout=self.reconnect_window + 60, single_trial=bool(env.trial_id),
+                          env=self.agent_env, image=image, pythonpath=self._wheel_path)
+
+    def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
+        o = self.opts
+        secrets: dict[str, str] = {}
+        by_role: dict[str, list[tuple[int, str]]] = {}
+        for m in env.members:
+            key = f"nni_agent_token_{m.role or DEFAULT_ROLE}_{m.index}"
+            secrets[key] = m.token
+            by_role.setdefault(m.role, []).append((m.index, key))
+        if env.members and env.members[0].ca_certificate:
+            secrets["nni_ca_crt"] = env.members[0].ca_certificate.decode().strip()
+        if o.protocol is None:
+            job: dict[str, Any] = {
+                "protocolVersion": 2, "name": name, "type": "job", "jobRetryCount": 0,
+                "prerequisites": [{"type": "dockerimage", "uri": o.docker_image, "name": "docker_image_0"}],
+                "taskRoles": {DEFAULT_ROLE: {
+                    "instances": 1,
+                    "completion": {"minFailedInstances": 1},
+                    "taskRetryCount": 0,
+                    "dockerImage": "docker_image_0",
+                    "resourcePerInstance": {"gpu": o.gpus, "cpu": o.cpus, "memoryMB": o.memory_mb},
+                    "commands": self._agent_lines(env, "", by_role.get("", [])),
+                }},
+            }
+        else:  # the user's protocol: name replaced, each role's commands run by its agents
+            job = copy.deepcopy(o.protocol)
+            job["name"] = name
+            for role_name, role in job["taskRoles"].items():
+                role["commands"] = self._agent_lines(env, role_name, by_role.get(role_name, []))
+            job.setdefault("protocolVersion", 2)
+            job.setdefault("type", "job")
+        user_secrets = job.get("secrets") if isinstance(job.get("secrets"), dict) else {}
+        job["secrets"] = {**user_secrets, **secrets}
+        extras = job.setdefault("extras", {})
+        if o.storage_config_name:
+            storages = extras.setdefault("storages", [])
+            if not any(isinstance(s, dict) and s.get("name") == o.storage_config_name for s in storages):
+                storages.append({"name": o.storage_config_name})
+        extras.setdefault("submitFrom", "nni-manager")
+        if o.virtual_cluster:
+            job.setdefault("defaults", {})["virtualCluster"] = o.virtual_cluster
+        return job
+
+    def render_request(self, request: dict[str, Any]) -> str:
+        shown = copy.deepcopy(request)
+        shown["secrets"] = {k: "<masked>" for k in shown.get("secrets", {})}
+        return (f"# POST {self.opts.host}{API}/jobs  (Content-Type: text/yaml)\n"
+                + yaml.safe_dump(shown, sort_keys=False, width=1000))
+
+    async def submit(self, job: Job, request: dict[str, Any]) -> None:
+        assert self.client is not None
+        body = yaml.safe_dump(request, sort_keys=False, width=1000)
+        # retried: the name is unique, so a retry after an unclear failure answers 409, not a second job
+        # (job names carry the experiment id and a fresh environment id: a 409 is this very job)
+        await self.client.request("POST", f"{API}/jobs", data=body, content_type="text/yaml", retry=True,
+                                  accept=(409,))
+
+    def _job_path(self, name: str) -> str:
+        return f"{API}/jobs/{quote(self.opts.username, safe='')}~{quote(name, safe='')}"
+
+    async def cancel(self, job: Job) -> None:
+        assert self.client is not None
+        await self.client.request("PUT", self._job_path(job.name) + "/executionType", json={"value": "STOP"},
+                                  accept=(404,))
+
+    def job_url(self, job: Job) -> str:
+        return (f"{self.opts.host}/job-detail.html?username={quote(self.opts.username)}"
+                f"&jobName={quote(job.name)}")
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        assert self.client is not None
+        reply = await self.client.request("GET", f"{API}/jobs", params={"username": self.opts.username})
+        items = reply.body if isinstance(reply.body, list) else (reply.body or {}).get("data", [])
+        out: dict[str, JobView] = {}
+        for item in items:
+            name = str(item.get("name", ""))
+            if name.startswith(self.prefix):
+                out[name] = self._view(name, item)
+        return out
+
+    def _view(self, name: str, item: dict[str, Any]) -> JobView:
+        state = str(item.get("state") or "")
+        sub = item.get("subState") or ""
+        if not state:  # NNI: an item without a state is a failed job
+            return JobView(name, "failed", f"OpenPAI job {name} has no state")
+        phase = LIVE_STATES.get(state, "unknown")
+        if phase == "running" and item.get("executionType") == "STOP":
+            phase = "stopped"
+        vc = item.get("virtualCluster") or self.opts.virtual_cluster or "default"
+        if phase == "waiting":
+            words = (f"OpenPAI job {name} is WAITING{f' ({sub})' if sub else ''} in virtual cluster {vc}: not "
+                     f"scheduled yet, the virtual cluster may be full ({self._request_words()})")
+        elif phase == "stopped":
+            words = (f"OpenPAI job {name} was {state} outside this experiment "
+                     "(stopped by a user or an administrator in OpenPAI)")
+        elif phase == "unknown":
+            words = f"OpenPAI job {name} is {state}{f' ({sub})' if sub else ''}"
+        else:
+            words = f"OpenPAI job {name} is {state} in virtual cluster {vc}"
+        return JobView(name, phase, words, settled=state in ("STOPPED", "SUCCEEDED", "FAILED"))
+
+    def _request_words(self) -> str:
+        o = self.opts
+        if o.protocol is not None:
+            return "the task roles of openpaiConfig"
+        return f"asked for {o.gpus} GPU(s), {o.cpus} CPU(s), {o.memory_mb} MB"
+
+    async def ended_words(self, job: Job, view: JobView) -> str:
+        if view.phase != "failed" or self.client is None:
+            return view.words
+        try:
+            detail = (await self.client.request("GET", self._job_path(job.name))).body or {}
+        except RestError as e:
+            return f"{view.words} (its exit diagnostics could not be read: {e})"
+        status = detail.get("jobStatus") or {}
+        words = f"OpenPAI job {job.name} FAILED"
+        if status.get("appExitCode") not in (None, 0):
+            words += f" with exit code {status['appExitCode']}"
+        spec = status.get("appExitSpec") or {}
+        reason = spec.get("reason") or spec.get("phrase") or ""
+        diag = _first_line(status.get("appExitDiagnostics") or "")
+        for role in (detail.get("taskRoles") or {}).values():
+            for task in role.get("taskStatuses") or []:
+                if task.get("containerExitCode") not in (None, 0) and task.get("containerExitDiagnostics"):
+                    diag = diag or _first_line(task["containerExitDiagnostics"])
+        if reason:
+            words += f": {reason}"
+        if diag:
+            words += f" ({diag[:400]})"
+        return words
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return "; ".join(lines[-3:]) if lines else ""

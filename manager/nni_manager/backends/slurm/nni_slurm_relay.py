@@ -1,0 +1,121 @@
+"""Runs ON THE LOGIN NODE (stdlib only, Python >= 3.8), started detached by the slurm backend.
+
+argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds>
+Listens on <bind host>:<port> for the agents on compute nodes and pipes each connection's bytes,
+unchanged, to the address in <target file> ("127.0.0.1:<port>": the SSH remote forward back to
+the manager's hub, re-read for every connection, so a reconnected manager only rewrites it). TLS
+stays end to end between agent and hub: this process never sees a clear byte. Writes the port it
+got to <port file>. Exits when <target file> is removed (the experiment ended), or after <idle
+exit> seconds in which the manager's forward never answered (a manager that never came back).
+"""
+import os
+import socket
+import sys
+import threading
+import time
+
+bind, port, target_file, port_file, idle_exit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+PROBE_S = 30.0
+state = {"open": 0, "last_ok": time.monotonic(), "probed": 0.0}
+lock = threading.Lock()
+
+
+def log(words):
+    sys.stdout.write(time.strftime("%Y-%m-%d %H:%M:%S ") + words + "\n")
+    sys.stdout.flush()
+
+
+def target():
+    with open(target_file) as f:
+        host, _, p = f.read().strip().rpartition(":")
+    return host, int(p)
+
+
+def copy(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                s.shutdown(how)
+            except OSError:
+                pass
+
+
+def serve(conn, peer):
+    try:
+        where = target()
+        up = socket.create_connection(where, timeout=10)
+    except (OSError, ValueError) as e:
+        log("%s:%s: cannot reach the manager's forward: %s" % (peer[0], peer[1], e))
+        conn.close()
+        return
+    up.settimeout(None)
+    for s in (conn, up):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    log("%s:%s: piped to %s:%s" % (peer[0], peer[1], where[0], where[1]))
+    with lock:
+        state["open"] += 1
+        state["last_ok"] = time.monotonic()
+    back = threading.Thread(target=copy, args=(up, conn), daemon=True)
+    back.start()
+    copy(conn, up)
+    back.join()
+    conn.close()
+    up.close()
+    with lock:
+        state["open"] -= 1
+        state["last_ok"] = time.monotonic()
+
+
+def manager_answers():
+    """Whether the forward to the manager is there (sshd listens on it while the manager's session lives)."""
+    try:
+        socket.create_connection(target(), timeout=5).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def main():
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((bind, port))
+    server.listen(128)
+    server.settimeout(2.0)
+    tmp = port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d\n" % server.getsockname()[1])
+    os.replace(tmp, port_file)
+    log("relay on %s:%d" % (bind, server.getsockname()[1]))
+    while True:
+        try:
+            conn, peer = server.accept()
+        except socket.timeout:
+            if not os.path.exists(target_file):
+                log("target file removed: the experiment ended")
+                return
+            now = time.monotonic()
+            with lock:
+                busy = state["open"] > 0
+            if busy or now - state["probed"] < PROBE_S:
+                continue
+            state["probed"] = now
+            if manager_answers():
+                state["last_ok"] = now
+            elif now - state["last_ok"] > idle_exit:
+                log("the manager's forward did not answer for %.0f s: exiting" % idle_exit)
+                return
+            continue
+        threading.Thread(target=serve, args=(conn, peer[:2]), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""`~/nni-experiments/.experiment`: NNI's list of experiments, with NNI's lock-file protocol.
+
+`nnictl` finds an experiment's port and pid only here (and marks entries whose pid is dead
+STOPPED), `Experiment.connect()` reads our pid through `/experiments-info`. The lock is NNI's
+`SimplePreemptiveLock` (nnictl/common_utils.py) and the TS manager's: create
+`.experiment.lock.<pid>` exclusively, unless another `.experiment.lock.*` younger than 2 s
+exists; read, modify, write; delete the lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+_STALE_S = 2.0
+_TRIES, _WAIT_S = 100, 0.05
+
+
+def manifest_path() -> Path:
+    """Fixed to the home directory, as in NNI (`NNI_HOME_DIR`), whatever the experiment's dir."""
+    return Path.home() / "nni-experiments" / ".experiment"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    mine = Path(f"{path}.lock.{os.getpid()}")
+    fd = None
+    for _ in range(_TRIES):
+        now = time.time()
+        others = []
+        for p in path.parent.glob(path.name + ".lock.*"):
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime < _STALE_S:
+                    others.append(p)
+        if not others:
+            try:
+                fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_TRUNC, 0o600)
+                break
+            except OSError:
+                pass
+        time.sleep(_WAIT_S)
+    try:  # after 5 s a lock is left over by a crash: go on, as NNI's TS side does
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                mine.unlink()
+
+
+def read(path: Path | None = None) -> dict[str, Any]:
+    path = path or manifest_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update(change: Callable[[dict[str, Any]], None], path: Path | None = None) -> dict[str, Any]:
+    """Apply `change` to the whole manifest under the lock; returns what was written."""
+    path = path or manifest_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        data = read(path)
+        change(data)
+        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")
+        os.replace(tmp, path)
+    return data
+
+
+def register(entry: dict[str, Any], path: Path | None = None) -> None:
+    """Add (or replace) this experiment's entry, as NNI's launcher does."""
+    update(lambda d: d.__setitem__(entry["id"], entry), path)
+
+
+def set_fields(experiment_id: str, path: Path | None = None, **fields: Any) -> None:
+    """Update status / endTime / port of our entry; a None value removes the key (as NNI)."""
+    def change(d: dict[str, Any]) -> None:
+        entry = d.get(experiment_id)
+        if entry is None:
+            return
+        for key, value in fields.items():
+            if value is None:
+                entry.pop(key, None)
+            else:
+                entry[key] = value
+    update(change, path)
+
+
+def experiments_info(path: Path | None = None) -> list[dict[str, Any]]:
+    """`/experiments-info`: every entry; those whose pid is dead become STOPPED without a port
+    (NNI rewrites the file likewise)."""
+    stale: list[str] = []
+
+    def change(d: dict[str, Any]) -> None:
+        for key, entry in d.items():
+            if not isinstance(entry, dict) or entry.get("status") == "STOPPED":
+                continue
+            pid = entry.get("pid")
+            if isinstance(pid, int) and not _alive(pid):
+                entry["status"] = "STOPPED"
+                entry.pop("port", None)
+                stale.append(key)
+    data = read(path)
+    if any(isinstance(e, dict) and e.get("status") != "STOPPED" and isinstance(e.get("pid"), int)
+           and not _alive(e["pid"]) for e in data.values()):
+        data = update(change, path)
+    return [e for e in data.values() if isinstance(e, dict)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,221 @@
+"""What the WebUI polls, kept current without replaying the store.
+
+An open browser asks every 10 s for every trial and, past 100 trials, for each trial's
+final and latest intermediate result plus 20-trial chunks of all metrics. So:
+
+* trials come from memory: the running manager's trial table, or (viewing a stored
+  experiment) the store's `trials` table, re-read only when another connection committed;
+* finals, the latest intermediate result and the count of intermediate results per trial are
+  kept in memory and extended by reading only metric rows past the last rowid seen;
+* whole metric lists are one indexed query (`metrics_trial`) per request.
+
+All SQLite work runs on one thread of its own with a read-only connection (WAL lets it read
+while the manager writes), so a large `/metric-data` never stalls the experiment's event loop.
+PERIODICAL sequences are numbered 0..n-1 per trial in arrival order, as NNI's are, whatever
+the trial reported: the WebUI indexes intermediate results by sequence.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nni_manager.store import DB_NAME, Store
+from nni_manager.types import TrialJobDetail
+from nni_manager.webui.views import dumps, metric_record
+
+T = TypeVar("T")
+_CHUNK = 500  # SQLite's host-parameter limit is 999 on old builds
+
+
+class DataModel:
+    """The experiment's trials and metrics as the REST API needs them.
+
+    `live_trials` returns the running manager's trials (in submission order); without it the
+    trials are read from the store (a finished or copied experiment).
+    """
+
+    def __init__(self, experiment_dir: Path,
+                 live_trials: Callable[[], Iterable[TrialJobDetail]] | None = None) -> None:
+        self.experiment_dir = experiment_dir
+        self._db = experiment_dir / DB_NAME
+        self._live_trials = live_trials
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webui-db")
+        self._conn: sqlite3.Connection | None = None
+        self._metric_rowid = 0
+        self._parameter_rowid = 0
+        self._data_version: int | None = None
+        self._stored: list[TrialJobDetail] = []
+        self.finals: dict[str, list[dict[str, Any]]] = {}  # non-PERIODICAL records, arrival order
+        self.latest: dict[str, dict[str, Any]] = {}  # the latest PERIODICAL record
+        self.periodical: dict[str, int] = {}  # how many PERIODICAL records
+        self.last_rowid: dict[str, int] = {}  # trial -> rowid of its newest metric (ETags of ranges)
+        self.parameters: dict[str, dict[int, str]] = {}  # trial -> parameter index -> record JSON
+        self._refreshing: asyncio.Future[None] | None = None
+
+    def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        self._pool.submit(shut)
+        self._pool.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ reading
+    def trials(self) -> list[TrialJobDetail]:
+        """Every trial, in submission order (NNI's first-event order)."""
+        if self._live_trials is not None:
+            return list(self._live_trials())
+        return list(self._stored)
+
+    def final(self, trial_id: str) -> dict[str, Any] | None:
+        for record in self.finals.get(trial_id, ()):
+            if record["type"] == "FINAL":
+                return record
+        return None
+
+    def latest_records(self) -> list[dict[str, Any]]:
+        """`/metric-data-latest`: per trial, its non-PERIODICAL records, then its latest
+        PERIODICAL one."""
+        out: list[dict[str, Any]] = []
+        for t in self.trials():
+            out.extend(self.finals.get(t.id, ()))
+            latest = self.latest.get(t.id)
+            if latest is not None:
+                out.append(latest)
+        return out
+
+    async def refresh(self) -> None:
+        """Take in what the store gained since the last call; concurrent callers share one."""
+        if not self._db.exists():  # the manager has not opened the experiment yet
+            return
+        if self._refreshing is not None:
+            await asyncio.shield(self._refreshing)
+            return
+        loop = asyncio.get_running_loop()
+        self._refreshing = loop.create_future()
+        try:
+            await self._run(self._refresh)
+        finally:
+            done, self._refreshing = self._refreshing, None
+            done.set_result(None)
+
+    async def metrics_json(self, trial_ids: list[str] | None = None, kind: str | None = None) -> str:
+        """A JSON array of MetricDataRecords, in arrival order: all of them, or those of some
+        trials, optionally of one type. Serialised off the event loop."""
+        if not self._db.exists():
+            return "[]"
+        return await self._run(lambda conn: dumps(self._query_metrics(conn, trial_ids, kind)))
+
+    # ------------------------------------------------------------------ the DB thread
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            if self._conn is None:
+                self._conn = sqlite3.connect(f"file:{self._db}?mode=ro", uri=True, isolation_level=None)
+            return fn(self._conn)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def _refresh(self, conn: sqlite3.Connection) -> None:
+        if self._live_trials is None:
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                self._data_version = version
+                self._stored = Store(conn).trials()
+        for rowid, trial_id, idx, value in conn.execute(
+                "SELECT rowid, trial_id, idx, value FROM parameters WHERE rowid > ? ORDER BY rowid",
+                (self._parameter_rowid,)):
+            self.parameters.setdefault(trial_id, {})[idx] = value
+            self._parameter_rowid = rowid
+        if self._metric_rowid == 0:
+            self._first_load(conn)
+            return
+        for rowid, trial_id, kind, data, timestamp in conn.execute(
+                "SELECT rowid, trial_id, type, data, timestamp FROM metrics WHERE rowid > ? ORDER BY rowid",
+                (self._metric_rowid,)):
+            self._metric_rowid = rowid
+            self._take(trial_id, kind, data, timestamp, rowid)
+
+    def _take(self, trial_id: str, kind: str, data: str, timestamp: int, rowid: int) -> None:
+        self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
+        message = _message(data)
+        if message is None or kind == "REQUEST_PARAMETER":
+            return
+        if kind == "PERIODICAL":
+            n = self.periodical.get(trial_id, 0)
+            self.periodical[trial_id] = n + 1
+            self.latest[trial_id] = metric_record(trial_id, message, timestamp, n)
+        else:
+            self.finals.setdefault(trial_id, []).append(metric_record(trial_id, message, timestamp,
+                                                                      int(message.get("sequence") or 0)))
+
+    def _first_load(self, conn: sqlite3.Connection) -> None:
+        """Aggregates instead of every row: a store of a million metrics loads in a second."""
+        top = conn.execute("SELECT max(rowid) FROM metrics").fetchone()[0]
+        if top is None:
+            return
+        for rowid, trial_id, kind, data, timestamp in conn.execute(
+                "SELECT rowid, trial_id, type, data, timestamp FROM metrics WHERE type != 'PERIODICAL' AND rowid <= ?"
+                " ORDER BY rowid", (top,)):
+            self._take(trial_id, kind, data, timestamp, rowid)
+        latest: dict[int, tuple[str, int]] = {}
+        for trial_id, count, rowid in conn.execute(
+                "SELECT trial_id, count(*), max(rowid) FROM metrics WHERE type = 'PERIODICAL' AND rowid <= ?"
+                " GROUP BY trial_id", (top,)):
+            latest[rowid] = (trial_id, count)
+            self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
+        rowids = list(latest)
+        for i in range(0, len(rowids), _CHUNK):
+            chunk = rowids[i:i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for rowid, data, timestamp in conn.execute(
+                    f"SELECT rowid, data, timestamp FROM metrics WHERE rowid IN ({marks})", chunk):
+                trial_id, count = latest[rowid]
+                message = _message(data)
+                if message is not None:
+                    self.periodical[trial_id] = count
+                    self.latest[trial_id] = metric_record(trial_id, message, timestamp, count - 1)
+        self._metric_rowid = top
+
+    def _query_metrics(self, conn: sqlite3.Connection, trial_ids: list[str] | None,
+                       kind: str | None) -> list[dict[str, Any]]:
+        sql = "SELECT rowid, trial_id, type, data, timestamp FROM metrics"
+        batches: list[tuple[str, list[Any]]] = []
+        if trial_ids is None:
+            batches.append((sql + " WHERE type != 'REQUEST_PARAMETER' ORDER BY rowid", []))
+        else:
+            for i in range(0, len(trial_ids), _CHUNK):
+                chunk = trial_ids[i:i + _CHUNK]
+                batches.append((sql + f" WHERE trial_id IN ({','.join('?' * len(chunk))}) ORDER BY rowid", chunk))
+        rows: list[tuple[int, str, str, str, int]] = []
+        for query, args in batches:
+            rows.extend(conn.execute(query, args).fetchall())
+        if len(batches) > 1:
+            rows.sort()
+        out: list[dict[str, Any]] = []
+        counts: dict[str, int] = {}
+        for _, trial_id, row_kind, data, timestamp in rows:
+            if row_kind == "REQUEST_PARAMETER":
+                continue
+            message = _message(data)
+            if message is None:
+                continue
+            if row_kind == "PERIODICAL":
+                sequence = counts.get(trial_id, 0)
+                counts[trial_id] = sequence + 1
+            else:
+                sequence = int(message.get("sequence") or 0)
+            if kind is None or row_kind == kind:
+                out.append(metric_record(trial_id, message, timestamp, sequence))
+        return out
+
+
+def _message(data: str) -> dict[str, Any] | None:
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None

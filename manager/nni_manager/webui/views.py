@@ -1,0 +1,187 @@
+"""Our records -> NNI 3.0's REST payloads (shapes in shared/reference/nni-webui-rest.md §3).
+
+Clients parse these strictly: NNI's Python `TrialJob` rejects unknown keys inside a
+hyper-parameter record and needs `parameter_index`; the WebUI decodes metric `data` twice and
+needs every trial's `hyperParameters[0]` and `startTime`. JSON is written as Node's
+`JSON.stringify` writes it: compact, non-ASCII kept.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nni_manager.types import TrialJobDetail, TrialJobStatus
+
+# What NNI's TrialHyperParameters accepts (nni/experiment/data.py); anything else raises there.
+_RECORD_KEYS = ("parameter_id", "parameter_source", "parameters", "parameter_index", "placement_constraint",
+                "version_info")
+METRIC_KEYS = ("timestamp", "trialJobId", "parameterId", "type", "sequence", "data")
+
+
+def dumps(obj: Any) -> str:
+    """Node's JSON.stringify: no spaces, UTF-8 as is."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=65536)
+def hyper_parameter(value: str, index: int) -> str:
+    """One `hyperParameters` string: the record we sent, re-serialised compactly, only the
+    keys NNI's client accepts, `parameter_index` added where missing. Cached: the WebUI asks for
+    every trial every 10 s and records never change."""
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return dumps({"parameter_id": None, "parameter_source": "algorithm", "parameters": value,
+                      "parameter_index": index})
+    if not isinstance(record, dict):
+        return dumps({"parameter_id": None, "parameter_source": "algorithm", "parameters": record,
+                      "parameter_index": index})
+    out = {k: record[k] for k in _RECORD_KEYS if k in record}
+    out.setdefault("parameter_source", "algorithm")
+    out.setdefault("parameter_index", index)
+    return dumps(out)
+
+
+def metric_record(trial_id: str, message: dict[str, Any], timestamp: int, sequence: int) -> dict[str, Any]:
+    """A MetricDataRecord from one stored NNI metric message. `data` is the value string
+    JSON-encoded once more (NNI stores `JSON.stringify(value)`), NaN kept as written."""
+    value = message.get("value")
+    if not isinstance(value, str):
+        value = json.dumps(value)
+    parameter_id = message.get("parameter_id")
+    return {
+        "timestamp": timestamp,
+        "trialJobId": trial_id,
+        "parameterId": "0" if parameter_id is None else str(parameter_id),
+        "type": str(message.get("type", "CUSTOM")),
+        "sequence": sequence,
+        "data": json.dumps(value, ensure_ascii=False),
+    }
+
+
+def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any] | None,
+              log_path: str) -> dict[str, Any]:
+    """A TrialJobInfo with NNI 3.0's keys and nothing else (no `envId`: nni 2.x's TrialJob has
+    no **kwargs)."""
+    if not parameters:
+        parameters = {t.form.hyper_parameters.index: t.form.hyper_parameters.value}
+    job: dict[str, Any] = {
+        "trialJobId": t.id,
+        "status": t.status.value,
+        "hyperParameters": [hyper_parameter(v, i) for i, v in sorted(parameters.items())],
+        "startTime": t.start_time or t.submit_time,
+        "logPath": log_path,
+        "sequenceId": t.sequence_id,
+    }
+    if t.end_time is not None and t.status.is_terminal:
+        job["endTime"] = t.end_time
+    if t.message:
+        job["message"] = t.message
+    if t.status == TrialJobStatus.SUCCEEDED and final is not None:
+        job["finalMetricData"] = [final]
+    if t.status == TrialJobStatus.FAILED:
+        job["stderrPath"] = log_path + "/stderr"
+    return job
+
+
+def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any]) -> dict[str, Any] | None:
+    """`/export-data`: the parameters of the final's parameter id, `value` decoded once."""
+    records = []
+    for index, value in sorted(parameters.items()) or [(0, t.form.hyper_parameters.value)]:
+        try:
+            record = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    if not records:
+        return None
+    chosen = next((r for r in records if str(r.get("parameter_id")) == final["parameterId"]), records[0])
+    return {"parameter": chosen.get("parameters"), "value": json.loads(final["data"]), "trialJobId": t.id}
+
+
+def job_statistics(trials: Iterable[TrialJobDetail]) -> list[dict[str, Any]]:
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.status.value] = counts.get(t.status.value, 0) + 1
+    return [{"trialJobStatus": s, "trialJobNumber": n} for s, n in counts.items()]
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _duration(seconds: Any) -> str | None:
+    if seconds is None:
+        return None
+    seconds = float(seconds)
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{seconds}s"
+
+
+def _algorithm(section: Any) -> dict[str, Any] | None:
+    if section is None:
+        return None
+    out: dict[str, Any] = {}
+    for ours, theirs in (("name", "name"), ("class_name", "className"), ("code_directory", "codeDirectory")):
+        value = _get(section, ours)
+        if value is not None:
+            out[theirs] = str(value) if ours == "code_directory" else value
+    out["classArgs"] = dict(_get(section, "class_args") or {})
+    return out
+
+
+def nni_params(config: Any) -> dict[str, Any]:
+    """The canonical camelCase v2 config NNI's WebUI reads (`/experiment`'s `params`), from our
+    ExperimentConfig or its stored dict. Only fields NNI knows (so `nnictl view` validates it);
+    backend options (machine lists, credentials) are left out."""
+    ts = _get(config, "training_service") or {}
+    platform = _get(ts, "platform", "local")
+    command = _get(config, "trial_command") or ""
+    code_dir = str(_get(config, "trial_code_directory") or "")
+    params: dict[str, Any] = {}
+    if _get(config, "experiment_name"):
+        params["experimentName"] = _get(config, "experiment_name")
+    params["experimentType"] = "hpo"
+    params["searchSpace"] = _get(config, "search_space") or {}
+    params["trialCommand"] = command
+    params["trialCodeDirectory"] = code_dir
+    params["trialConcurrency"] = _get(config, "trial_concurrency", 1)
+    if _get(config, "trial_gpu_number") is not None:
+        params["trialGpuNumber"] = _get(config, "trial_gpu_number")
+    if _get(config, "max_experiment_duration") is not None:
+        params["maxExperimentDuration"] = _duration(_get(config, "max_experiment_duration"))
+    if _get(config, "max_trial_number") is not None:
+        params["maxTrialNumber"] = _get(config, "max_trial_number")
+    if _get(config, "max_trial_duration") is not None:
+        params["maxTrialDuration"] = _duration(_get(config, "max_trial_duration"))
+    params["useAnnotation"] = False
+    params["debug"] = bool(_get(config, "debug", False))
+    params["logLevel"] = "info"
+    params["experimentWorkingDirectory"] = str(_get(config, "experiment_working_directory") or "")
+    for ours, theirs in (("tuner", "tuner"), ("assessor", "assessor"), ("advisor", "advisor")):
+        section = _algorithm(_get(config, ours))
+        if section is not None:
+            params[theirs] = section
+    service: dict[str, Any] = {"platform": platform, "trialCommand": command, "trialCodeDirectory": code_dir,
+                               "debug": params["debug"],
+                               "maxTrialNumberPerGpu": _get(ts, "max_trial_number_per_gpu", 1)}
+    if _get(ts, "use_active_gpu") is not None:
+        service["useActiveGpu"] = _get(ts, "use_active_gpu")
+    if _get(ts, "gpu_indices") is not None:
+        service["gpuIndices"] = list(_get(ts, "gpu_indices"))
+    service["reuseMode"] = False
+    params["trainingService"] = service
+    return params
+
+
+def trial_log_file(experiment_dir: Path, t: TrialJobDetail, name: str) -> Path:
+    """The copy streamed to the manager (every platform), else the trial's own directory
+    (local agents write there and stream too)."""
+    streamed = experiment_dir / "trials" / t.id / name
+    local = Path(t.working_directory) / name if t.working_directory else streamed
+    return streamed if streamed.exists() or not local.exists() else local

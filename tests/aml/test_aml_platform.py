@@ -1,0 +1,239 @@
+"""`platform: aml` end to end on the Azure ML (ARM) emulator (tests/aml/conftest.py): credentials
+from azure-identity's DefaultAzureCredential (an Azure CLI login), the backend's real HTTP client
+over HTTPS, real agents in the jobs' processes dialling the manager's TLS hub with single-use
+credentials. A pool of environments, every status path, ARM errors, 429 and 5xx bursts, cleanup,
+a manager restart, NNI's v1 config and a v2 config built with NNI's Python API."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nni_manager.backends.registry import backend_class
+from nni_manager.backends.rest_jobs import RestError
+from nni_manager.config import load_config
+from nni_manager.service import create_training_service
+from nni_manager.types import TrialJobStatus
+from tests.aml.emulator.api_versions import DOCUMENTED
+from tests.manager.helpers import TRIAL, check_resumed, form, sigkill_after_metrics, start_manager, until, wait_status
+
+T = 90.0
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+@pytest.fixture
+def base(short_dir: Path) -> Path:
+    return short_dir
+
+
+def config_dict(aml: Any, base: Path, **ts: Any) -> dict[str, Any]:
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
+            "experimentWorkingDirectory": str(base / "exps"), "trialGracePeriod": 2,
+            "trainingService": {**aml.aml_config(), "nniManagerIp": "127.0.0.1", "pollInterval": "0.3s", **ts}}
+
+
+def sleeper(base: Path, seq: int, name: str):
+    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1)
+
+
+def release(base: Path, name: str) -> None:
+    (base / f"release-{name}").write_text("go")
+
+
+def ours(aml: Any, experiment_id: str) -> list[dict[str, Any]]:
+    return [j for j in aml.jobs() if j["name"].startswith(f"nni_exp_{experiment_id}_")]
+
+
+def assert_clean(aml: Any, experiment_id: str) -> None:
+    aml.wait_for(lambda: all(j["status"] in ("Canceled", "Completed", "Failed") for j in ours(aml, experiment_id)),
+                 60, what="every job of the experiment ended")
+    aml.wait_for(lambda: not aml.live_pids(), 60, what="no job process left")
+
+
+def test_pool_runs_ten_trials_on_two_environments_with_studio_urls(aml, base: Path) -> None:
+    cfg = load_config(config_dict(aml, base))
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(10)]
+            details = [await wait_status(ts, t.id, "SUCCEEDED", timeout=T) for t in trials]
+            assert {d.environment_id for d in details} == {"env1", "env2"}
+            exp = ts.experiment_id
+            jobs = {j["name"]: j for j in ours(aml, exp)}
+            assert sorted(jobs) == [f"nni_exp_{exp}_env_1", f"nni_exp_{exp}_env_2"]
+            assert all(j["status"] != "Completed" for j in jobs.values())  # kept, never ended by a trial
+            for d in details:  # the job's studio URL, as Azure gives it
+                assert d.url and d.url.startswith("https://ml.azure.com/runs/nni_exp_") and "wsid=" in d.url, d.url
+            return exp
+
+    exp = run(main())
+    assert len(metrics) == 10 and all(len(ms) == len(set(ms)) == 2 for ms in metrics.values())
+    assert_clean(aml, exp)
+    # clean_up ended the pool: cancelled, or completed when its agents were told to stop first
+    assert all(j["status"] in ("Canceled", "Completed") for j in ours(aml, exp)), ours(aml, exp)
+    used = aml.api_versions()
+    assert used and all(v in DOCUMENTED for vs in used.values() for v in vs), used
+
+
+def test_status_paths_cancel_failed_and_canceled_outside(aml, base: Path) -> None:
+    cfg = load_config(config_dict(aml, base))
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            bad = await ts.submit_trial_job(form(0, action="fail", steps=1))
+            d = await wait_status(ts, bad.id, "FAILED", timeout=T)
+            assert "exit code 3" in d.message
+            a = await ts.submit_trial_job(sleeper(base, 1, "a"))
+            b = await ts.submit_trial_job(sleeper(base, 2, "b"))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            await wait_status(ts, b.id, "RUNNING", timeout=T)
+            await ts.cancel_trial_job(a.id)
+            await wait_status(ts, a.id, "USER_CANCELED", timeout=T)
+            # someone cancels b's job in the studio: its trial ends SYS_CANCELED (NNI left it alive)
+            job = (await ts.get_trial_job(b.id)).environment_id
+            name = f"nni_exp_{ts.experiment_id}_env_{job.removeprefix('env')}"
+            import aiohttp
+            import ssl
+            from azure.identity import DefaultAzureCredential
+            token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{aml.url}{aml.workspace_path}/jobs/{name}/cancel",
+                                     params={"api-version": "2024-04-01"}, headers={"Authorization": f"Bearer {token}"},
+                                     ssl=ssl.create_default_context(cafile=aml.ca_file)) as r:
+                    assert r.status == 202, await r.text()
+            d = await wait_status(ts, b.id, "SYS_CANCELED", timeout=T)
+            await until(lambda: "outside this experiment" in ts.trials.by_id[b.id].message, T, "the reason")
+            c = await ts.submit_trial_job(form(3, x=1, steps=1))  # a new environment replaces it
+            await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
+
+    run(main())
+
+
+def test_missing_role_and_unknown_compute_are_one_clear_line(aml, base: Path, monkeypatch) -> None:
+    for k, v in aml.env("reader").items():
+        monkeypatch.setenv(k, v)
+    cfg = load_config(config_dict(aml, base))
+
+    async def main(c: Any) -> None:
+        async with create_training_service(c):
+            pass
+
+    with pytest.raises(RestError) as err:  # a Reader may look but not create environments
+        run(main(cfg))
+    text = str(err.value)
+    assert "403" in text and "AuthorizationFailed" in text and "AzureML Data Scientist" in text and "\n" not in text
+    for k, v in aml.env("default").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(RestError) as err:
+        run(main(load_config(config_dict(aml, base, computeTarget="no-such-cluster"))))
+    assert "404" in str(err.value) and "computeTarget" in str(err.value), err.value
+
+
+def test_throttling_and_server_errors_lose_nothing(aml, base: Path) -> None:
+    cfg = load_config(config_dict(aml, base))
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            a = await ts.submit_trial_job(sleeper(base, 0, "a"))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            aml.fault(429, count=4)   # ARM throttles (Retry-After honoured) ...
+            await asyncio.sleep(2)
+            aml.fault(503, count=4)   # ... then errors for a while
+            await asyncio.sleep(2)
+            b = await ts.submit_trial_job(form(1, x=2, steps=2))  # a new environment through the faults
+            assert (await ts.get_trial_job(a.id)).status == TrialJobStatus.RUNNING
+            release(base, "a")
+            await wait_status(ts, a.id, "SUCCEEDED", timeout=T)
+            await wait_status(ts, b.id, "SUCCEEDED", timeout=T)
+
+    run(main())
+    assert all(len(ms) == len(set(ms)) for ms in metrics.values()) and len(metrics) == 2
+    statuses = [r["status"] for r in aml.requests()]
+    assert 429 in statuses and 503 in statuses, statuses
+
+
+def test_nni_v1_and_python_api_configs(aml, base: Path) -> None:
+    v1 = {"authorName": "nni", "trialConcurrency": 1, "trainingServicePlatform": "aml",
+          "trial": {"command": "python3 mnist.py", "codeDir": str(base), "image": "msranni/nni", "gpuNum": 0},
+          "amlConfig": {"subscriptionId": "s", "resourceGroup": "rg", "workspaceName": "ws",
+                        "computeTarget": "gpu", "maxTrialNumPerGpu": 1}}
+    o = load_config(v1).training_service.options
+    assert (o.subscription_id, o.resource_group, o.workspace_name, o.compute_target, o.docker_image) == (
+        "s", "rg", "ws", "gpu", "msranni/nni")
+    pytest.importorskip("nni", reason="NNI's Python API needs the nni package")
+    from nni.experiment import AlgorithmConfig, AmlConfig, ExperimentConfig
+    exp = ExperimentConfig(training_service=AmlConfig(subscription_id="s", resource_group="rg",
+                                                      workspace_name="ws", compute_target="gpu"))
+    exp.trial_command = "python3 mnist.py"
+    exp.trial_code_directory = str(base)
+    exp.trial_concurrency = 2
+    exp.search_space = {"x": {"_type": "choice", "_value": [1]}}
+    exp.tuner = AlgorithmConfig(name="Random")
+    cfg = load_config(exp.json())
+    assert cfg.training_service.platform == "aml" and cfg.training_service.options.docker_image == "msranni/nni:latest"
+
+
+def test_dry_run_shows_the_request_bodies(tmp_path: Path) -> None:
+    cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 2, "trialCodeDirectory": str(tmp_path),
+                       "trainingService": {"platform": "aml", "subscriptionId": "sub", "resourceGroup": "rg",
+                                           "workspaceName": "ws", "computeTarget": "gpu", "nniManagerIp": "10.0.0.5"}})
+    dry = backend_class("aml")(cfg).render()
+    body = dry.requests[0]["properties"]
+    assert body["jobType"] == "Command" and body["computeId"].endswith("/workspaces/ws/computes/gpu")
+    assert body["environmentId"].split("/environments/")[1].startswith("nni-agent-")
+    assert "10.0.0.5:" in body["command"] and "--single-trial" not in body["command"]
+    assert "PUT https://management.azure.com/subscriptions/sub/resourceGroups/rg/" in dry.text
+    assert json.loads(dry.text.split("\n", 2)[2].split("\n# PUT")[0])["properties"]["image"] == "msranni/nni:latest"
+
+
+def test_manager_sigkill_and_restart_reattaches_running_jobs(aml, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    config = tmp_path / "config.yml"
+    data = config_dict(aml, tmp_path)
+    data["trialCodeDirectory"] = str(code)
+    config.write_text(yaml.safe_dump(data))
+    exp_dir = tmp_path / "exps" / "AmlRestart1"
+    first = start_manager("AmlRestart1", "new", 2, "--config", str(config), "--step-sleep", "0.3")
+    out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
+    prefix = "nni_exp_AmlRestart1_"
+    assert len([j for j in aml.jobs() if j["name"].startswith(prefix) and j["status"] == "Running"]) == 2
+    second = start_manager("AmlRestart1", "resume", 2, "--config", str(config), "--step-sleep", "0.3")
+    out2, err2 = second.communicate(timeout=150)
+    assert second.returncode == 0, err2[-3000:]
+    trials = check_resumed(exp_dir, out2, before)
+    assert {t.environment_id for t in trials} == {"env1", "env2"}
+    assert sorted(j["name"] for j in aml.jobs() if j["name"].startswith(prefix)) == [prefix + "env_1", prefix + "env_2"]
+    assert_clean(aml, "AmlRestart1")
+
+
+def test_image_that_cannot_be_pulled_fails_the_trials_in_amls_words(aml, base: Path) -> None:
+    """The job fails in Preparing (AML cannot pull the image); after two environments that never
+    started, the waiting trials fail with AML's words instead of waiting forever."""
+    cfg = load_config(config_dict(aml, base, dockerImage="no-such/image:1"))
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "AML job nni_exp_" in d.message and "Failed" in d.message, d.message
+
+    run(main())
+    assert all(j["status"] == "Failed" for j in aml.jobs()) and aml.jobs()

@@ -1,0 +1,198 @@
+"""Fixtures `dlts` and `dlts_factory`: a DLTS (DLWorkspace) dashboard emulator in its own process.
+
+See tests/dlts/emulator/README.md. The emulator speaks plain HTTP on 127.0.0.1, like a
+dashboard behind NNI's `dltsConfig.dashboard: http://.../`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.dlts.emulator.procs import marked_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = str(Path(sys.executable).parent)
+MARK = "DLTS_EMULATOR"
+
+
+class Dlts:
+    """A running dashboard emulator: its URL, a user's credentials and the test controls."""
+
+    def __init__(self, state: Path, proc: subprocess.Popen, config: dict, master_token: str):
+        self.state, self.proc, self.config = state, proc, config
+        self._master_token = master_token
+        self.instance: str = config["instance"]
+        self.port = int((state / "port").read_text())
+        self.url = f"http://127.0.0.1:{self.port}/"          # NNI requires the trailing slash
+        self.cluster: str = config["clusters"][0]
+        self.team: str = next(iter(config["teams"]))
+        self.email: str = config["email"]
+
+    # ------------------------------------------------------------ credentials
+    def password(self, email: str | None = None) -> str:
+        """The dashboard password of a user: hex(md5('<email>:<masterToken>'))."""
+        return hashlib.md5(f"{email or self.email}:{self._master_token}".encode()).hexdigest()
+
+    def auth_query(self, email: str | None = None) -> dict[str, str]:
+        return {"email": email or self.email, "password": self.password(email)}
+
+    def dlts_config(self, **overrides) -> dict:
+        """NNI's `dltsConfig` section pointing at this emulator."""
+        return {"dashboard": self.url, "cluster": self.cluster, "team": self.team, "email": self.email,
+                "password": self.password(), **overrides}
+
+    def env(self) -> dict[str, str]:
+        """What NNI falls back on when dltsConfig leaves email/password/team out."""
+        return {"DLWS_USER_EMAIL": self.email, "DLTS_JOB_TOKEN": self.password(), "DLWS_VC_NAME": self.team}
+
+    # ------------------------------------------------------------ controls
+    def _call(self, method: str, path: str, body: dict | None = None):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/_emulator/{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def fault(self, status: int | None = 503, count: int = 1, method: str | None = None, path: str | None = None,
+              retry_after: int | None = None, hang: float = 0.0, message: str | None = None) -> None:
+        """Answer the next `count` API requests matching method/path (regex) with `status`
+        (Koa's plain-text body), after hanging `hang` seconds; status None = hang only."""
+        self._call("POST", "faults", {"status": status, "count": count, "method": method, "path": path,
+                                      "retry_after": retry_after, "hang": hang, "message": message})
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "faults")
+
+    def jobs(self) -> list[dict]:
+        """Every job: the v2 record plus history, attempt, exitCode, errorMsg, pids, taskDir."""
+        return self._call("GET", "jobs")
+
+    def job(self, job_id: str) -> dict:
+        for j in self.jobs():
+            if j["jobId"] == job_id:
+                return j
+        raise KeyError(job_id)
+
+    def live_pids(self) -> list[int]:
+        return self._call("GET", "pids")["pids"]
+
+    def requests(self) -> list[dict]:
+        return self._call("GET", "requests")
+
+    def hold(self, state: str | None) -> None:
+        """Jobs stop advancing when they reach `state` (None releases them)."""
+        self._call("POST", "hold", {"state": state})
+
+    def step(self, seconds: float) -> None:
+        self._call("POST", "step", {"seconds": seconds})
+
+    def pause(self, job_id: str) -> None:
+        """An administrator pauses the job (it goes pausing -> paused, its processes killed)."""
+        self._call("POST", f"jobs/{job_id}/pause", {})
+
+    def force_status(self, job_id: str, status: str) -> None:
+        self._call("POST", f"jobs/{job_id}/status", {"status": status})
+
+    def kill_task(self, job_id: str, sig: int = signal.SIGKILL) -> None:
+        """Kill the job's processes from outside (the job then fails)."""
+        self._call("POST", f"jobs/{job_id}/kill-task", {"signal": int(sig)})
+
+    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while True:
+            v = predicate()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(interval)
+
+    def wait_status(self, job_id: str, *statuses: str, timeout: float = 20.0) -> dict:
+        return self.wait_for(lambda: (lambda j: j if j["jobStatus"] in statuses else None)(self.job(job_id)),
+                             timeout, what=f"job {job_id} in {statuses}")
+
+    def leftover_processes(self) -> list[int]:
+        return marked_pids(MARK, self.instance)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in self.leftover_processes():       # belt and braces; the fixture still fails on them
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def start_dlts(base: Path, *, teams: dict | None = None, clusters: list[str] | None = None,
+               email: str = "alice@example.com", images: dict[str, str] | None = None, step: float = 0.05,
+               hold: str | None = None) -> Dlts:
+    """Start an emulator. teams: {name: {gpuType, numGpuPerNode, nodes, members: [emails|'*'], admins: [...]}};
+    images: image name -> bin dir put first on the job's PATH ('*' matches any; default: this venv)."""
+    state = base / f"dlts-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    master = secrets.token_hex(16)
+    tok = state / "master_token"
+    tok.write_text(master)
+    os.chmod(tok, 0o600)
+    config = {"instance": secrets.token_hex(8), "email": email, "clusters": clusters or ["dlts-cluster"],
+              "teams": teams or {"nni-team": {"gpuType": "P40", "numGpuPerNode": 4, "members": ["*"]}},
+              "images": images if images is not None else {"*": VENV_BIN}, "step": step, "hold": hold}
+    (state / "config.json").write_text(json.dumps(config))
+    log = open(state / "emulator.log", "wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(MARK)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.dlts.emulator", "--state", str(state)], cwd=str(ROOT),
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    deadline = time.monotonic() + 20
+    while not (state / "port").exists():
+        if proc.poll() is not None:
+            raise RuntimeError("DLTS emulator exited: " + (state / "emulator.log").read_text()[-3000:])
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("DLTS emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
+        time.sleep(0.01)
+    return Dlts(state, proc, config, master)
+
+
+@pytest.fixture
+def dlts_factory():
+    base = Path(tempfile.mkdtemp(prefix="dlts-emu-"))
+    started: list[Dlts] = []
+
+    def make(**options) -> Dlts:
+        d = start_dlts(base, **options)
+        started.append(d)
+        return d
+
+    yield make
+    leftovers = {}
+    for d in started:
+        d.stop()
+        left = d.leftover_processes()
+        if left:
+            leftovers[d.instance] = left
+    shutil.rmtree(base, ignore_errors=True)
+    assert not leftovers, f"processes left behind by the DLTS emulator: {leftovers}"
+
+
+@pytest.fixture
+def dlts(dlts_factory) -> Dlts:
+    return dlts_factory()

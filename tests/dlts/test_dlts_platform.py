@@ -1,0 +1,259 @@
+"""`platform: dlts` end to end on the DLTS dashboard emulator (tests/dlts/conftest.py): NNI's v1
+config unchanged, the backend's real HTTP client with md5 query-string auth, real agents in the
+jobs' processes dialling the manager's TLS hub with single-use enrolment credentials. Every
+status path, errors and faults, a reused credential, an agent that never dials in, cleanup."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nni_manager.backends.registry import backend_class
+from nni_manager.backends.rest_jobs import RestError
+from nni_manager.config import ConfigError, load_config
+from nni_manager.service import create_training_service
+from nni_manager.types import TrialJobStatus
+from tests.manager.helpers import TRIAL, form, until, wait_status
+
+T = 90.0
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+@pytest.fixture
+def base(short_dir: Path) -> Path:
+    return short_dir
+
+
+def v1_config(dlts: Any, base: Path, **dlts_config: Any) -> dict[str, Any]:
+    """NNI's v1 DLTS config (nnictl YAML), pointed at the emulator; `pollInterval` is ours."""
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    return {"authorName": "nni", "experimentName": "dlts", "trialConcurrency": 2, "maxExecDuration": "1h",
+            "trainingServicePlatform": "dlts", "nniManagerIp": "127.0.0.1", "logDir": str(base / "exps"),
+            "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "tuner": {"builtinTunerName": "Random"},
+            "trial": {"command": f"{sys.executable} trial.py", "codeDir": str(code), "gpuNum": 0,
+                      "image": "msranni/nni"},
+            "dltsConfig": {**dlts.dlts_config(), "pollInterval": "0.3s", **dlts_config}}
+
+
+def sleeper(base: Path, seq: int, name: str, **params: Any):
+    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
+
+
+def release(base: Path, name: str) -> None:
+    (base / f"release-{name}").write_text("go")
+
+
+async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
+    async def check() -> str | None:
+        d = await ts.get_trial_job(trial_id)
+        return d.message if all(n in d.message for n in needles) else None
+
+    try:
+        return await until(check, timeout, f"{needles} in the message of {trial_id}")
+    except AssertionError:
+        d = await ts.get_trial_job(trial_id)
+        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
+
+
+def job_of(dlts: Any, experiment_id: str, trial_id: str) -> dict[str, Any]:
+    return next(j for j in dlts.jobs() if j["jobName"] == f"nni_exp_{experiment_id}_trial_{trial_id}")
+
+
+def test_status_paths_of_nni_v1_config(dlts, base: Path, caplog) -> None:
+    """finished (metrics once), failed, killed by us, killed by someone else, paused by an
+    administrator (stopped: a paused trial cannot resume); the password never shows."""
+    caplog.set_level(logging.INFO)
+    cfg = load_config(v1_config(dlts, base))
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            exp = ts.experiment_id
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            ok = await ts.submit_trial_job(form(0, x=5, steps=2))
+            bad = await ts.submit_trial_job(form(1, action="fail", steps=1))
+            d = await wait_status(ts, ok.id, "SUCCEEDED", timeout=T)
+            job = job_of(dlts, exp, ok.id)
+            assert d.url == f"{dlts.url}job/{dlts.team}/{dlts.cluster}/{job['jobId']}", d.url
+            assert [json.loads(m)["type"] for m in metrics[ok.id]] == ["PERIODICAL", "PERIODICAL", "FINAL"]
+            dlts.wait_status(job["jobId"], "finished", timeout=T)  # the job's state follows the trial
+            d = await wait_status(ts, bad.id, "FAILED", timeout=T)
+            assert "exit code 3" in d.message, d.message
+
+            mine = await ts.submit_trial_job(sleeper(base, 2, "a"))
+            theirs = await ts.submit_trial_job(sleeper(base, 3, "b"))
+            await wait_status(ts, mine.id, "RUNNING", timeout=T)
+            await wait_status(ts, theirs.id, "RUNNING", timeout=T)
+            await ts.cancel_trial_job(mine.id)
+            await wait_status(ts, mine.id, "USER_CANCELED", timeout=T)
+            dlts.wait_status(job_of(dlts, exp, mine.id)["jobId"], "killed", timeout=T)
+            dlts.force_status(job_of(dlts, exp, theirs.id)["jobId"], "killing")  # someone else kills it
+            await wait_status(ts, theirs.id, "SYS_CANCELED", timeout=T)
+            await message_with(ts, theirs.id, "killed outside this experiment")
+
+            paused = await ts.submit_trial_job(sleeper(base, 4, "c"))
+            await wait_status(ts, paused.id, "RUNNING", timeout=T)
+            dlts.pause(job_of(dlts, exp, paused.id)["jobId"])
+            await wait_status(ts, paused.id, "SYS_CANCELED", timeout=T)
+            await message_with(ts, paused.id, "paused", "cannot resume")
+            return exp
+
+    exp = run(main())
+    assert all(len(ms) == len(set(ms)) for ms in metrics.values())
+    dlts.wait_for(lambda: not dlts.live_pids(), 60, what="no job process left")
+    ended = ("finished", "failed", "killed", "paused")
+    dlts.wait_for(lambda: all(j["jobStatus"] in ended for j in dlts.jobs()), 30, what="every job ended")
+    jobs = [j for j in dlts.jobs() if j["jobName"].startswith(f"nni_exp_{exp}_trial_")]
+    assert len(jobs) == 5 and all(j["jobStatus"] in ("finished", "failed", "killed", "paused") for j in jobs), [
+        (j["jobStatus"], j["history"]) for j in jobs]
+    sent = dlts.requests()
+    assert all("password" not in json.dumps(r) or "***" in json.dumps(r) for r in sent)
+    assert dlts.password() not in caplog.text
+    first = jobs[0]["jobParams"]  # the job JSON NNI sent (as the RestAPI stored it)
+    assert first["gpuType"] == "P40" and first["vcName"] == dlts.team and first["jobtrainingtype"] == "RegularJob"
+
+
+def test_enrolment_credential_in_the_job_is_single_use(dlts, base: Path, caplog) -> None:
+    """Anyone who reads a job's `cmd` in the dashboard sees the agent's credential: once the agent
+    has enrolled it is spent, and running the same command again gets nowhere."""
+    caplog.set_level(logging.WARNING, logger="nni_manager.hub.server")
+    cfg = load_config(v1_config(dlts, base))
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(sleeper(base, 0, "x"))
+            await wait_status(ts, t.id, "RUNNING", timeout=T)
+            cmd = job_of(dlts, ts.experiment_id, t.id)["jobParams"]["cmd"]
+            copy = await asyncio.to_thread(
+                subprocess.run, ["bash", "-c", cmd], capture_output=True, text=True, timeout=60,
+                env={k: v for k, v in os.environ.items() if not k.startswith("NNI_")})
+            assert copy.returncode == 2, copy.stderr[-2000:]  # refused for good, not retried
+            assert "enrolment credential already used" in copy.stderr + copy.stdout
+            assert any("presented again and refused" in r.getMessage() for r in caplog.records)
+            assert (await ts.get_trial_job(t.id)).status == TrialJobStatus.RUNNING  # the real agent is unharmed
+            release(base, "x")
+            await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+
+    run(main())
+
+
+def test_agent_that_never_dials_in_fails_its_trial_with_what_to_check(dlts_factory, base: Path, tmp_path: Path) -> None:
+    stuck = tmp_path / "stuck-bin"
+    stuck.mkdir()
+    (stuck / "python3").write_text("#!/bin/sh\nexec sleep 600\n")  # an image whose python never starts the agent
+    (stuck / "python3").chmod(0o755)
+    dlts = dlts_factory(images={"stuck/image:1": str(stuck), "*": str(Path(sys.executable).parent)})
+    data = v1_config(dlts, base, agentConnectTimeout="3s")
+    data["trial"]["image"] = "stuck/image:1"
+    cfg = load_config(data)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            msg = await message_with(ts, t.id, "has not dialled", "127.0.0.1")
+            assert "nniManagerIp" in msg and "Python" in msg, msg
+            d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "never dialled" in d.message and "gave up" not in d.message, d.message
+
+    run(main())
+    dlts.wait_for(lambda: not dlts.live_pids(), 60, what="the stuck job was stopped")
+
+
+def test_wrong_password_and_missing_fields_are_one_clear_line(dlts, base: Path, monkeypatch) -> None:
+    cfg = load_config(v1_config(dlts, base, password="0" * 32))
+
+    async def main() -> None:
+        async with create_training_service(cfg):
+            pass
+
+    with pytest.raises(RestError) as err:
+        run(main())
+    assert "403" in str(err.value) and "Invalid token" in str(err.value) and "0" * 32 not in str(err.value)
+    for name, env in (("email", "DLWS_USER_EMAIL"), ("password", "DLTS_JOB_TOKEN"), ("team", "DLWS_VC_NAME")):
+        monkeypatch.delenv(env, raising=False)
+        data = v1_config(dlts, base)
+        del data["dltsConfig"][name]
+        with pytest.raises(ConfigError) as cerr:
+            load_config(data)
+        assert f"`{name}` field in `dltsConfig` is not configured." in str(cerr.value) and env in str(cerr.value)
+    # NNI's fallbacks: the variables a DLTS job has
+    for k, v in dlts.env().items():
+        monkeypatch.setenv(k, v)
+    data = v1_config(dlts, base)
+    for name in ("email", "password", "team", "cluster"):
+        del data["dltsConfig"][name]
+    o = load_config(data).training_service.options
+    assert (o.email, o.team, o.cluster) == (dlts.email, dlts.team, ".default")
+
+
+def test_dashboard_errors_for_a_while_lose_nothing(dlts, base: Path) -> None:
+    cfg = load_config(v1_config(dlts, base))
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            a = await ts.submit_trial_job(form(0, action="sleep", release=str(base / "release-a"), steps=3))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            dlts.fault(503, count=20)
+            await asyncio.sleep(2)
+            dlts.fault(None, count=3, hang=4)
+            await asyncio.sleep(3)
+            assert (await ts.get_trial_job(a.id)).status == TrialJobStatus.RUNNING
+            dlts.clear_faults()
+            release(base, "a")
+            await wait_status(ts, a.id, "SUCCEEDED", timeout=T)
+
+    run(main())
+    assert len(metrics) == 1 and all(len(ms) == len(set(ms)) == 4 for ms in metrics.values()), metrics
+
+
+def test_dry_run_prints_nnis_job_json_without_a_usable_secret(tmp_path: Path) -> None:
+    cfg = load_config({"trainingServicePlatform": "dlts", "trialConcurrency": 1,
+                       "trial": {"command": "python3 t.py", "codeDir": str(tmp_path), "gpuNum": 1, "image": "img"},
+                       "dltsConfig": {"dashboard": "http://dash.example", "team": "t", "email": "e@x",
+                                      "password": "pw-SECRET"}})
+    dry = backend_class("dlts")(cfg).render()
+    assert "pw-SECRET" not in dry.text and "http://dash.example/api/clusters/.default/jobs" in dry.text
+    job = dry.requests[0]
+    assert job["jobName"] == "nni_exp_dryrun_trial_dryrun" and job["resourcegpu"] == 1 and job["image"] == "img"
+    assert job["preemptionAllowed"] == "False" and job["env"] == [{"name": "TMPDIR", "value": "$HOME/tmp"}]  # NNI's
+    assert "--single-trial" in job["cmd"] and "single-use" in dry.text
+
+
+def test_manager_sigkill_and_restart_reattaches_running_jobs(dlts, tmp_path: Path) -> None:
+    """The manager dies mid-trial; the DLTS jobs run on; a new manager finds them by name in the
+    team's job list, their agents redial with their session tokens, nothing is lost or repeated."""
+    import yaml
+
+    from tests.manager.helpers import check_resumed, sigkill_after_metrics, start_manager
+
+    data = v1_config(dlts, tmp_path)
+    data["logDir"] = str(tmp_path / "exps")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(data))
+    exp_dir = tmp_path / "exps" / "DltsRestart1"
+    first = start_manager("DltsRestart1", "new", 2, "--config", str(config), "--step-sleep", "0.3")
+    out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
+    prefix = "nni_exp_DltsRestart1_trial_"
+    assert len([j for j in dlts.jobs() if j["jobName"].startswith(prefix) and j["jobStatus"] == "running"]) == 2
+    second = start_manager("DltsRestart1", "resume", 2, "--config", str(config), "--step-sleep", "0.3")
+    out2, err2 = second.communicate(timeout=150)
+    assert second.returncode == 0, err2[-3000:]
+    check_resumed(exp_dir, out2, before)
+    assert len([j for j in dlts.jobs() if j["jobName"].startswith(prefix)]) == 2  # no new job
+    dlts.wait_for(lambda: not dlts.live_pids(), 60, what="no job process left")
+    assert dlts.password() not in out2 + err2

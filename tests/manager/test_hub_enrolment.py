@@ -1,0 +1,97 @@
+"""Single-use enrolment credentials (platforms whose job definitions others can read: DLTS, AML),
+with real agent processes on a real TLS hub: the credential works once, the enrolled agent
+redials with its session token (also after a hub restart, and as a new agent process reading
+its token file), and a second use of the credential is refused and logged."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from pathlib import Path
+
+from nni_manager.hub import Hub
+from nni_manager.hub.server import credential_digest
+from nni_manager.hub.tls import experiment_tls
+from nni_manager.store import Store
+from tests.manager.helpers import until
+from tests.manager.test_hub_tls import Recorder, agent
+
+CREDENTIAL = "enrol-credential-0123456789"
+
+
+async def enrol_hub(exp_dir: Path, port: int = 0) -> tuple[Hub, Recorder, Path, Store]:
+    store = Store.open(exp_dir)
+    known = {a["agent_id"]: a for a in store.agents()}
+    if "a1" not in known:
+        with store.transaction():
+            store.add_agent("a1", "a1", CREDENTIAL, {}, enrol=True)
+        known = {a["agent_id"]: a for a in store.agents()}
+    a = known["a1"]
+    material = experiment_tls(exp_dir / "tls", ["127.0.0.1"], "ExpEnrol1")
+    rec = Recorder(exp_dir)
+    hub = Hub(experiment_id="ExpEnrol1", experiment_dir=exp_dir, store=store, handler=rec, tcp=f"127.0.0.1:{port}",
+              tls=material)
+    hub.register("a1", a["token"], enrol=bool(a["enrol"]), spent=a["spent"])
+    await hub.start()
+    return hub, rec, exp_dir / "tls" / "ca.crt", store
+
+
+def token_file(path: Path, value: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    return path
+
+
+def test_credential_works_once_then_the_session_token_everywhere(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="nni_manager.hub.server")
+    exp = tmp_path / "exp"
+
+    async def body() -> None:
+        hub, rec, ca, store = await enrol_hub(exp)
+        tok = token_file(tmp_path / "job" / "token", CREDENTIAL)
+        first = agent(tmp_path / "w1", hub.address, "--ca-file", str(ca), "--token-file", str(tok))
+        procs = [first]
+        try:
+            await until(lambda: hub.connected("a1"), 30, "the agent to enrol")
+            session = store.agents()[0]["token"]
+            assert session != CREDENTIAL and store.agents()[0]["enrol"] == 0
+            assert store.agents()[0]["spent"] == credential_digest(CREDENTIAL)
+            # the agent keeps its session token where its credential was (0600): a restart of it needs it
+            await until(lambda: tok.read_text() == session, 10, "the token file to hold the session token")
+            assert stat.S_IMODE(tok.stat().st_mode) == 0o600
+
+            # a copy of the job's credential (someone who read the job definition) is refused and logged
+            thief = agent(tmp_path / "w2", hub.address, "--ca-file", str(ca), token=CREDENTIAL)
+            procs.append(thief)
+            out, _ = await asyncio.to_thread(thief.communicate, timeout=40)
+            assert thief.returncode == 2, out.decode()[-2000:]
+            assert "enrolment credential already used" in (tmp_path / "w2" / "agent.log").read_text()
+            assert any("presented again and refused" in r.getMessage() for r in caplog.records)
+            assert CREDENTIAL not in caplog.text and session not in caplog.text
+            assert hub.connected("a1") and rec.hellos == ["a1"]  # the enrolled agent kept its session
+
+            # the hub restarts (same port, same store): the agent redials with its session token
+            port = int(hub.address.rsplit(":", 1)[1])
+            await hub.stop()
+            hub, rec, ca, store = await enrol_hub(exp, port)
+            await until(lambda: hub.connected("a1"), 40, "the enrolled agent to redial the restarted hub")
+            assert store.agents()[0]["token"] == session  # no second enrolment
+
+            # a new agent process on the same token file (an agent restart) gets in too
+            first.terminate()
+            await asyncio.to_thread(first.wait, 20)
+            await until(lambda: not hub.connected("a1"), 20, "the first agent to go")
+            again = agent(tmp_path / "w1", hub.address, "--ca-file", str(ca), "--token-file", str(tok))
+            procs.append(again)
+            await until(lambda: hub.connected("a1"), 30, "the restarted agent to connect with its session token")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                    await asyncio.to_thread(p.wait, 20)
+            await hub.stop()
+
+    asyncio.run(body())

@@ -1,0 +1,199 @@
+"""Fixtures `pai` and `pai_factory`: an OpenPAI rest-server emulator in its own process.
+
+``pai.url`` is what NNI calls ``host``: clients add ``/rest-server/api/v2/...`` as they do behind
+PAI's pylon (``/api/v2/...`` works too). See tests/openpai/emulator/README.md."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Pai:
+    """A running emulator: PAI coordinates for a client, plus test controls (``/_emulator``)."""
+
+    def __init__(self, state_dir: Path, proc: subprocess.Popen, users: dict, control_token: str):
+        self.state_dir, self.proc, self.users, self.control_token = state_dir, proc, users, control_token
+        self.port = int((state_dir / "port").read_text())
+        self.instance = (state_dir / "instance").read_text()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api = self.url + "/rest-server/api/v2"
+        self.username = next(iter(users))
+        self.token = users[self.username]["token"]
+
+    def token_of(self, user: str) -> str:
+        return self.users[user]["token"]
+
+    # ------------------------------------------------------------ controls
+    def _call(self, method: str, path: str, body: dict | None = None):
+        req = urllib.request.Request(self.url + "/_emulator" + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {self.control_token}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 409:
+                return json.loads(e.read())
+            raise
+
+    def fault(self, mode: str = "error", *, count: int | None = None, seconds: float | None = None,
+              status: int = 500, body=None, method: str | None = None, path: str | None = None,
+              hang_seconds: float = 3600) -> dict:
+        """Make PAI API requests fail: ``mode`` "error" (``status``; 500 -> UnknownError JSON,
+        502/503/504 -> pylon's nginx page; or your ``body``), "hang" (no answer for ``hang_seconds``)
+        or "reset" (connection dropped). For the next ``count`` matching requests and/or ``seconds``
+        (default: the next one). ``method``/``path`` (regex on ``/api/v2/...``) narrow the match."""
+        return self._call("POST", "/faults", {"mode": mode, "count": count, "seconds": seconds, "status": status,
+                                              "body": body, "method": method, "path": path,
+                                              "hangSeconds": hang_seconds})
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "/faults")
+
+    def set_capacity(self, vc: str = "default", *, tasks: int | None = None, cpu: int | None = None,
+                     memoryMB: int | None = None, gpu: int | None = None, **more) -> dict:
+        """Set a VC's limits (None = unlimited). Waiting jobs start when they fit."""
+        return self._call("PUT", f"/virtual-clusters/{vc}",
+                          {"tasks": tasks, "cpu": cpu, "memoryMB": memoryMB, "gpu": gpu, **more})
+
+    def jobs(self) -> list[dict]:
+        """Every job: the list item of the PAI API plus its ``detail`` (no auth, no rate limit)."""
+        return self._call("GET", "/jobs")
+
+    def job(self, name: str, user: str | None = None) -> dict | None:
+        fw = f"{user or self.username}~{name}"
+        return next((j["detail"] for j in self.jobs() if f"{j['username']}~{j['name']}" == fw), None)
+
+    def live_pids(self) -> list[int]:
+        """Pids of every live task process (and descendants) this emulator started."""
+        return [p["pid"] for p in self._call("GET", "/pids")["pids"]]
+
+    def kill_task(self, job: str, role: str, index: int = 0, *, node_lost: bool = False,
+                  user: str | None = None) -> bool:
+        """Kill a task's processes from outside (SIGKILL -> exit 137; ``node_lost`` -> -1001 PodNodeLost)."""
+        fw = f"{user or self.username}~{job}"
+        return self._call("POST", f"/jobs/{fw}/taskRoles/{role}/{index}/kill", {"nodeLost": node_lost})["killed"]
+
+    def requests(self) -> list[dict]:
+        """PAI API requests received: method, path, query, contentType, status."""
+        return self._call("GET", "/requests")
+
+    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while True:
+            v = predicate()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(interval)
+
+    def wait_state(self, name: str, *states: str, timeout: float = 20.0, user: str | None = None) -> dict:
+        def check():
+            d = self.job(name, user)
+            return d if d and d["jobStatus"]["state"] in states else None
+        return self.wait_for(check, timeout, what=f"job {name} in {states}")
+
+    def leftover_processes(self) -> list[int]:
+        needle = f"PAI_EMULATOR_INSTANCE={self.instance}".encode()
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/environ", "rb") as f:
+                        if needle in f.read().split(b"\0"):
+                            out.append(int(d))
+                except OSError:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM the emulator: it kills every task process tree, then exits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: dict | None = None,
+                   grace: float = 2.0, rate_limits: dict | None = None) -> Pai:
+    """``users``: {name: {admin, virtualClusters, storages}} (tokens are generated);
+    ``virtual_clusters``: {name: {tasks, cpu, memoryMB, gpu}} (None = unlimited)."""
+    state = base / f"pai-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    users = users or {"alice": {"virtualClusters": ["default", "vc2"], "storages": ["confignfs"]}}
+    users = {n: {"token": secrets.token_urlsafe(24), **u} for n, u in users.items()}
+    vcs = virtual_clusters if virtual_clusters is not None else {"default": {}, "vc2": {"tasks": 1}}
+    control = secrets.token_urlsafe(24)
+    cfg = state / "config.json"
+    fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"users": users, "virtualClusters": vcs, "controlToken": control}, f)
+    args = [sys.executable, "-m", "tests.openpai.emulator", "--state", str(state), "--grace", str(grace)]
+    for k, v in (rate_limits or {}).items():
+        args += ["--rate-limit", f"{k}={v}"]
+    log = open(state / "emulator.log", "wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_EMULATOR_")}
+    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    deadline = time.monotonic() + 20
+    while not (state / "port").exists():
+        if proc.poll() is not None:
+            raise RuntimeError("emulator exited: " + (state / "emulator.log").read_text()[-3000:])
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
+        time.sleep(0.01)
+    return Pai(state, proc, users, control)
+
+
+@pytest.fixture
+def pai_factory():
+    """``pai_factory(users=..., virtual_clusters=..., grace=..., rate_limits=...)`` -> Pai; all are
+    stopped at teardown, and the test fails if any task process outlived its emulator."""
+    base = Path(tempfile.mkdtemp(prefix="pai-emu-"))
+    started: list[Pai] = []
+
+    def make(**options) -> Pai:
+        p = start_emulator(base, **options)
+        started.append(p)
+        return p
+
+    yield make
+    leftovers = {}
+    for p in started:
+        p.stop()
+        left = p.leftover_processes()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if left:
+            leftovers[p.instance] = left
+    shutil.rmtree(base, ignore_errors=True)
+    assert not leftovers, f"task processes left behind by the emulator: {leftovers}"
+
+
+@pytest.fixture
+def pai(pai_factory) -> Pai:
+    """User ``alice`` (VCs ``default`` unlimited and ``vc2`` with room for 1 task; storage ``confignfs``)."""
+    return pai_factory()

@@ -1,0 +1,380 @@
+"""`platform: openpai` end to end on the OpenPAI rest-server emulator (tests/openpai/conftest.py):
+the backend's real HTTP client (aiohttp) submitting job protocol YAML, real agents in the jobs'
+task processes dialling the manager's TLS hub on 127.0.0.1. Every status path, reuse and
+non-reuse, a 2-instance task role, secrets, REST errors and faults, cleanup and the dry run."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from nni_manager.backends.registry import backend_class
+from nni_manager.backends.rest_jobs import RestError
+from nni_manager.config import ConfigError, load_config
+from nni_manager.service import create_training_service
+from nni_manager.types import TrialJobStatus
+from tests.manager.helpers import TRIAL, form, until, wait_status
+
+T = 90.0  # generous polling timeout: two cores shared with other test runs
+
+PEERS = r'''
+import json, os
+from nni_agent import get_next_parameter, report_final_result
+get_next_parameter()
+keys = ("PAI_CURRENT_TASK_ROLE_NAME", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_ROLE_TASK_COUNT_worker",
+        "PAI_HOST_IP_worker_0", "PAI_HOST_IP_worker_1", "PAI_JOB_NAME", "NNI_TRIAL_ROLE", "NNI_TRIAL_ROLE_INDEX")
+print("SEEN " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+report_final_result(int(os.environ["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]))
+'''
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+@pytest.fixture
+def base(short_dir: Path) -> Path:
+    return short_dir
+
+
+def config_dict(pai: Any, base: Path, training_service: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    (code / "peers.py").write_text(PEERS)
+    ts = {"platform": "openpai", "host": pai.url, "username": pai.username, "token": pai.token,
+          "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1, "trialMemorySize": "1gb", "dockerImage": "python:3.11",
+          "virtualCluster": "default", "pollInterval": "0.5s", **(training_service or {})}
+    data: dict[str, Any] = {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
+                            "trialConcurrency": 1, "experimentWorkingDirectory": str(base / "exps"),
+                            "trialGracePeriod": 2, "trainingService": ts}
+    data.update(top)
+    return data
+
+
+def config(pai: Any, base: Path, training_service: dict[str, Any] | None = None, **top: Any):
+    return load_config(config_dict(pai, base, training_service, **top))
+
+
+def fast_pai(pai_factory: Any, **options: Any) -> Any:
+    """An emulator whose list rate limit allows polling twice a second (the real one: 60/min)."""
+    return pai_factory(rate_limits={"list": 0}, **options)
+
+
+def sleeper(base: Path, seq: int, name: str, **params: Any):
+    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
+
+
+def release(base: Path, name: str) -> None:
+    (base / f"release-{name}").write_text("go")
+
+
+async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
+    async def check() -> str | None:
+        d = await ts.get_trial_job(trial_id)
+        return d.message if all(n in d.message for n in needles) else None
+
+    try:
+        return await until(check, timeout, f"{needles} in the message of {trial_id}")
+    except AssertionError:
+        d = await ts.get_trial_job(trial_id)
+        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
+
+
+def ours(pai: Any, experiment_id: str) -> list[dict[str, Any]]:
+    return [j for j in pai.jobs() if j["name"].startswith(f"nni_exp_{experiment_id}_")]
+
+
+def assert_clean(pai: Any, experiment_id: str) -> None:
+    pai.wait_for(lambda: all(j["state"] in ("STOPPED", "SUCCEEDED", "FAILED") for j in ours(pai, experiment_id)),
+                 60, what="every job of the experiment ended")
+    pai.wait_for(lambda: not pai.live_pids(), 60, what="no task process left")
+
+
+# ----------------------------------------------------------------------------- every status path
+
+def test_status_paths_one_job_per_trial(pai_factory, base: Path) -> None:
+    """reuseMode false: one job per trial. SUCCEEDED (metrics exactly once), FAILED with PAI's exit
+    diagnostics, WAITING in a full virtual cluster (in PAI's words) then RUNNING, cancelled by us,
+    stopped by someone else in PAI, cleanup; secrets never in the job config PAI serves."""
+    pai = fast_pai(pai_factory)
+    cfg = config(pai, base, {"reuseMode": False, "virtualCluster": "vc2"}, trialConcurrency=2)  # vc2: room for 1 task
+    metrics: dict[str, list[str]] = defaultdict(list)
+    tokens: list[str] = []
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            exp = ts.experiment_id
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            ok = await ts.submit_trial_job(form(0, x=7, steps=3))
+            d = await wait_status(ts, ok.id, "SUCCEEDED", timeout=T)
+            got = [json.loads(m) for m in metrics[ok.id]]
+            assert [(g["type"], g["sequence"], json.loads(g["value"])) for g in got] == [
+                ("PERIODICAL", 0, 0), ("PERIODICAL", 1, 1), ("PERIODICAL", 2, 2), ("FINAL", 0, 7)], got
+            name = f"nni_exp_{exp}_trial_{ok.id}"
+            assert d.url == f"{pai.url}/job-detail.html?username={pai.username}&jobName={name}", d.url
+            pai.wait_state(name, "SUCCEEDED", timeout=T)  # the job's own state follows the trial
+
+            bad = await ts.submit_trial_job(form(1, action="fail", steps=1))
+            d = await wait_status(ts, bad.id, "FAILED", timeout=T)
+            assert "exit code 3" in d.message, d.message
+
+            # vc2 holds one task: the second job waits, and the trial says so in PAI's words
+            s1 = await ts.submit_trial_job(sleeper(base, 2, "s1"))
+            await wait_status(ts, s1.id, "RUNNING", timeout=T)
+            s2 = await ts.submit_trial_job(sleeper(base, 3, "s2"))
+            msg = await message_with(ts, s2.id, "WAITING", "virtual cluster vc2")
+            assert f"nni_exp_{exp}_trial_{s2.id}" in msg and "may be full" in msg, msg
+            assert (await ts.get_trial_job(s2.id)).status == TrialJobStatus.WAITING
+
+            # cancelled by us: USER_CANCELED, its job STOPPED, and the waiting one gets the room
+            await ts.cancel_trial_job(s1.id)
+            await wait_status(ts, s1.id, "USER_CANCELED", timeout=T)
+            pai.wait_state(f"nni_exp_{exp}_trial_{s1.id}", "STOPPED", timeout=T)
+            await wait_status(ts, s2.id, "RUNNING", timeout=T)
+
+            # stopped by someone else in PAI: SYS_CANCELED, saying so
+            import aiohttp
+            async with aiohttp.ClientSession() as http:
+                async with http.put(f"{pai.api}/jobs/{pai.username}~nni_exp_{exp}_trial_{s2.id}/executionType",
+                                    json={"value": "STOP"}, headers={"Authorization": f"Bearer {pai.token}"}) as r:
+                    assert r.status == 202, await r.text()
+            await wait_status(ts, s2.id, "SYS_CANCELED", timeout=T)
+            msg = await message_with(ts, s2.id, "outside this experiment")
+            assert "STOP" in msg, msg
+            tokens.extend(a["token"] for a in ts.trials.store.agents())
+            return exp
+
+    exp = run(main())
+    assert all(len(ms) == len(set(ms)) for ms in metrics.values()), metrics
+    assert_clean(pai, exp)
+    jobs = ours(pai, exp)
+    assert len(jobs) == 4 and len({j["name"] for j in jobs}) == 4, jobs  # one job per trial
+    # secrets: in the protocol's `secrets` (masked when PAI serves the config), never in commands or logs
+    assert tokens and all(tokens)
+    requests = pai.requests()
+    submits = [r for r in requests if r["method"] == "POST" and r["path"].endswith("/jobs")]
+    assert submits and all(r["contentType"].startswith("text/yaml") for r in submits), submits
+    import urllib.request
+    for j in jobs:
+        req = urllib.request.Request(f"{pai.api}/jobs/{pai.username}~{j['name']}/config",
+                                     headers={"Authorization": f"Bearer {pai.token}"})
+        served = urllib.request.urlopen(req, timeout=10).read().decode()
+        assert "<% $secrets.nni_agent_token_taskrole_0 %>" in served, served[:2000]
+        assert not any(t in served for t in tokens)
+    logs = "".join(f.read_text(errors="replace") for f in (base / "exps" / exp).rglob("*.log") if f.is_file())
+    assert not any(t in logs for t in tokens) and pai.token not in logs
+
+
+def test_reuse_pool_runs_ten_trials_on_two_environments(pai_factory, base: Path) -> None:
+    pai = fast_pai(pai_factory)
+    cfg = config(pai, base, {}, trialConcurrency=2)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(10)]
+            for t in trials:
+                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            envs = {(await ts.get_trial_job(t.id)).environment_id for t in trials}
+            assert envs == {"env1", "env2"}, envs
+            exp = ts.experiment_id
+            names = sorted(j["name"] for j in ours(pai, exp))
+            assert names == [f"nni_exp_{exp}_env_1", f"nni_exp_{exp}_env_2"], names
+            assert all(j["state"] == "RUNNING" for j in ours(pai, exp))  # kept for the next trials
+            return exp
+
+    exp = run(main())
+    assert_clean(pai, exp)  # clean_up stopped both environments
+    # stopped, or succeeded when its agents were told to stop before PAI's STOP landed
+    assert all(j["state"] in ("STOPPED", "SUCCEEDED") for j in ours(pai, exp)), ours(pai, exp)
+
+
+def test_two_instance_task_role_from_openpai_config(pai_factory, base: Path) -> None:
+    """The user's own job protocol: a task role with 2 instances runs one agent per instance, the
+    role's commands on each, with PAI's environment (role, index, peer hosts) passed through."""
+    pai = fast_pai(pai_factory)
+    protocol = {
+        "protocolVersion": 2, "name": "my-job", "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"}],
+        "taskRoles": {"worker": {"instances": 2, "dockerImage": "img",
+                                 "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0},
+                                 "commands": [f"{sys.executable} peers.py"]}},
+    }
+    data = config_dict(pai, base, {"reuseMode": False, "openpaiConfig": protocol})
+    del data["trialCommand"]
+    cfg = load_config(data)
+
+    async def main() -> tuple[str, dict[str, dict[str, Any]]]:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            assert len(d.agents) == 2, d
+            rep = ts.experiment_dir / "trials" / t.id / "replicas"
+            views = {}
+            for r in sorted(p.name for p in rep.iterdir()):
+                line = next(ln for ln in (rep / r / "trial.stdout").read_text().splitlines() if ln.startswith("SEEN "))
+                views[r] = json.loads(line[5:])
+            return ts.experiment_id, views
+
+    exp, views = run(main())
+    assert sorted(views) == ["worker-0", "worker-1"], views  # one replica per instance: role and index
+    by_index = {v["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]: v for v in views.values()}
+    assert set(by_index) == {"0", "1"}
+    for idx, v in by_index.items():
+        assert v["PAI_CURRENT_TASK_ROLE_NAME"] == "worker" and v["NNI_TRIAL_ROLE"] == "worker"
+        assert v["NNI_TRIAL_ROLE_INDEX"] == idx and v["PAI_TASK_ROLE_TASK_COUNT_worker"] == "2"
+        assert v["PAI_HOST_IP_worker_0"] == v["PAI_HOST_IP_worker_1"] == "127.0.0.1"
+    for r, v in views.items():  # replica worker-<i> is the agent of task index i
+        assert r == "worker-" + v["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]
+    assert_clean(pai, exp)
+
+
+# ----------------------------------------------------------------------------- errors and faults
+
+def test_wrong_token_is_one_clear_line_at_start(pai, base: Path) -> None:
+    cfg = config(pai, base, {"token": "not-the-token-4242"})
+
+    async def main() -> None:
+        async with create_training_service(cfg):
+            pass
+
+    with pytest.raises(RestError) as err:
+        run(main())
+    text = str(err.value)
+    assert "401" in text and "UnauthorizedUserError" in text and "trainingService.token" in text, text
+    assert "not-the-token-4242" not in text and "\n" not in text
+
+
+def test_unknown_virtual_cluster_fails_the_trial_with_pais_words(pai_factory, base: Path) -> None:
+    pai = fast_pai(pai_factory)
+    cfg = config(pai, base, {"virtualCluster": "nope", "reuseMode": False})
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "403" in d.message and "ForbiddenUserError" in d.message and "nope" in d.message, d.message
+            assert pai.token not in d.message
+
+    run(main())
+
+
+def test_server_errors_and_timeouts_for_a_while_lose_nothing(pai_factory, base: Path, caplog) -> None:
+    """The rest-server answers 500s, then hangs, then resets connections for a while: trials keep
+    running (their agents talk to the hub, not PAI), every metric arrives once, and PAI's faults
+    are retried and logged without the token."""
+    caplog.set_level(logging.WARNING)
+    pai = fast_pai(pai_factory)
+    cfg = config(pai, base, {}, trialConcurrency=2)
+    metrics: dict[str, list[str]] = defaultdict(list)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
+            a = await ts.submit_trial_job(sleeper(base, 0, "a"))
+            b = await ts.submit_trial_job(sleeper(base, 1, "b"))
+            await wait_status(ts, a.id, "RUNNING", timeout=T)
+            await wait_status(ts, b.id, "RUNNING", timeout=T)
+            pai.fault("error", status=500, seconds=3)
+            await asyncio.sleep(3.5)
+            pai.fault("hang", seconds=2, hang_seconds=5)
+            await asyncio.sleep(2.5)
+            pai.fault("reset", seconds=2)
+            await asyncio.sleep(2.5)
+            pai.clear_faults()
+            for t in (a, b):
+                assert (await ts.get_trial_job(t.id)).status == TrialJobStatus.RUNNING
+            release(base, "a")
+            release(base, "b")
+            for t in (a, b):
+                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            c = await ts.submit_trial_job(form(2, x=3, steps=2))  # the pool still works
+            await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
+
+    run(main())
+    assert all(len(ms) == len(set(ms)) and ms for ms in metrics.values()) and len(metrics) == 3, metrics
+    assert "UnknownError" in caplog.text or "500" in caplog.text
+    assert pai.token not in caplog.text
+
+
+def test_config_checked_at_start_and_errors_name_the_field(tmp_path: Path) -> None:
+    base = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
+            "trainingService": {"platform": "openpai", "host": "pai.example.com", "username": "u", "token": "t",
+                                "trialMemorySize": "2gb"}}
+    cfg = load_config(base)
+    assert cfg.training_service.options.host == "https://pai.example.com"  # NNI adds https://
+    assert "'t'" not in repr(cfg.training_service.options)
+
+    def err(**ts: Any) -> str:
+        data = json.loads(json.dumps(base))
+        data["trainingService"].update(ts)
+        for k in [k for k, v in ts.items() if v is None]:
+            del data["trainingService"][k]
+        with pytest.raises(ConfigError) as e:
+            load_config(data)
+        return str(e.value)
+
+    assert "trainingService.token" in err(token=None)
+    assert "trainingService.trialMemorySize" in err(trialMemorySize=None)
+    assert "password" in err(passWord="x").lower()
+    assert "openpaiConfig" in err(openpaiConfig={"taskRoles": {"bad-name": {"commands": ["x"]}}})
+    assert "localStorageMountPoint" in err(localStorageMountPoint=str(tmp_path / "missing"))
+    # v1: trainingServicePlatform pai, paiConfig and trial fields
+    v1 = {"authorName": "a", "trialConcurrency": 1, "trainingServicePlatform": "pai",
+          "paiConfig": {"userName": "u", "token": "t", "host": "10.1.1.1"},
+          "trial": {"command": "python3 t.py", "codeDir": str(tmp_path), "gpuNum": 1, "cpuNum": 2, "memoryMB": 4096,
+                    "image": "img:1", "virtualCluster": "vcx"}}
+    cfg = load_config(v1)
+    o = cfg.training_service.options
+    assert cfg.training_service.platform == "openpai"
+    assert (o.host, o.username, o.cpus, o.memory_mb, o.gpus, o.docker_image, o.virtual_cluster) == (
+        "https://10.1.1.1", "u", 2, 4096, 1, "img:1", "vcx")
+
+
+def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_path: Path) -> None:
+    from tests.kube.emulator.crds import schemas_dir
+
+    cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 2, "trialCodeDirectory": str(tmp_path),
+                       "trainingService": {"platform": "openpai", "host": "pai.example.com", "username": "u",
+                                           "token": "tok-SECRET-1", "trialMemorySize": "2gb",
+                                           "storageConfigName": "confignfs", "virtualCluster": "vc1",
+                                           "nniManagerIp": "10.0.0.5"}})
+    dry = backend_class("openpai")(cfg).render()
+    assert "tok-SECRET-1" not in dry.text and "<masked>" in dry.text
+    job = dry.requests[0]
+    schema = json.loads((schemas_dir() / "openpai" / "rest-server-protocol.schema.json").read_text())
+    jsonschema.validate(job, schema)  # the rest-server's own validator accepts what we submit
+    assert job["name"] == "nni_exp_dryrun_env_1" and job["defaults"]["virtualCluster"] == "vc1"
+    assert job["extras"]["storages"] == [{"name": "confignfs"}]
+    commands = "\n".join(job["taskRoles"]["taskrole"]["commands"])
+    assert "<% $secrets.nni_agent_token_taskrole_0 %>" in commands and "--token-file" in commands
+    assert yaml.safe_load(dry.text.split("\n", 2)[2])["name"] == job["name"]
+
+
+# ----------------------------------------------------------------------------- cleanup
+
+def test_clean_up_stops_every_job_including_an_earlier_managers(pai_factory, base: Path) -> None:
+    """A job of this experiment that nothing wants any more (left by an earlier manager) is
+    stopped at start; clean_up stops the rest; no process is left."""
+    pai = fast_pai(pai_factory)
+    cfg = config(pai, base, {}, trialConcurrency=1, experimentName="clean")
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(sleeper(base, 0, "x"))
+            await wait_status(ts, t.id, "RUNNING", timeout=T)
+            assert pai.live_pids()
+            return ts.experiment_id
+
+    exp = run(main())
+    assert_clean(pai, exp)
+    assert os.environ.get("NNI_AGENT_TOKEN") is None
