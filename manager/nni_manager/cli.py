@@ -43,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
                                           "one copied from another machine) until Ctrl-C.")
     view_cmd.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
     _web_arguments(view_cmd)
+    export_cmd = sub.add_parser("export", help="write an experiment in NNI's format (db/nni.sqlite) for NNI's tools",
+                                description="Write NNI 3.0's experiment directory (db/nni.sqlite, trial logs) from our "
+                                            "store and register it in ~/nni-experiments/.experiment, so that "
+                                            "`nnictl view ID` and NNI's other tools open it.")
+    export_cmd.add_argument("--nni-db", type=Path, required=True, metavar="EXPERIMENT_DIR",
+                            help="<experimentWorkingDirectory>/<experiment id>")
+    export_cmd.add_argument("--out", type=Path, metavar="DIR",
+                            help="NNI's experimentWorkingDirectory to write DIR/<experiment id>/ into (default: the "
+                                 "one EXPERIMENT_DIR is in, i.e. in place)")
+    export_cmd.add_argument("--no-register", action="store_true",
+                            help="leave ~/nni-experiments/.experiment alone (nnictl view needs the entry)")
     trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
     trials.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
     logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
@@ -66,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                         keep)
         if args.command == "view":
             return _view(args.experiment_dir, _web_options(args))
+        if args.command == "export":
+            return _export(args.nni_db, args.out, not args.no_register)
         if args.command == "trials":
             return _trials(args.experiment_dir)
         return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow, args.replica, args.trial_log)
@@ -110,6 +123,19 @@ def _view(experiment_dir: Path, web) -> int:  # web: WebOptions
 
     _open_store(experiment_dir).close()  # a clear error for a directory without an experiment
     asyncio.run(serve_stored(experiment_dir, web))
+    return 0
+
+
+def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
+    from nni_manager.webui.nni_db import export_nni_db
+
+    _open_store(experiment_dir).close()  # a clear error for a directory without an experiment
+    done = export_nni_db(experiment_dir, out, register=register)
+    for note in done.notes:
+        print(f"nni-manager: note: {note}", file=sys.stderr)
+    print(f"wrote {done.db}: {done.trials} trials, {done.metrics} metrics, {done.events} trial events")
+    view = f"nnictl view {done.experiment_id} --experiment_dir {done.working_directory} --port 8080"
+    print(f"open it with NNI: {view}" + ("" if done.registered else "  (needs its entry in ~/nni-experiments/.experiment)"))
     return 0
 
 
