@@ -27,7 +27,7 @@ from nni_manager.config import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
 from tests.aml.conftest import AZURE_IDENTITY_VARS, start_aml  # noqa: E402
 from tests.dlts.conftest import start_dlts  # noqa: E402
-from tests.manager.helpers import TRIAL, form, wait_status  # noqa: E402
+from tests.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
 from tests.openpai.conftest import start_emulator as start_pai  # noqa: E402
 
 POLL = "0.2s"
@@ -52,7 +52,9 @@ async def sequential(cfg: Any, n: int, warm: int = 0) -> list[float]:
     return times
 
 
-async def to_running(cfg: Any, n: int) -> list[float]:
+async def to_running(cfg: Any, n: int, settled: Any) -> list[float]:
+    """Non-reuse: submit -> RUNNING per trial; the next one starts once the previous job has ended
+    (`settled()`), as trialConcurrency 1 would wait for it anyway."""
     out = []
     async with create_training_service(cfg) as ts:
         for i in range(n):
@@ -61,6 +63,7 @@ async def to_running(cfg: Any, n: int) -> list[float]:
             await wait_status(ts, job.id, "RUNNING", "SUCCEEDED", timeout=120)
             out.append(time.perf_counter() - t0)
             await wait_status(ts, job.id, "SUCCEEDED", timeout=60)
+            await until(settled, 60, "the trial's job to end")
     return out
 
 
@@ -117,10 +120,12 @@ async def main(n: int) -> None:
                   f"{'OK' if ratio <= 1.5 else 'MISSED'}]")
         k = max(3, n // 4)
         bare = await bare_pai(pai, k)
-        single = await to_running(config(tmp / "e4", code, {**pai_ts, "reuseMode": False}, 1), k)
+        single = await to_running(config(tmp / "e4", code, {**pai_ts, "reuseMode": False}, 1), k,
+                                  lambda: all(j["state"] in ("SUCCEEDED", "FAILED", "STOPPED") for j in pai.jobs()))
         dlts_v1 = {"platform": "dlts", **dlts.dlts_config(), "image": "msranni/nni", "nniManagerIp": "127.0.0.1",
                    "pollInterval": POLL}
-        dl = await to_running(config(tmp / "e5", code, dlts_v1, 1), k)
+        dl = await to_running(config(tmp / "e5", code, dlts_v1, 1), k,
+                              lambda: all(j["jobStatus"] in ("finished", "failed", "killed") for j in dlts.jobs()))
         print(f"non-reuse, {k} trials each (polling every {POLL}):")
         print(f"  openpai bare job `true`: submit -> SUCCEEDED   {_ms(bare)}")
         print(f"  openpai trial: submit -> RUNNING              {_ms(single)}   "

@@ -184,15 +184,17 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
                  '{ echo "nni-agent: the image has no python3 or python on PATH" >&2; exit 127; }')
     if pythonpath:
         lines.append(f'export PYTHONPATH={q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
-    lines.append(f'"$PY" -c "import nni_agent" 2>/dev/null || {{ echo "nni-agent: the image {image} lacks the '
-                 'nni-agent package for $PY: pip install nni-agent in the image" >&2; exit 3; }')
+    # one interpreter: a missing package is one line in the job's log, not a traceback
+    boot = ("import sys\ntry:\n    from nni_agent.cli import main\nexcept ImportError as e:\n"
+            f"    sys.exit('nni-agent: the image {image} lacks the nni-agent package for %s (%s): "
+            "pip install nni-agent in the image' % (sys.executable, e))\nsys.exit(main(sys.argv[1:]))")
     args = [f"--manager {q(hub_address)}", f'--agent-id "{agent_id}"', '--token-file "$NNI_AGENT_DIR/token"',
             '--work-dir "$NNI_AGENT_DIR/work"', f"--orphan-timeout {orphan_timeout:g}"]
     if tls:
         args.append('--ca-file "$NNI_AGENT_DIR/ca.crt"')
     if single_trial:
         args.append("--single-trial")
-    lines.append('exec "$PY" -m nni_agent ' + " ".join(args))
+    lines.append(f'exec "$PY" -c {q(boot)} ' + " ".join(args))
     return lines
 
 

@@ -86,6 +86,7 @@ class Elastic:
             for agent_id in env.members:
                 self.core.send(agent_id, shutdown=pb.Shutdown(reason=f"environment {env.env_id} is released"))
         self.core.spawn(self.core.backend.release(env.env_id))
+        self.core.wake()  # its place may go to a waiting trial now, not at the next periodic look
 
     def cancelled(self, trial: TrialJobDetail) -> None:
         """We cancel a trial: where the platform shows a stopped job for that (OpenPAI's STOP), its
