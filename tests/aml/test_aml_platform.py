@@ -21,7 +21,8 @@ from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.aml.emulator.api_versions import DOCUMENTED
-from tests.manager.helpers import TRIAL, check_resumed, form, sigkill_after_metrics, start_manager, until, wait_status
+from tests.manager.helpers import (TRIAL, check_resumed, form, release, sigkill_after_metrics,
+                                   sleeper, start_manager, until, wait_status)
 
 T = 90.0
 
@@ -42,14 +43,6 @@ def config_dict(aml: Any, base: Path, **ts: Any) -> dict[str, Any]:
     return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
             "experimentWorkingDirectory": str(base / "exps"), "trialGracePeriod": 2,
             "trainingService": {**aml.aml_config(), "nniManagerIp": "127.0.0.1", "pollInterval": "0.3s", **ts}}
-
-
-def sleeper(base: Path, seq: int, name: str):
-    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1)
-
-
-def release(base: Path, name: str) -> None:
-    (base / f"release-{name}").write_text("go")
 
 
 def ours(aml: Any, experiment_id: str) -> list[dict[str, Any]]:

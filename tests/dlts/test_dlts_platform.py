@@ -21,7 +21,7 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, until, wait_status
+from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
 
 T = 90.0
 
@@ -46,26 +46,6 @@ def v1_config(dlts: Any, base: Path, **dlts_config: Any) -> dict[str, Any]:
             "trial": {"command": f"{sys.executable} trial.py", "codeDir": str(code), "gpuNum": 0,
                       "image": "msranni/nni"},
             "dltsConfig": {**dlts.dlts_config(), "pollInterval": "0.3s", **dlts_config}}
-
-
-def sleeper(base: Path, seq: int, name: str, **params: Any):
-    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
-
-
-def release(base: Path, name: str) -> None:
-    (base / f"release-{name}").write_text("go")
-
-
-async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
-    async def check() -> str | None:
-        d = await ts.get_trial_job(trial_id)
-        return d.message if all(n in d.message for n in needles) else None
-
-    try:
-        return await until(check, timeout, f"{needles} in the message of {trial_id}")
-    except AssertionError:
-        d = await ts.get_trial_job(trial_id)
-        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
 
 
 def job_of(dlts: Any, experiment_id: str, trial_id: str) -> dict[str, Any]:

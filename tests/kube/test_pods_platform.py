@@ -28,7 +28,7 @@ from tests.kube.harness import (
     pod_json,
     pods_service,
 )
-from tests.manager.helpers import form, until, wait_status
+from tests.manager.helpers import form, message_with, release, sleeper, until, wait_status
 
 NS = "default"
 T = 60.0  # generous polling timeout: two cores shared with other test runs
@@ -41,15 +41,6 @@ def run(coro: Any) -> Any:
 @pytest.fixture
 def base(short_dir: Path) -> Path:
     return short_dir
-
-
-def sleeper(base: Path, seq: int, name: str, **params: Any):
-    """A trial that runs until `base/release-<name>` exists (exits by itself when `base` is gone)."""
-    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
-
-
-def release(base: Path, name: str) -> None:
-    (base / f"release-{name}").write_text("go")
 
 
 def scheduled_pods(kube: Any, experiment_id: str) -> set[str]:
@@ -73,18 +64,6 @@ def terminated(kube: Any, pod: str) -> list[dict]:
             if term and term not in out:
                 out.append(term)
     return out
-
-
-async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
-    async def check() -> str | None:
-        d = await ts.get_trial_job(trial_id)
-        return d.message if all(n in d.message for n in needles) else None
-
-    try:
-        return await until(check, timeout, f"{needles} in the message of {trial_id}")
-    except AssertionError:
-        d = await ts.get_trial_job(trial_id)
-        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
 
 
 # ----------------------------------------------------------------------------- 1. every status path

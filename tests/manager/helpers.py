@@ -154,3 +154,26 @@ def check_resumed(exp_dir: Path, out: str, before: set[tuple[str, str, int]], *,
     assert second and not set(second) & before and len(second) == len(set(second))  # nothing heard twice
     assert not any("restarted" in t.message for t in done)
     return done
+
+
+def sleeper(base: Path, seq: int, name: str, **params: Any) -> TrialJobApplicationForm:
+    """A trial (TRIAL, action "sleep") that runs until `release(base, name)`; it exits by itself
+    when `base` is gone, so it never outlives its test."""
+    return form(seq, action="sleep", release=str(base / f"release-{name}"), **{"steps": 1, **params})
+
+
+def release(base: Path, name: str) -> None:
+    (base / f"release-{name}").write_text("go")
+
+
+async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = 90.0) -> str:
+    """Wait until the trial's message holds every needle; fail saying what it is instead."""
+    async def check() -> str | None:
+        d = await ts.get_trial_job(trial_id)
+        return d.message if all(n in d.message for n in needles) else None
+
+    try:
+        return await until(check, timeout, f"{needles} in the message of {trial_id}")
+    except AssertionError:
+        d = await ts.get_trial_job(trial_id)
+        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None

@@ -22,7 +22,7 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, until, wait_status
+from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
 
@@ -68,26 +68,6 @@ def config(pai: Any, base: Path, training_service: dict[str, Any] | None = None,
 def fast_pai(pai_factory: Any, **options: Any) -> Any:
     """An emulator whose list rate limit allows polling twice a second (the real one: 60/min)."""
     return pai_factory(rate_limits={"list": 0}, **options)
-
-
-def sleeper(base: Path, seq: int, name: str, **params: Any):
-    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
-
-
-def release(base: Path, name: str) -> None:
-    (base / f"release-{name}").write_text("go")
-
-
-async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
-    async def check() -> str | None:
-        d = await ts.get_trial_job(trial_id)
-        return d.message if all(n in d.message for n in needles) else None
-
-    try:
-        return await until(check, timeout, f"{needles} in the message of {trial_id}")
-    except AssertionError:
-        d = await ts.get_trial_job(trial_id)
-        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
 
 
 def ours(pai: Any, experiment_id: str) -> list[dict[str, Any]]:

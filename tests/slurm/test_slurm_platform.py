@@ -21,7 +21,7 @@ from nni_manager.backends.slurm.backend import SlurmError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, until, wait_status
+from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
 
@@ -52,27 +52,6 @@ def config(base: Path, training_service: dict[str, Any] | None = None, **top: An
                             "trialGracePeriod": 2, "trainingService": ts}
     data.update(top)
     return load_config(data)
-
-
-def sleeper(base: Path, seq: int, name: str, **params: Any):
-    """A trial that runs until `base/release-<name>` exists (exits by itself when `base` is gone)."""
-    return form(seq, action="sleep", release=str(base / f"release-{name}"), steps=1, **params)
-
-
-def release(base: Path, name: str) -> None:
-    (base / f"release-{name}").write_text("go")
-
-
-async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = T) -> str:
-    async def check() -> str | None:
-        d = await ts.get_trial_job(trial_id)
-        return d.message if all(n in d.message for n in needles) else None
-
-    try:
-        return await until(check, timeout, f"{needles} in the message of {trial_id}")
-    except AssertionError:
-        d = await ts.get_trial_job(trial_id)
-        raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
 
 
 def assert_clean(slurm: Any, experiment_id: str) -> None:

@@ -160,9 +160,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def nni_installed() -> bool:
-    try:
-        import nni  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("nni") is None:
         return False
     return True
 
@@ -178,9 +178,9 @@ def _ensure_chromium() -> str | None:
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True, timeout=600)
     if not os.path.exists(CHROMIUM):
         return f"{CHROMIUM} is missing and cannot be installed here (apt-get install chromium, as root)"
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
         return "the `playwright` package is missing (pip install '.[test]')"
     return None
 
