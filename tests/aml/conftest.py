@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.emulators import start_emulator_process
+
 from tests.aml.emulator.tokens import mint
 from tests.dlts.emulator.procs import marked_pids
 
@@ -211,19 +213,8 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
            "principals_by_name": by_name}
     (state / "config.json").write_text(json.dumps(cfg))
     _write_az(state, key_file, cfg)
-    log = open(state / "emulator.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(MARK) and k not in AZURE_IDENTITY_VARS}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.aml.emulator", "--state", str(state)], cwd=str(ROOT),
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    deadline = time.monotonic() + 20
-    while not (state / "port").exists():
-        if proc.poll() is not None:
-            raise RuntimeError("AML emulator exited: " + (state / "emulator.log").read_text()[-3000:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("AML emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
-        time.sleep(0.01)
+    proc = start_emulator_process("tests.aml.emulator", state, [], what="AML emulator",
+                                  drop_env=(MARK, *AZURE_IDENTITY_VARS))
     return Aml(state, proc, cfg)
 
 

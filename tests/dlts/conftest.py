@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.emulators import start_emulator_process
+
 from tests.dlts.emulator.procs import marked_pids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,19 +158,7 @@ def start_dlts(base: Path, *, teams: dict | None = None, clusters: list[str] | N
               "teams": teams or {"nni-team": {"gpuType": "P40", "numGpuPerNode": 4, "members": ["*"]}},
               "images": images if images is not None else {"*": VENV_BIN}, "step": step, "hold": hold}
     (state / "config.json").write_text(json.dumps(config))
-    log = open(state / "emulator.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(MARK)}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.dlts.emulator", "--state", str(state)], cwd=str(ROOT),
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    deadline = time.monotonic() + 20
-    while not (state / "port").exists():
-        if proc.poll() is not None:
-            raise RuntimeError("DLTS emulator exited: " + (state / "emulator.log").read_text()[-3000:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("DLTS emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
-        time.sleep(0.01)
+    proc = start_emulator_process("tests.dlts.emulator", state, [], what="DLTS emulator", drop_env=(MARK,))
     return Dlts(state, proc, config, master)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.emulators import start_emulator_process
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -142,7 +144,7 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         imgs.setdefault("nni-test/python:3.11", VENV_BIN)
         imgs.setdefault("msranni/nni:latest", VENV_BIN)
         imgs.setdefault("python:3.11-slim", _slim_python_dir(state))
-    args = [sys.executable, "-m", "tests.kube.emulator", "--state-dir", str(state), "--instance-id", instance,
+    args = ["--instance-id", instance,
             "--pod-start-delay", str(pod_start_delay)]
     toks = list(tokens or [])
     args += ["--token", f"{token}=system:admin"]
@@ -158,18 +160,8 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--namespace", ns]
     if watch_history:
         args += ["--watch-history", str(watch_history)]
-    log = open(state / "emulator.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE_EMULATOR_")}
-    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    deadline = time.monotonic() + 20
-    while not (state / "port").exists():
-        if proc.poll() is not None:
-            raise RuntimeError("emulator exited: " + (state / "emulator.log").read_text()[-3000:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
-        time.sleep(0.01)
+    proc = start_emulator_process("tests.kube.emulator", state, args, what="Kubernetes emulator",
+                                  drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)
 
 

@@ -10,7 +10,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -18,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.emulators import start_emulator_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,21 +148,11 @@ def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: d
     fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"users": users, "virtualClusters": vcs, "controlToken": control}, f)
-    args = [sys.executable, "-m", "tests.openpai.emulator", "--state", str(state), "--grace", str(grace)]
+    args = ["--grace", str(grace)]
     for k, v in (rate_limits or {}).items():
         args += ["--rate-limit", f"{k}={v}"]
-    log = open(state / "emulator.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_EMULATOR_")}
-    proc = subprocess.Popen(args, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    deadline = time.monotonic() + 20
-    while not (state / "port").exists():
-        if proc.poll() is not None:
-            raise RuntimeError("emulator exited: " + (state / "emulator.log").read_text()[-3000:])
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("emulator did not start: " + (state / "emulator.log").read_text()[-3000:])
-        time.sleep(0.01)
+    proc = start_emulator_process("tests.openpai.emulator", state, args, what="OpenPAI emulator",
+                                  drop_env=("PAI_EMULATOR_",))
     return Pai(state, proc, users, control)
 
 
