@@ -3,10 +3,16 @@ waiting for the port file it writes (atomically) once it listens."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,3 +35,32 @@ def start_emulator_process(module: str, state: Path, args: list[str], *, what: s
             raise RuntimeError(f"{what} did not start: " + (state / "emulator.log").read_text()[-3000:])
         time.sleep(0.01)
     return proc
+
+
+@contextmanager
+def emulator_factory(prefix: str, start: Callable[..., Any], what: str) -> Iterator[Callable[..., Any]]:
+    """The body of an `<x>_factory` fixture: `make(**options)` starts an emulator (`start(base,
+    **options)`) in a fresh directory; at the end every one is stopped, and the test fails if any
+    process it started outlived it (they are killed first)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    started: list[Any] = []
+
+    def make(**options: Any) -> Any:
+        emulator = start(base, **options)
+        started.append(emulator)
+        return emulator
+
+    yield make
+    leftovers = {}
+    for emulator in started:
+        emulator.stop()
+        left = emulator.leftover_processes()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if left:
+            leftovers[emulator.instance] = left
+    shutil.rmtree(base, ignore_errors=True)
+    assert not leftovers, f"processes left behind by {what}: {leftovers}"

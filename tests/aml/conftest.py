@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import start_emulator_process
+from tests.emulators import emulator_factory, start_emulator_process
 
 from tests.aml.emulator.tokens import mint
 from tests.dlts.emulator.procs import marked_pids
@@ -220,23 +218,8 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
 
 @pytest.fixture
 def aml_factory():
-    base = Path(tempfile.mkdtemp(prefix="aml-emu-"))
-    started: list[Aml] = []
-
-    def make(**options) -> Aml:
-        a = start_aml(base, **options)
-        started.append(a)
-        return a
-
-    yield make
-    leftovers = {}
-    for a in started:
-        a.stop()
-        left = a.leftover_processes()
-        if left:
-            leftovers[a.instance] = left
-    shutil.rmtree(base, ignore_errors=True)
-    assert not leftovers, f"processes left behind by the AML emulator: {leftovers}"
+    with emulator_factory("aml-emu-", start_aml, "the AML emulator") as make:
+        yield make
 
 
 @pytest.fixture

@@ -9,18 +9,16 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import start_emulator_process
+from tests.emulators import emulator_factory, start_emulator_process
 
 from tests.dlts.emulator.procs import marked_pids
 
@@ -164,23 +162,8 @@ def start_dlts(base: Path, *, teams: dict | None = None, clusters: list[str] | N
 
 @pytest.fixture
 def dlts_factory():
-    base = Path(tempfile.mkdtemp(prefix="dlts-emu-"))
-    started: list[Dlts] = []
-
-    def make(**options) -> Dlts:
-        d = start_dlts(base, **options)
-        started.append(d)
-        return d
-
-    yield make
-    leftovers = {}
-    for d in started:
-        d.stop()
-        left = d.leftover_processes()
-        if left:
-            leftovers[d.instance] = left
-    shutil.rmtree(base, ignore_errors=True)
-    assert not leftovers, f"processes left behind by the DLTS emulator: {leftovers}"
+    with emulator_factory("dlts-emu-", start_dlts, "the DLTS emulator") as make:
+        yield make
 
 
 @pytest.fixture

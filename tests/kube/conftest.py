@@ -4,19 +4,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import start_emulator_process
+from tests.emulators import emulator_factory, start_emulator_process
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -169,23 +167,8 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
 def kube_factory():
     if os.geteuid() != 0:
         pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
-    base = Path(tempfile.mkdtemp(prefix="kube-emu-"))
-    started: list[Kube] = []
-
-    def make(**options) -> Kube:
-        k = start_emulator(base, **options)
-        started.append(k)
-        return k
-
-    yield make
-    leftovers = {}
-    for k in started:
-        k.stop()
-        left = k.leftover_processes()
-        if left:
-            leftovers[k.instance] = left
-    shutil.rmtree(base, ignore_errors=True)
-    assert not leftovers, f"processes left behind by the emulator: {leftovers}"
+    with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
+        yield make
 
 
 @pytest.fixture

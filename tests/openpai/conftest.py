@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import start_emulator_process
+from tests.emulators import emulator_factory, start_emulator_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,28 +158,8 @@ def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: d
 def pai_factory():
     """``pai_factory(users=..., virtual_clusters=..., grace=..., rate_limits=...)`` -> Pai; all are
     stopped at teardown, and the test fails if any task process outlived its emulator."""
-    base = Path(tempfile.mkdtemp(prefix="pai-emu-"))
-    started: list[Pai] = []
-
-    def make(**options) -> Pai:
-        p = start_emulator(base, **options)
-        started.append(p)
-        return p
-
-    yield make
-    leftovers = {}
-    for p in started:
-        p.stop()
-        left = p.leftover_processes()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if left:
-            leftovers[p.instance] = left
-    shutil.rmtree(base, ignore_errors=True)
-    assert not leftovers, f"task processes left behind by the emulator: {leftovers}"
+    with emulator_factory("pai-emu-", start_emulator, "the OpenPAI emulator") as make:
+        yield make
 
 
 @pytest.fixture
