@@ -358,3 +358,33 @@ def test_clean_up_stops_every_job_including_an_earlier_managers(pai_factory, bas
     exp = run(main())
     assert_clean(pai, exp)
     assert os.environ.get("NNI_AGENT_TOKEN") is None
+
+
+def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai_factory, base: Path) -> None:
+    """With storageConfigName and both mount points (NNI's shared storage), the manager copies its
+    own agent wheel there and the job's agent runs from it: an image needs only Python and the
+    agent's dependencies. Here the "container" sees the storage at the same path as the manager."""
+    pai = fast_pai(pai_factory)
+    storage = base / "nfs"
+    storage.mkdir()
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "where.py").write_text("import nni_agent\nfrom nni_agent import get_next_parameter, report_final_result\n"
+                                   "get_next_parameter()\nprint('AGENT', nni_agent.__file__, flush=True)\n"
+                                   "report_final_result(1)\n")
+    cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
+                             "containerStorageMountPoint": str(storage)}, trialCommand=f"{sys.executable} where.py")
+
+    async def main() -> tuple[str, str]:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            out = (ts.experiment_dir / "trials" / t.id / "trial.stdout").read_text()
+            return ts.experiment_id, out
+
+    exp, out = run(main())
+    wheels = list((storage / exp).glob("nni_agent-*.whl"))
+    assert len(wheels) == 1, wheels
+    assert f"AGENT {wheels[0]}/nni_agent/__init__.py" in out, out
+    job = next(j for j in ours(pai, exp))
+    assert job["detail"]["jobStatus"]["virtualCluster"] == "default"
