@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from nni_agent import __version__
+from nni_agent import files
 from nni_agent.bundles import BundleCache
 from nni_agent.keeper import Keeper
 from nni_agent.outbox import Outbox
@@ -114,6 +115,9 @@ class Connection:
         self.connected = asyncio.Event()
         self.sessions = 0  # how many streams were established (tests, logs)
         self._control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+        # trial files for the manager: bounded, so a large file is read only as fast as it is sent
+        self._file_chunks: asyncio.Queue[pb.AgentMessage] = asyncio.Queue(maxsize=8)
+        self._file_tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
@@ -240,9 +244,11 @@ class Connection:
                 for task in done:
                     task.result()  # re-raise the reason the session ended
             finally:
-                for task in tasks:
+                for task in [*tasks, *self._file_tasks]:  # the manager failed this session's file requests
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*tasks, *self._file_tasks, return_exceptions=True)
+                while not self._file_chunks.empty():
+                    self._file_chunks.get_nowait()
                 call.cancel()
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> pb.ManagerMessage:
@@ -258,6 +264,8 @@ class Connection:
         return msg
 
     def _apply_welcome(self, welcome: pb.Welcome) -> None:
+        # an older manager would file a trial.log chunk as stdout
+        self.keeper.stream_trial_log = welcome.protocol_minor >= 2
         if welcome.session_token:  # our enrolment credential is spent: this token is for every later dial
             self._token = welcome.session_token
             if self._token_file is not None:  # a restarted agent process needs it too
@@ -271,6 +279,8 @@ class Connection:
         while True:
             while not self._control.empty():
                 await call.write(self._control.get_nowait())
+            while not self._file_chunks.empty():
+                await call.write(self._file_chunks.get_nowait())
             cursor = max(cursor, self.outbox.acked_seq)
             if self.outbox.last_seq > cursor:
                 first, records = self.outbox.read(cursor)
@@ -305,6 +315,22 @@ class Connection:
                     self._send_control(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=acked_cmd)))
             elif kind == "bundle_chunk":
                 self.bundles.on_chunk(msg.bundle_chunk)
+            elif kind == "file_request":
+                self._serve_files(msg.file_request)
+
+    def _serve_files(self, request: pb.FileRequest) -> None:
+        """Answer in the background: records and heartbeats keep flowing meanwhile."""
+        try:
+            root, refusal = files.trial_directory(self.keeper, request.experiment_id, request.trial_id), None
+        except files.FileRefused as exc:
+            root, refusal = None, exc
+        task = asyncio.create_task(files.serve(request, root, self._send_file_chunk, refusal))
+        self._file_tasks.add(task)
+        task.add_done_callback(self._file_tasks.discard)
+
+    async def _send_file_chunk(self, msg: pb.AgentMessage) -> None:
+        await self._file_chunks.put(msg)
+        self._wake.set()
 
     async def _telemetry_loop(self) -> None:
         t = self.timing

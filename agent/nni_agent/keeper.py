@@ -49,6 +49,7 @@ class Keeper:
         self.agent_key = agent_key
         self.request_bundle = request_bundle
         self.http_channel = http_channel
+        self.stream_trial_log = False  # set from the manager's Welcome: it understands LOG_STREAM_TRIAL_LOG
         self.trials: dict[str, Trial] = {}
         self._final: dict[str, pb.TrialStatus] = {}  # trials that ended before they could start
         self._trial_seq: dict[str, int] = {}
@@ -160,6 +161,7 @@ class Keeper:
             code_dir=code_dir,
             http_channel=self.http_channel,
             agent_key=self.agent_key,
+            stream_trial_log=self.stream_trial_log,
         )
         self.trials[spec.trial_id] = trial
         await trial.start()

@@ -104,7 +104,7 @@ class MarkerScanner:
 class TrialTail:
     """All tails of one trial; `run` polls until `exited` is set, then drains to EOF."""
 
-    def __init__(self, sys_dir: Path, trial_id: str, events: TailEvents) -> None:
+    def __init__(self, sys_dir: Path, trial_id: str, events: TailEvents, trial_log: Path | None = None) -> None:
         self._trial_id = trial_id
         self._events = events
         self._metric_parser = MetricFileParser()
@@ -114,6 +114,8 @@ class TrialTail:
             FileTail(sys_dir / "trial.stderr", self._stderr),
             FileTail(sys_dir / ".nni" / "metrics", self._metric_file),
         ]
+        if trial_log is not None:  # NNI's SDK log: streamed like stdout, for `nni-manager logs` anywhere
+            self._tails.append(FileTail(trial_log, self._trial_log))
 
     async def run(self, exited: asyncio.Event) -> None:
         interval = FAST_POLL_S
@@ -146,6 +148,9 @@ class TrialTail:
 
     def _stderr(self, offset: int, data: bytes) -> None:
         self._events.log(self._trial_id, pb.LOG_STREAM_STDERR, offset, data)
+
+    def _trial_log(self, offset: int, data: bytes) -> None:
+        self._events.log(self._trial_id, pb.LOG_STREAM_TRIAL_LOG, offset, data)
 
     def _metric_file(self, offset: int, data: bytes) -> None:
         for metric in self._metric_parser.feed(data):

@@ -48,8 +48,10 @@ def _now_ms() -> int:
 
 class Trial:
     def __init__(self, spec: pb.StartTrial, *, events: TrialEvents, work_root: Path,
-                 code_dir: Path | None, http_channel: HttpChannelServer | None, agent_key: str) -> None:
+                 code_dir: Path | None, http_channel: HttpChannelServer | None, agent_key: str,
+                 stream_trial_log: bool = False) -> None:
         self.spec = spec
+        self.stream_trial_log = stream_trial_log  # the manager files LOG_STREAM_TRIAL_LOG (protocol >= 1.2)
         self.trial_id = spec.trial_id
         self.marker = f"{agent_key}/{spec.trial_id}"  # value of MARKER_ENV in every trial process
         self.sys_dir = (Path(spec.working_directory) if spec.working_directory
@@ -218,7 +220,8 @@ class Trial:
     async def _supervise(self, exit_status: asyncio.Future[int]) -> None:
         assert self._pid is not None
         exited = asyncio.Event()
-        tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events).run(exited))
+        trial_log = self.output_dir / "trial.log" if self.stream_trial_log else None
+        tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log).run(exited))
         state, reason = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial"
         try:
             max_s = self.spec.limits.max_duration_ms / 1000

@@ -9,6 +9,7 @@
 __version__ = "0.1.0"
 
 from nni_manager.config import ConfigError, ExperimentConfig  # noqa: E402
+from nni_manager.errors import TrainingServiceError  # noqa: E402
 from nni_manager.types import (  # noqa: E402
     HyperParameters,
     TrialJobApplicationForm,
@@ -36,6 +37,7 @@ __all__ = [
     "ExperimentConfig",
     "HyperParameters",
     "TrainingService",
+    "TrainingServiceError",
     "TrialJobApplicationForm",
     "TrialJobDetail",
     "TrialJobMetric",

@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dry_run(config_path: Path) -> int:
-    from nni_manager.backends.registry import backend_class
+    from nni_manager.service.hybrid import make_backend
 
     config = load_config(config_path)
-    print(backend_class(config.training_service.platform)(config).render().text)
+    print(make_backend(config).render().text)
     return 0
 
 

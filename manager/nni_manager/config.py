@@ -390,8 +390,14 @@ def _load_yaml(text: str, where: str) -> Any:
 
 def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     _reject_unsupported(root)
+    from nni_manager import config_hybrid
+
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
-    ts = _training_service_section(root)
+    ts: Any = _training_service_section(root)
+    hybrid = ts if isinstance(ts, list) else config_hybrid.v1_sections(root, _V1_PLATFORM_SECTIONS, _V1_PLATFORM_NAMES)
+    if hybrid is not None:  # hybrid mode: the shared fields move to the top, each service is parsed alone
+        config_hybrid.hoist_shortcuts(root, hybrid, _SHORTCUTS)
+        ts = None
 
     def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[Any, str] | None:
         """A field allowed at the root, inside trainingService, or (v1) inside `trial`."""
@@ -463,7 +469,16 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     for ignored in ("authorName", "multiPhase", "multiThread", "logCollection", "versionCheck"):
         root.take(ignored)  # accepted for compatibility; they change nothing here
 
-    config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
+    if hybrid is not None:
+        leftover = trial.rest() if trial is not None else {}
+        if leftover:
+            raise ConfigError(trial.at(next(iter(leftover))) if trial else "trial", "is not used in hybrid mode",
+                              "remove it (trial roles belong to cluster platforms, which hybrid mode cannot combine)")
+        config.training_service = config_hybrid.parse(
+            hybrid, lambda s: _training_service(s, ConfigSection({}, "", base), None, base, config, nni_manager_ip),
+            nni_manager_ip)
+    else:
+        config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
 
@@ -483,9 +498,10 @@ def _training_service_section(root: ConfigSection) -> ConfigSection | None:
     value, path = root.take("trainingService")
     if value is _MISSING:
         return None
-    if isinstance(value, list):
-        raise ConfigError(path, "a list of training services (hybrid mode) is not supported",
-                          "give one trainingService mapping")
+    if isinstance(value, list):  # hybrid mode
+        from nni_manager import config_hybrid
+
+        return config_hybrid.sections(value, path, root.base)  # type: ignore[return-value]
     return ConfigSection(value, path, root.base)
 
 

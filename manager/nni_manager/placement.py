@@ -26,12 +26,16 @@ class AgentView:
     trials: dict[str, tuple[int, ...]] = field(default_factory=dict)  # its live trials -> GPU indices
     pids: frozenset[int] = frozenset()  # pids of this experiment's trials on it (live or just ended)
     status: str = ""  # the platform's words on why it is not connected (yet)
+    names: tuple[str, ...] = ()  # besides its name: the config's host, the hostname it reported (Device)
+    host_known: bool = False  # it has said hello, so `names` holds its hostname
 
 
 @dataclass(frozen=True)
 class Request:
     trial_id: str
     gpu_number: int | None
+    device: tuple[str, tuple[int, ...]] | None = None  # placementConstraint Device: (host, its GPU indices)
+    invalid: str = ""  # a placementConstraint that can never be met: why
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,14 @@ class Placer:
         connected = [a for a in agents if a.connected]
         decisions = []
         for req in requests:
+            if req.invalid:
+                decisions.append(Decision(req.trial_id, failed=True, message=req.invalid))
+                continue
+            if req.device is not None:
+                decisions.append(self._place_device(req, agents, used))
+                if decisions[-1].agent_id:
+                    load[decisions[-1].agent_id] += 1
+                continue
             if not connected:
                 said = "; ".join(dict.fromkeys(a.status for a in agents if a.status))
                 decisions.append(Decision(req.trial_id, message="waiting for an agent to connect"
@@ -70,6 +82,47 @@ class Placer:
             if decisions[-1].agent_id:
                 load[decisions[-1].agent_id] += 1
         return decisions
+
+    def _place_device(self, req: Request, agents: list[AgentView], used: dict[str, dict[int, list[str]]]) -> Decision:
+        """NNI's Device constraint: exactly these GPUs of the machine named (by agent name, the
+        config's host, or its hostname); a machine or GPU that does not exist fails the trial."""
+        assert req.device is not None
+        host, indices = req.device
+        matches = [a for a in agents if host in (a.agent_id, a.name)] or [a for a in agents if host in a.names]
+        if not matches:
+            listing = "; ".join(f"{a.name} ({', '.join(a.names)})" if a.names else a.name for a in agents)
+            if agents and all(a.host_known for a in agents):
+                return Decision(req.trial_id, failed=True,
+                                message=f"placementConstraint Device names host {host!r}, which is no machine of "
+                                        f"this experiment (machines: {listing}): use a machineList host, an agent "
+                                        "name or a hostname")
+            return Decision(req.trial_id, message=f"waiting: no machine named {host!r} has connected yet "
+                                                  f"(so far: {listing or 'none'})")
+        a = matches[0]
+        if not a.connected:
+            return Decision(req.trial_id, message=f"waiting for {a.name} (named by placementConstraint Device) to "
+                                                  "connect" + (f": {a.status}" if a.status else ""))
+        if a.gpus is None:
+            return Decision(req.trial_id, message=f"waiting: no GPU information from {a.name} yet")
+        present = sorted(g.index for g in a.gpus.gpus)
+        missing = [i for i in indices if i not in present]
+        if missing:
+            return Decision(req.trial_id, failed=True, message=f"placementConstraint Device asks for {_span(missing)} "
+                                                               f"of {a.name}, which has {_span(present)}")
+        usable, _ = _usable(a)
+        excluded = [i for i in indices if i not in usable]
+        if excluded:
+            return Decision(req.trial_id, failed=True,
+                            message=f"placementConstraint Device asks for {_span(excluded)} of {a.name}, which its "
+                                    f"gpuIndices {list(a.hints.gpu_indices or ())} leave out")
+        free, why = _free_devices(a, usable, used[a.agent_id])
+        busy = [i for i in indices if i not in free]
+        if busy:
+            return Decision(req.trial_id, message=f"waiting for {_span(busy)} of {a.name} (placementConstraint "
+                                                  f"Device): {why}")
+        for i in indices:
+            used[a.agent_id].setdefault(i, []).append(req.trial_id)
+        return Decision(req.trial_id, a.agent_id, scheduled=True, gpu_indices=tuple(indices))
 
     def _pick(self, candidates: list[AgentView], load: dict[str, int]) -> AgentView:
         """Least loaded; ties broken round-robin."""

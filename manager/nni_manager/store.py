@@ -63,6 +63,16 @@ _ADDED_COLUMNS = {
                ("enrol", "INTEGER NOT NULL DEFAULT 0"), ("spent", "TEXT NOT NULL DEFAULT ''")),
 }
 _AGENT_COLUMNS = "agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq, env_id, role, idx, enrol, spent"
+_OURS = {"experiment", "trials", "metrics", "agents"}  # tables an experiment database has from its first version
+
+
+class StoreError(Exception):
+    """experiment.db cannot be used: corrupt, not ours, or another experiment's."""
+
+
+def _refuse(db: Path, why: str) -> StoreError:
+    return StoreError(f"{db} is not an nni-manager experiment database ({why}); it was left as it is: move it "
+                      "away, or use another experiment id or experimentWorkingDirectory")
 
 
 class Store:
@@ -81,6 +91,19 @@ class Store:
         db = experiment_dir / DB_NAME
         os.close(os.open(db, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = sqlite3.connect(db, isolation_level=None)
+        try:  # before anything writes to it (even journal_mode does)
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            check = conn.execute("PRAGMA quick_check").fetchone()[0] if tables else "ok"
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise _refuse(db, str(e)) from None
+        if check != "ok":
+            conn.close()
+            raise _refuse(db, f"damaged: {check}")
+        if tables and not _OURS <= tables:
+            conn.close()
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise _refuse(db, f"it holds other tables: {shown}")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
@@ -116,12 +139,22 @@ class Store:
             self._conn.execute("ROLLBACK")
             raise
         else:
-            self._conn.execute("COMMIT")
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:  # a full disk fails the COMMIT itself: never leave the transaction open
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
         finally:
             self._in_tx = False
 
     # ------------------------------------------------------------------ experiment
     def init_experiment(self, experiment_id: str, config: dict[str, Any], start_time: int) -> None:
+        row = self._conn.execute("SELECT id FROM experiment").fetchone()
+        if row is not None and row[0] != experiment_id:
+            db = self._conn.execute("PRAGMA database_list").fetchone()[2]
+            raise StoreError(f"{db} belongs to experiment {row[0]}, not {experiment_id}; it was left as it is: "
+                             f"resume it with --experiment-id {row[0]}, or use another directory")
         self._conn.execute(
             "INSERT OR IGNORE INTO experiment VALUES (?, ?, ?, 'RUNNING')",
             (experiment_id, json.dumps(config, default=str), start_time),

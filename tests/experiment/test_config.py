@@ -72,7 +72,6 @@ MISTAKES = [
     (v2(assessor={"classArgs": {}}), "assessor.name", "Medianstop"),
     (v2(logLevel="loud"), "logLevel", "debug"),
     (v2(experimentType="nas"), "experimentType", "hpo"),
-    (v2(trainingService=[{"platform": "local"}]), "trainingService", "one trainingService"),
     (v2(trialKillSignal="SIGFOO"), "trialKillSignal", "SIGTERM"),
     (v2(trainingService={"platform": "local", "gpuIndices": "a,b"}), "trainingService.gpuIndices", "[0, 1]"),
     (v2(trainingService={"platform": "local", "useActiveGpu": "yes"}), "trainingService.useActiveGpu", "true or false"),

@@ -1,4 +1,4 @@
 """Generated wire contract (proto/nni_agent/v1/agent.proto) plus its version numbers."""
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 1  # 1: Welcome.session_token (single-use enrolment credentials)
+PROTOCOL_MINOR = 2  # 1: Welcome.session_token (single-use enrolment credentials); 2: FileRequest / FileChunk

@@ -21,6 +21,16 @@ class LogStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOG_STREAM_UNSPECIFIED: _ClassVar[LogStream]
     LOG_STREAM_STDOUT: _ClassVar[LogStream]
     LOG_STREAM_STDERR: _ClassVar[LogStream]
+    LOG_STREAM_TRIAL_LOG: _ClassVar[LogStream]
+
+class FileError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_ERROR_NONE: _ClassVar[FileError]
+    FILE_ERROR_UNKNOWN_TRIAL: _ClassVar[FileError]
+    FILE_ERROR_NOT_FOUND: _ClassVar[FileError]
+    FILE_ERROR_NOT_ALLOWED: _ClassVar[FileError]
+    FILE_ERROR_TOO_LARGE: _ClassVar[FileError]
+    FILE_ERROR_IO: _ClassVar[FileError]
 TRIAL_STATE_UNSPECIFIED: TrialState
 TRIAL_STATE_RUNNING: TrialState
 TRIAL_STATE_SUCCEEDED: TrialState
@@ -31,9 +41,16 @@ TRIAL_STATE_SYS_CANCELED: TrialState
 LOG_STREAM_UNSPECIFIED: LogStream
 LOG_STREAM_STDOUT: LogStream
 LOG_STREAM_STDERR: LogStream
+LOG_STREAM_TRIAL_LOG: LogStream
+FILE_ERROR_NONE: FileError
+FILE_ERROR_UNKNOWN_TRIAL: FileError
+FILE_ERROR_NOT_FOUND: FileError
+FILE_ERROR_NOT_ALLOWED: FileError
+FILE_ERROR_TOO_LARGE: FileError
+FILE_ERROR_IO: FileError
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "records", "command_ack", "heartbeat", "gpus", "resources", "bundle_request")
+    __slots__ = ("hello", "records", "command_ack", "heartbeat", "gpus", "resources", "bundle_request", "file_chunk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ACK_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +58,7 @@ class AgentMessage(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    FILE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     records: RecordBatch
     command_ack: CommandAck
@@ -48,7 +66,8 @@ class AgentMessage(_message.Message):
     gpus: GpuReport
     resources: ResourceReport
     bundle_request: BundleRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., records: _Optional[_Union[RecordBatch, _Mapping]] = ..., command_ack: _Optional[_Union[CommandAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gpus: _Optional[_Union[GpuReport, _Mapping]] = ..., resources: _Optional[_Union[ResourceReport, _Mapping]] = ..., bundle_request: _Optional[_Union[BundleRequest, _Mapping]] = ...) -> None: ...
+    file_chunk: FileChunk
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., records: _Optional[_Union[RecordBatch, _Mapping]] = ..., command_ack: _Optional[_Union[CommandAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gpus: _Optional[_Union[GpuReport, _Mapping]] = ..., resources: _Optional[_Union[ResourceReport, _Mapping]] = ..., bundle_request: _Optional[_Union[BundleRequest, _Mapping]] = ..., file_chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("agent_id", "token", "agent_version", "protocol_major", "protocol_minor", "boot_id", "host", "trials", "gpus")
@@ -247,16 +266,18 @@ class BundleRequest(_message.Message):
     def __init__(self, digest: _Optional[str] = ...) -> None: ...
 
 class ManagerMessage(_message.Message):
-    __slots__ = ("welcome", "command", "ack", "bundle_chunk")
+    __slots__ = ("welcome", "command", "ack", "bundle_chunk", "file_request")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    FILE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     command: Command
     ack: Ack
     bundle_chunk: BundleChunk
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., bundle_chunk: _Optional[_Union[BundleChunk, _Mapping]] = ...) -> None: ...
+    file_request: FileRequest
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., bundle_chunk: _Optional[_Union[BundleChunk, _Mapping]] = ..., file_request: _Optional[_Union[FileRequest, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("manager_version", "protocol_major", "protocol_minor", "acked_seq", "experiment_id", "heartbeat_interval_ms", "gpu_sample_interval_ms", "session_token")
@@ -386,6 +407,42 @@ class Shutdown(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class FileRequest(_message.Message):
+    __slots__ = ("request_id", "trial_id", "experiment_id", "path", "recursive", "max_bytes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    trial_id: str
+    experiment_id: str
+    path: str
+    recursive: bool
+    max_bytes: int
+    def __init__(self, request_id: _Optional[int] = ..., trial_id: _Optional[str] = ..., experiment_id: _Optional[str] = ..., path: _Optional[str] = ..., recursive: bool = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("request_id", "path", "offset", "data", "eof", "last", "error", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    path: str
+    offset: int
+    data: bytes
+    eof: bool
+    last: bool
+    error: FileError
+    message: str
+    def __init__(self, request_id: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: bool = ..., last: bool = ..., error: _Optional[_Union[FileError, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class BundleChunk(_message.Message):
     __slots__ = ("digest", "offset", "data", "last", "error")

@@ -33,6 +33,7 @@ class PlacementHints:
     gpu_indices: tuple[int, ...] | None = None
     max_trial_number_per_gpu: int = 1
     use_active_gpu: bool = False
+    host: str = ""  # the machine as the config names it (a placementConstraint Device may use this name)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,14 @@ class Backend(abc.ABC):
     def agent_env(self) -> dict[str, str]:
         """Extra environment for every agent (`trainingService.agentEnv`)."""
         return dict(self.config.training_service.agent_env)
+
+    def agent_platform(self, agent_id: str) -> str:
+        """NNI_PLATFORM for trials on this agent (hybrid mode: the platform of the agent's part)."""
+        return self.platform
+
+    def ships_code_to(self, agent_id: str) -> bool:
+        """Whether this agent gets the code over the stream (it is not on this machine)."""
+        return self.ships_code
 
     # ------------------------------------------------------------------ lifecycle
     @abc.abstractmethod

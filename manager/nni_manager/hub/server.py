@@ -15,18 +15,24 @@ import logging
 import os
 import re
 import secrets
+import sqlite3
 import time
+from collections.abc import Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 import nni_manager
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from nni_manager import bundle
+from nni_manager.errors import AgentUnavailableError
+from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
 from nni_manager.hub.tls import TlsMaterial
 from nni_manager.store import Store
 
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MAX_UNIX_PATH = 107
+# The store or a log file cannot be written (a full disk, a lost mount): nothing is acknowledged.
+STORAGE_ERRORS = (sqlite3.Error, OSError)
+_STORAGE_PAUSE = 2.0  # before ending a stream whose records cannot be stored: no tight replay loop
 
 
 class HubHandler(Protocol):
@@ -80,6 +89,8 @@ class _Link:
     expired: bool = False
     enrol: bool = False  # `token` is a single-use enrolment credential, not used yet
     spent: str = ""  # digest of the enrolment credential this agent used (a second use is refused)
+    protocol_minor: int = 0  # of the agent's latest Hello: which optional requests it understands
+    agent_version: str = ""
 
 
 @dataclass
@@ -141,6 +152,8 @@ class Hub(pb_grpc.AgentHubServicer):
         self._links: dict[str, _Link] = {}
         self._server: grpc.aio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None
+        self.storage_error = ""  # set while the store cannot be written; "" once it can again
+        self.files = FileFetches()
 
     def _handler(self) -> HubHandler:
         assert self.handler is not None, "Hub.handler must be set before start()"
@@ -210,9 +223,45 @@ class Hub(pb_grpc.AgentHubServicer):
         link = self._links.get(agent_id)
         return bool(link and link.session and link.lost_since is None)
 
+    def fetch_files(self, agent_id: str, request: pb.FileRequest,
+                    idle_timeout: float = 30.0) -> AsyncIterator[pb.FileChunk]:
+        """The agent's FileChunks answering `request` (an async iterator). AgentUnavailableError
+        at once if the agent is not connected or too old to know FileRequest, and as soon as its
+        session ends or it stays silent for `idle_timeout` mid-answer."""
+        link = self._links.get(agent_id)
+        if link is None or link.session is None or link.lost_since is not None:
+            raise AgentUnavailableError(f"agent {agent_id} is not connected (its trial's files are out of reach "
+                                        "until it reconnects)")
+        if link.protocol_minor < FILES_MINOR:
+            raise AgentUnavailableError(too_old(agent_id, link.agent_version, link.protocol_minor))
+        session = link.session
+        return self.files.fetch(agent_id, session, session.queue.put_nowait, request, idle_timeout)
+
     # ------------------------------------------------------------------ the stream
+    # ------------------------------------------------------------------ storage trouble
+    def _stored(self, what: str, call: Callable[[], object], *, proof: bool = False) -> bool:
+        """Run a handler call that writes the store; on a storage failure say so once (not per
+        record or redial) and return False: the caller then acknowledges nothing. Only a call that
+        always writes (`proof`: storing records) shows that storing works again."""
+        try:
+            call()
+        except STORAGE_ERRORS as e:
+            if not self.storage_error:
+                log.error("cannot store %s in %s: %s. Nothing more is acknowledged until it can be: agents keep "
+                          "their records and send them again (free space there; the experiment waits)",
+                          what, self.experiment_dir, e)
+            self.storage_error = str(e)
+            return False
+        if self.storage_error and proof:
+            log.warning("storing in %s works again", self.experiment_dir)
+            self.storage_error = ""
+        return True
+
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
-        first = await context.read()
+        try:
+            first = await context.read()
+        except DecodeError:  # garbage from anyone: refused in words, no traceback per bad peer
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message: not an nni_agent.v1.AgentMessage")
         if first is grpc.aio.EOF or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         hello = first.hello
@@ -245,9 +294,14 @@ class Hub(pb_grpc.AgentHubServicer):
             old.why = "replaced by a newer connection"
             old.replaced.set()
         link.lost_since, link.expired = None, False
+        link.protocol_minor, link.agent_version = hello.protocol_minor, hello.agent_version
         for command in link.pending.values():  # unacknowledged: sent again, after the Welcome
             session.queue.put_nowait(pb.ManagerMessage(command=command))
-        self._handler().agent_hello(link.agent_id, hello, restarted)
+        if not self._stored(f"the hello of agent {link.agent_id}", lambda: self._handler().agent_hello(
+                link.agent_id, hello, restarted)):
+            link.session = None
+            self._lost(link, time.time())
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the manager cannot store anything now; try again later")
         await session.write(
             pb.ManagerMessage(
                 welcome=pb.Welcome(
@@ -270,6 +324,7 @@ class Hub(pb_grpc.AgentHubServicer):
         finally:
             for task in (reader, writer, replaced, *session.tasks):
                 task.cancel()
+            self.files.session_ended(session, f"its stream ended ({session.why or 'connection lost'})")
             if link.session is session:
                 link.session = None
                 self._lost(link, time.time())
@@ -290,10 +345,12 @@ class Hub(pb_grpc.AgentHubServicer):
             session.last_seen = time.monotonic()
             if link.lost_since is not None and link.session is session:
                 link.lost_since, link.expired = None, False
-                self._handler().agent_back(link.agent_id)
+                self._stored(f"that agent {link.agent_id} is back", lambda: self._handler().agent_back(link.agent_id))
             kind = msg.WhichOneof("body")
             if kind == "records":
                 await self._records(link, session, list(msg.records.records))
+                if session.replaced.is_set():
+                    return
             elif kind == "command_ack":
                 for seq in [s for s in link.pending if s <= msg.command_ack.cmd_seq]:
                     del link.pending[seq]
@@ -303,6 +360,8 @@ class Hub(pb_grpc.AgentHubServicer):
                 self._handler().telemetry(link.agent_id, msg.gpus)
             elif kind == "resources":
                 self._handler().telemetry(link.agent_id, msg.resources)
+            elif kind == "file_chunk":
+                self.files.deliver(link.agent_id, msg.file_chunk)
             elif kind == "bundle_request":  # in the background: records keep flowing meanwhile
                 task = asyncio.create_task(self._serve_bundle(session, msg.bundle_request.digest))
                 session.tasks.add(task)
@@ -311,11 +370,19 @@ class Hub(pb_grpc.AgentHubServicer):
     async def _records(self, link: _Link, session: _Session, records: list[pb.Record]) -> None:
         fresh = [r for r in records if r.seq > link.applied_seq]
         if fresh:
-            for r in fresh:
-                if r.HasField("log"):
-                    self._write_log(link.agent_id, r.log)
             last = max(r.seq for r in fresh)
-            self._handler().apply_records(link.agent_id, link.boot_id, last, fresh)
+
+            def store() -> None:
+                for r in fresh:
+                    if r.HasField("log"):
+                        self._write_log(link.agent_id, r.log)
+                self._handler().apply_records(link.agent_id, link.boot_id, last, fresh)
+
+            if not self._stored(f"records of agent {link.agent_id}", store, proof=True):
+                await asyncio.sleep(_STORAGE_PAUSE)  # unacknowledged: the agent sends them again after a redial
+                session.why = f"the manager cannot store records now ({self.storage_error})"
+                session.replaced.set()
+                return
             link.applied_seq = last
         await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
 
@@ -351,7 +418,7 @@ class Hub(pb_grpc.AgentHubServicer):
     def _lost(self, link: _Link, since: float) -> None:
         if link.lost_since is None:
             link.lost_since = since
-            self._handler().agent_lost(link.agent_id, since)
+            self._stored(f"that agent {link.agent_id} is lost", lambda: self._handler().agent_lost(link.agent_id, since))
 
     async def _watch_contact(self) -> None:
         """Silent streams count as lost; lost agents expire after the reconnect window."""
@@ -369,4 +436,5 @@ class Hub(pb_grpc.AgentHubServicer):
                         link.session.why = f"silent for longer than the reconnect window ({self.reconnect_window:g} s)"
                         link.session.replaced.set()
                         link.session = None
-                    self._handler().agent_expired(link.agent_id)
+                    self._stored(f"the end of agent {link.agent_id}'s trials",
+                                 lambda: self._handler().agent_expired(link.agent_id))

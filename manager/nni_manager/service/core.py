@@ -11,12 +11,14 @@ import asyncio
 import inspect
 import logging
 import signal
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
+from nni_manager import constraints
 from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
@@ -30,6 +32,7 @@ from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
 log = logging.getLogger(__name__)
 Listener = Callable[..., Any]
 SIGNALLED = "agent received SIG"  # how an agent stopped by a signal words its trials' end
+STORAGE_ERRORS = (sqlite3.Error, OSError)  # the store cannot be written: a full disk, a lost mount
 
 
 class Listeners:
@@ -167,7 +170,8 @@ class Core:
     def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
         trials, store = self.trials, self.trials.store
         notes: list[tuple[str, Any]] = []
-        with store.transaction():
+        with trials.undone_on_failure({r.status.trial_id for r in records if r.HasField("status")}), \
+                store.transaction():
             for r in records:
                 kind = r.WhichOneof("body")
                 if kind == "status":
@@ -222,7 +226,7 @@ class Core:
         self.wake()
 
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
-        name = "trial.stderr" if stream == pb.LOG_STREAM_STDERR else "trial.stdout"
+        name = {pb.LOG_STREAM_STDERR: "trial.stderr", pb.LOG_STREAM_TRIAL_LOG: "trial.log"}.get(stream, "trial.stdout")
         t = self.trials.by_id.get(trial_id)
         base = self.experiment_dir / "trials" / trial_id
         if t is not None and len(t.agents) > 1:  # one file per replica, named for its role and index
@@ -250,10 +254,14 @@ class Core:
     def place(self) -> None:
         if self.stopping:
             return
-        if self.backend.elastic:
-            self.elastic.tick()
-        else:
-            self._place_on_machines()
+        try:
+            if self.backend.elastic:
+                self.elastic.tick()
+            else:
+                self._place_on_machines()
+        except STORAGE_ERRORS as e:  # e.g. a full disk: the loop must live on and retry at the next change
+            log.error("cannot store placement decisions in %s: %s; trying again at the next change",
+                      self.experiment_dir, e)
 
     def _place_on_machines(self) -> None:
         trials, agents = self.trials, self.agents
@@ -266,17 +274,23 @@ class Core:
                 trials.finish(t, TrialJobStatus.FAILED, f"no machine is usable: {reasons}")
             return
         views = []
+        live_on = trials.live_by_agent()  # one pass for all agents: placement cost follows agents + live trials
+        pids: dict[str, set[int]] = {}
+        for tid, pid in trials.pids.items():
+            for agent_id in trials.by_id[tid].agents:
+                pids.setdefault(agent_id, set()).add(pid)
         for a in agents.by_id.values():
             if a.failed:
                 continue
-            live = trials.live_on(a.agent_id)
+            live = live_on.get(a.agent_id, ())
             views.append(AgentView(
                 agent_id=a.agent_id, name=a.name, connected=self.agent_connected(a.agent_id), hints=a.hints,
                 gpus=a.gpus, trials={t.id: tuple(t.gpu_indices or ()) for t in live},
-                pids=frozenset(pid for tid, pid in trials.pids.items() if a.agent_id in trials.by_id[tid].agents),
-                status=a.status,
+                pids=frozenset(pids.get(a.agent_id, ())),
+                status=a.status, names=tuple(n for n in (a.hints.host, a.host.hostname if a.host else "") if n),
+                host_known=a.host is not None,
             ))
-        requests = [Request(t.id, _gpu_request(t, self.config.trial_gpu_number)) for t in waiting]
+        requests = [_request(t, self.config.trial_gpu_number) for t in waiting]
         for d in self._placer.place(requests, views):
             t = trials.by_id[d.trial_id]
             if d.failed:
@@ -301,7 +315,7 @@ class Core:
                    "NNI_TRIAL_ENVIRONMENT": agent.env_id}
         start = pb.StartTrial(
             trial_id=t.id, sequence_id=t.sequence_id, experiment_id=self.experiment_id,
-            platform=cfg.training_service.platform, command=command, parameter=t.form.hyper_parameters.value,
+            platform=self.backend.agent_platform(agent_id), command=command, parameter=t.form.hyper_parameters.value,
             env=env, gpus=pb.GpuAssignment(scheduled=t.gpu_indices is not None, indices=t.gpu_indices or []),
             limits=pb.Limits(
                 max_duration_ms=int((cfg.max_trial_duration or 0) * 1000),
@@ -309,7 +323,7 @@ class Core:
                 grace_period_ms=int(cfg.trial_grace_period * 1000),
             ),
         )
-        if self.bundle is not None:
+        if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:
             start.code_directory = str(Path(cfg.trial_code_directory).expanduser().resolve())
@@ -319,12 +333,10 @@ class Core:
                 self.send(agent_id, send_parameter=pb.SendParameter(trial_id=t.id, index=index, parameter=value))
 
 
-def _gpu_request(t: TrialJobDetail, default: int | None) -> int | None:
-    """GPUs the trial needs: NNI's placementConstraint {type: GPUNumber, gpus: [n]} wins."""
-    pc = t.form.placement_constraint or {}
-    if pc.get("type") == "GPUNumber" and pc.get("gpus"):
-        return int(pc["gpus"][0])
-    return default
+def _request(t: TrialJobDetail, default: int | None) -> Request:
+    """What the trial asks of placement: trialGpuNumber, unless its placementConstraint says otherwise."""
+    c = constraints.parse(t.form.placement_constraint, default)
+    return Request(t.id, c.gpu_number, device=c.device, invalid=c.invalid)
 
 
 def _signal_number(name: str) -> int:

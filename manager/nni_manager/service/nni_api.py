@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import secrets
 import string
 import time
@@ -19,13 +20,15 @@ from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import Backend, EnvironmentRequest
-from nni_manager.backends.registry import backend_class
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, is_secret
+from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
 from nni_manager.hub import Hub
 from nni_manager.service import hub_setup
 from nni_manager.service.agents import RELEASED, Agents
 from nni_manager.service.core import Background, Core, Listener, Listeners
+from nni_manager.service.hybrid import make_backend
+from nni_manager.service.trial_files import DIRECTORY_LIMIT, FILE_LIMIT, TrialFiles
 from nni_manager.service.trials import Trials, now_ms
 from nni_manager.store import Store
 from nni_manager.types import TrialJobApplicationForm, TrialJobDetail, TrialJobStatus
@@ -46,13 +49,14 @@ class TrainingService:
         self.experiment_id = experiment_id or new_id(8)
         self.experiment_dir: Path = Path(config.experiment_working_directory).expanduser() / self.experiment_id
         self.platform = config.training_service.platform
-        self._backend: Backend = backend_class(self.platform)(config)
+        self._backend: Backend = make_backend(config)  # hybrid mode: one backend per listed service
         self.reconnect_window = self._backend.reconnect_window
         self._listeners = Listeners()
         self._metadata: dict[str, str] = {}
         self._store: Store | None = None
         self._hub: Hub | None = None
         self._core: Core | None = None
+        self._files: TrialFiles | None = None
         self._wake = asyncio.Event()
         self._started = self._cleaned = False
         self._run_task: asyncio.Task[None] | None = None
@@ -101,6 +105,7 @@ class TrainingService:
                                  bundle=bundle, listeners=self._listeners, wake=self._wake,
                                  background=self._background)
         hub.handler = core
+        self._files = TrialFiles(core)
         await hub.start()
         hub_setup.remember(store, hub)
         await self._backend.start(core)
@@ -186,7 +191,7 @@ class TrainingService:
         trials = self.trials
         trial_id = form.id or self._fresh_trial_id()
         if trial_id in trials.by_id:
-            raise ValueError(f"trial {trial_id} already exists")
+            raise TrialExistsError(f"trial {trial_id} already exists: submit it without an id, or resume it")
         detail = TrialJobDetail(
             id=trial_id, status=TrialJobStatus.WAITING, submit_time=now_ms(), form=form,
             sequence_id=form.sequence_id, message="waiting to be placed",
@@ -197,7 +202,11 @@ class TrainingService:
             trials.store.add_event(trial_id, detail.status, detail.message, detail.submit_time)
             trials.store.add_parameter(trial_id, form.hyper_parameters.index, form.hyper_parameters.value)
         self.core.place()
-        return dataclasses.replace(detail)
+        placed = dataclasses.replace(detail)
+        # Let the hub answer its agents between the submissions of a burst (trialConcurrency 1,000:
+        # 1,000 placements in a row held the loop past the agents' heartbeat silence limit).
+        await asyncio.sleep(0)
+        return placed
 
     async def update_trial_job(self, trial_id: str, form: TrialJobApplicationForm) -> TrialJobDetail:
         """Multi-phase: deliver another parameter (written as parameter_<index>.cfg)."""
@@ -230,12 +239,31 @@ class TrainingService:
                                                                  reason=reason))
         self.core.elastic.cancelled(trial)
 
+    async def get_trial_file(self, trial_id: str, name: str, *, max_bytes: int = FILE_LIMIT) -> str | bytes:
+        """NNI's getTrialFile: a file of the trial's directory, fetched from its agent wherever it
+        runs. `name` is relative to the directory ("trial.log", "output/model.pt"; NNI's "stdout" and
+        "stderr" too); text for names without an extension or ending .log/.txt, else bytes. Raises
+        TrialNotFoundError, TrialFileNotFoundError, TrialFileNotAllowedError (outside the directory),
+        TrialFileTooLargeError, AgentUnavailableError: all TrainingServiceError."""
+        return await self._trial_files().get_trial_file(trial_id, name, max_bytes)
+
+    async def download_trial_directory(self, trial_id: str, dest: str | os.PathLike[str], subpath: str = "", *,
+                                       max_bytes: int = DIRECTORY_LIMIT) -> list[Path]:
+        """NNI's fetchTrialOutput: copy the trial's directory (or `subpath` of it) from its agent into
+        `dest`; returns the files written. Symlinks are skipped; errors as for get_trial_file."""
+        return await self._trial_files().download(trial_id, dest, subpath, max_bytes)
+
+    def _trial_files(self) -> TrialFiles:
+        if self._files is None:
+            raise RuntimeError("the training service is not started: use `async with` or await start()")
+        return self._files
+
     async def set_cluster_metadata(self, key: str, value: str) -> None:
         self._metadata[key] = value
 
     async def get_cluster_metadata(self, key: str) -> str:
         if key not in self._metadata:
-            raise KeyError(f"no cluster metadata {key!r}; known keys: {sorted(self._metadata)}")
+            raise ClusterMetadataNotFoundError(f"no cluster metadata {key!r}; known keys: {sorted(self._metadata)}")
         return self._metadata[key]
 
     # ------------------------------------------------------------------ extras for the loop / UI

@@ -6,13 +6,15 @@ when that makes the trial end and how, as the operator does for its object.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import Completion
+from nni_manager.errors import TrialNotFoundError
 from nni_manager.store import Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 
@@ -27,6 +29,27 @@ STATE = {
 CONTACT_LOST = "contact with agent "
 _STOPPED = (TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED)
 Notes = list[tuple[str, Any]]
+
+
+class _Table(dict[str, TrialJobDetail]):
+    """The trial table by id, which also keeps, in submission order, the trials not ended yet:
+    placement and the hub look only at those, so their cost follows the running trials, not
+    every trial the experiment ever had (100,000 after a long run)."""
+
+    def __init__(self, trials: list[TrialJobDetail]) -> None:
+        super().__init__((t.id, t) for t in trials)
+        self.live: dict[str, TrialJobDetail] = {t.id: t for t in trials if not t.status.is_terminal}
+
+    def __setitem__(self, trial_id: str, t: TrialJobDetail) -> None:
+        super().__setitem__(trial_id, t)
+        if t.status.is_terminal:
+            self.live.pop(trial_id, None)
+        else:
+            self.live[trial_id] = t
+
+    def __delitem__(self, trial_id: str) -> None:
+        super().__delitem__(trial_id)
+        self.live.pop(trial_id, None)
 
 
 def now_ms() -> int:
@@ -86,7 +109,7 @@ class Trials:
 
     def __init__(self, store: Store, notify: Callable[[TrialJobDetail], None], wake: Callable[[], None]) -> None:
         self.store = store
-        self.by_id: dict[str, TrialJobDetail] = {t.id: t for t in store.trials()}
+        self.by_id = _Table(store.trials())
         self.pids: dict[str, int] = {}
         self._members: dict[str, dict[str, pb.TrialStatus]] = {}  # multi-agent trial -> agent -> latest status
         # trials we were asked to stop: (USER_CANCELED | EARLY_STOPPED, reason) is their outcome
@@ -98,16 +121,24 @@ class Trials:
         try:
             return self.by_id[trial_id]
         except KeyError:
-            raise KeyError(f"no trial {trial_id!r} in experiment {experiment_id}") from None
+            raise TrialNotFoundError(f"no trial {trial_id!r} in experiment {experiment_id}") from None
 
     def live_on(self, agent_id: str) -> list[TrialJobDetail]:
-        return [t for t in self.by_id.values() if agent_id in t.agents and not t.status.is_terminal]
+        return [t for t in self.by_id.live.values() if agent_id in t.agents and not t.status.is_terminal]
 
     def waiting(self) -> list[TrialJobDetail]:
-        return [t for t in self.by_id.values() if t.status == TrialJobStatus.WAITING and not t.agents]
+        return [t for t in self.by_id.live.values() if t.status == TrialJobStatus.WAITING and not t.agents]
 
     def live(self) -> list[TrialJobDetail]:
-        return [t for t in self.by_id.values() if not t.status.is_terminal]
+        return [t for t in self.by_id.live.values() if not t.status.is_terminal]
+
+    def live_by_agent(self) -> dict[str, list[TrialJobDetail]]:
+        """Every agent's live trials, in one pass (placement needs them for all agents at once)."""
+        found: dict[str, list[TrialJobDetail]] = {}
+        for t in self.live():
+            for agent_id in t.agents:
+                found.setdefault(agent_id, []).append(t)
+        return found
 
     def member_ended(self, trial_id: str, agent_id: str) -> bool:
         """Whether this member of a multi-agent trial has reported its own end."""
@@ -126,6 +157,8 @@ class Trials:
             self.store.save_trial(t)
             if status_changed:
                 self.store.add_event(t.id, t.status, t.message, now_ms())
+        if t.status.is_terminal:
+            self.by_id.live.pop(t.id, None)
         if notes is not None:
             notes.append(("status", dataclasses.replace(t)))
         else:
@@ -136,6 +169,26 @@ class Trials:
         self.change(t, notes, status=status, message=message, end_time=end_time or now_ms(),
                     is_early_stopped=status == TrialJobStatus.EARLY_STOPPED)
         self._wake()
+
+    @contextlib.contextmanager
+    def undone_on_failure(self, trial_ids: set[str]) -> Iterator[None]:
+        """Undo in memory what the block changed of these trials when it fails: its store
+        transaction rolled back (a full disk), so the agent's replay must find them as they were."""
+        kept = {i: dataclasses.replace(self.by_id[i]) for i in trial_ids if i in self.by_id}
+        cancelling, members = dict(self.cancelling), {k: dict(v) for k, v in self._members.items()}
+        try:
+            yield
+        except BaseException:
+            for trial_id, old in kept.items():
+                t = self.by_id[trial_id]
+                for f in dataclasses.fields(old):  # in place: callers hold this object
+                    setattr(t, f.name, getattr(old, f.name))
+                self.by_id[trial_id] = t  # back among the live ones if it was
+            self.cancelling.clear()
+            self.cancelling.update(cancelling)
+            self._members.clear()
+            self._members.update(members)
+            raise
 
     def clear_contact_message(self, t: TrialJobDetail) -> None:
         if t.message.startswith(CONTACT_LOST):

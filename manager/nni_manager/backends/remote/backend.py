@@ -247,6 +247,7 @@ def _hints(m: MachineConfig) -> PlacementHints:
         gpu_indices=tuple(m.gpu_indices) if m.gpu_indices is not None else None,
         max_trial_number_per_gpu=m.max_trial_number_per_gpu,
         use_active_gpu=m.use_active_gpu,
+        host=m.host,
     )
 
 

@@ -1,0 +1,26 @@
+"""trial.log (NNI's SDK log) is streamed like stdout, but only to a manager that knows the stream:
+an older manager would file its chunks as stdout."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from nni_agent.v1 import agent_pb2 as pb
+from tests.agent.hubstub import HubStub, StubServer, start_trial
+
+
+def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        hub = HubStub()  # its Welcome carries no protocol_minor: a manager from before LOG_STREAM_TRIAL_LOG
+        async with StubServer(hub) as srv:
+            await srv.connect_agent(tmp_path / "w")
+            hub.send(**start_trial("log01", 'echo sdk log > "$NNI_OUTPUT_DIR/trial.log"; echo out'))
+            await hub.wait_for(lambda: hub.trials["log01"].final is not None)
+        trial = hub.trials["log01"]
+        assert trial.final is not None and trial.final.state == pb.TRIAL_STATE_SUCCEEDED, trial.final
+        assert bytes(trial.logs[pb.LOG_STREAM_STDOUT]) == b"out\n"  # nothing of trial.log mixed in
+        assert pb.LOG_STREAM_TRIAL_LOG not in trial.logs
+        written = list((tmp_path / "w").rglob("trial.log"))
+        assert [p.read_text() for p in written] == ["sdk log\n"]  # the trial did write one
+
+    asyncio.run(scenario())
