@@ -27,3 +27,14 @@ def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nm", dir="/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def code_dir(short_dir: Path) -> Path:
+    """A trial code directory holding tests.manager.helpers.TRIAL as trial.py."""
+    from tests.manager.helpers import TRIAL
+
+    code = short_dir / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    return code

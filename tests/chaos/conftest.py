@@ -46,6 +46,7 @@ def chaos_seed() -> int:
 
 @pytest.fixture
 def code_dir(short_dir: Path) -> Path:
+    """The paced TRIAL above (not tests.manager.helpers.TRIAL) as trial.py."""
     code = short_dir / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)

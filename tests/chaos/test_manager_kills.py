@@ -14,20 +14,9 @@ import psutil
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, heard, start_manager, stored_metrics
+from tests.manager.helpers import TRIAL, experiment_processes, heard, start_manager, stored_metrics
 
 TRIALS, STEPS = 3, 60
-
-
-def _experiment_processes(experiment_id: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("NNI_EXP_ID") == experiment_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
 
 
 def _stored_trials(exp_dir: Path) -> int:
@@ -82,8 +71,8 @@ def test_repeated_manager_sigkills_at_random_points(short_dir: Path, chaos_seed:
     told = Counter(m for out in outputs for m in heard(out))
     assert set(told) <= expected and set(told.values()) <= {1}  # no listener heard a metric twice
     deadline = time.monotonic() + 20
-    while _experiment_processes(experiment_id):
-        assert time.monotonic() < deadline, f"left running: {_experiment_processes(experiment_id)}"
+    while experiment_processes(experiment_id):
+        assert time.monotonic() < deadline, f"left running: {experiment_processes(experiment_id)}"
         time.sleep(0.1)
     agent_pid = int((exp_dir / "agents" / "local" / "agent.pid").read_text())
     while psutil.pid_exists(agent_pid) and psutil.Process(agent_pid).status() != psutil.STATUS_ZOMBIE:

@@ -11,15 +11,6 @@ from typing import Any
 import pytest
 
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
-from tests.manager.helpers import TRIAL
-
-
-@pytest.fixture
-def code_dir(short_dir: Path) -> Path:
-    code = short_dir / "code"
-    code.mkdir()
-    (code / "trial.py").write_text(TRIAL)
-    return code
 
 
 @pytest.fixture

@@ -177,3 +177,17 @@ async def message_with(ts: Any, trial_id: str, *needles: str, timeout: float = 9
     except AssertionError:
         d = await ts.get_trial_job(trial_id)
         raise AssertionError(f"trial {trial_id} is {d.status.value} ({d.message!r}), expected {needles}") from None
+
+
+def experiment_processes(experiment_id: str) -> list[Any]:
+    """Live processes (agents, trials) started for `experiment_id` (psutil.Process objects)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NNI_EXP_ID") == experiment_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found

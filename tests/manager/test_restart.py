@@ -11,7 +11,7 @@ import psutil
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import heard, sigkill_after_metrics, start_manager
+from tests.manager.helpers import experiment_processes, heard, sigkill_after_metrics, start_manager
 
 
 def start(work: Path, code: Path, mode: str, experiment_id: str = "Restart1", *extra: str):  # -> Popen[str]
@@ -47,24 +47,13 @@ def test_manager_sigkill_and_restart(short_dir: Path, code_dir: Path) -> None:
         time.sleep(0.05)
 
 
-def _experiment_processes(experiment_id: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("NNI_EXP_ID") == experiment_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
 def test_nothing_stays_running_after_the_manager_is_sigkilled(short_dir: Path, code_dir: Path) -> None:
     work = short_dir / "exps"
     exp_dir = work / "Orphan1"
     # Trials that would run for a minute; the agent waits only 2 s for a lost manager.
     manager = start(work, code_dir, "new", "Orphan1", "--reconnect-window", "2", "--step-sleep", "5")
     deadline = time.monotonic() + 30
-    while len(_experiment_processes("Orphan1")) < 2:  # both trials are running
+    while len(experiment_processes("Orphan1")) < 2:  # both trials are running
         assert time.monotonic() < deadline, "trials never started"
         assert manager.poll() is None, manager.communicate()
         time.sleep(0.05)
@@ -72,7 +61,7 @@ def test_nothing_stays_running_after_the_manager_is_sigkilled(short_dir: Path, c
     manager.send_signal(signal.SIGKILL)
     manager.communicate()
     deadline = time.monotonic() + 20
-    while _experiment_processes("Orphan1") or (
+    while experiment_processes("Orphan1") or (
             psutil.pid_exists(agent_pid) and psutil.Process(agent_pid).status() != psutil.STATUS_ZOMBIE):
         assert time.monotonic() < deadline, "trials or the agent outlived the killed manager"
         time.sleep(0.1)
