@@ -185,12 +185,12 @@ def test_nni_v1_and_python_api_configs(aml, base: Path) -> None:
 def test_dry_run_shows_the_request_bodies(tmp_path: Path) -> None:
     cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 2, "trialCodeDirectory": str(tmp_path),
                        "trainingService": {"platform": "aml", "subscriptionId": "sub", "resourceGroup": "rg",
-                                           "workspaceName": "ws", "computeTarget": "gpu", "nniManagerIp": "10.0.0.5"}})
+                                           "workspaceName": "ws", "computeTarget": "gpu", "nniManagerIp": "10.0.0.5"}})  # not dialed: data only
     dry = backend_class("aml")(cfg).render()
     body = dry.requests[0]["properties"]
     assert body["jobType"] == "Command" and body["computeId"].endswith("/workspaces/ws/computes/gpu")
     assert body["environmentId"].split("/environments/")[1].startswith("nni-agent-")
-    assert "10.0.0.5:" in body["command"] and "--single-trial" not in body["command"]
+    assert "10.0.0.5:" in body["command"] and "--single-trial" not in body["command"]  # not dialed: data only
     assert "PUT https://management.azure.com/subscriptions/sub/resourceGroups/rg/" in dry.text
     assert json.loads(dry.text.split("\n", 2)[2].split("\n# PUT")[0])["properties"]["image"] == "msranni/nni:latest"
 

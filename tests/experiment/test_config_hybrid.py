@@ -11,7 +11,7 @@ from nni_manager.config import ConfigError, load_config
 from nni_manager.config_hybrid import HybridOptions
 from tests.experiment.test_config import SPACE, v2
 
-MACHINE = {"host": "10.0.0.7", "user": "bob", "password": "s3cret-pw", "gpuIndices": [1]}
+MACHINE = {"host": "10.0.0.7", "user": "bob", "password": "s3cret-pw", "gpuIndices": [1]}  # not dialed: data only
 
 
 def hybrid(tmp_path: Path, services: list[dict[str, Any]], **overrides: Any):  # type: ignore[no-untyped-def]
@@ -28,7 +28,7 @@ def test_local_plus_remote(tmp_path: Path) -> None:
     assert (local.platform, local.use_active_gpu, local.gpu_indices) == ("local", False, [0])
     assert remote.platform == "remote" and remote.reconnect_window == 120
     (machine,) = remote.options.machine_list
-    assert (machine.host, machine.user, machine.gpu_indices) == ("10.0.0.7", "bob", [1])
+    assert (machine.host, machine.user, machine.gpu_indices) == ("10.0.0.7", "bob", [1])  # not dialed: data only
     assert "s3cret-pw" not in repr(config)
 
 
@@ -59,12 +59,12 @@ def test_v1_hybrid(tmp_path: Path) -> None:
         "trial": {"command": "python3 mnist.py", "codeDir": ".", "gpuNum": 0},
         "hybridConfig": {"trainingServicePlatforms": ["local", "remote"]},
         "remoteConfig": {"reuse": True},
-        "machineList": [{"ip": "10.1.1.1", "username": "xxx", "passwd": "xxx-pw", "port": 22}],
+        "machineList": [{"ip": "10.1.1.1", "username": "xxx", "passwd": "xxx-pw", "port": 22}],  # not dialed: data only
     }, base_dir=tmp_path)
     local, remote = config.training_service.options.services
     assert (local.platform, remote.platform) == ("local", "remote")
     (machine,) = remote.options.machine_list
-    assert (machine.host, machine.user, machine.port) == ("10.1.1.1", "xxx", 22)
+    assert (machine.host, machine.user, machine.port) == ("10.1.1.1", "xxx", 22)  # not dialed: data only
     assert remote.options.reuse_mode is True and config.trial_command == "python3 mnist.py"
 
 
@@ -98,5 +98,5 @@ def test_v1_hybrid_mistakes(tmp_path: Path) -> None:
     assert info.value.field == "hybridConfig" and "trainingServicePlatforms" in info.value.fix
     with pytest.raises(ConfigError) as info:
         load_config({**base, "hybridConfig": {"trainingServicePlatforms": ["local"]},
-                     "machineList": [{"ip": "10.1.1.1", "username": "x", "passwd": "y"}]}, base_dir=tmp_path)
+                     "machineList": [{"ip": "10.1.1.1", "username": "x", "passwd": "y"}]}, base_dir=tmp_path)  # not dialed: data only
     assert info.value.field == "machineList" and "remote" in info.value.problem

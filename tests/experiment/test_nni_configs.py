@@ -47,7 +47,7 @@ def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path
     for var in ("DLWS_USER_EMAIL", "DLTS_JOB_TOKEN", "DLWS_VC_NAME"):
         monkeypatch.delenv(var, raising=False)
     path = tmp_path / "c" / name
-    text = _PLACEHOLDER.sub("10.0.0.1", path.read_text())
+    text = _PLACEHOLDER.sub("10.0.0.1", path.read_text())  # not dialed: data only
     path.write_text(text)
 
     def make_dirs(node: Any) -> None:

@@ -35,8 +35,8 @@ def test_parse() -> None:
 
 
 def test_device_takes_exactly_those_gpus_of_that_host() -> None:
-    agents = [view("local", hostname="devbox"), view("root_10.0.0.7_22", host="10.0.0.7", hostname="gpu7")]
-    a, b, c = Placer().place([request("t1", {"type": "Device", "gpus": [["10.0.0.7", 1]]}),
+    agents = [view("local", hostname="devbox"), view("root_10.0.0.7_22", host="10.0.0.7", hostname="gpu7")]  # not dialed: data only
+    a, b, c = Placer().place([request("t1", {"type": "Device", "gpus": [["10.0.0.7", 1]]}),  # not dialed: data only
                               request("t2", {"type": "Device", "gpus": [["local", 0], ["local", 1]]}),
                               request("t3", {"type": "Device", "gpus": [["gpu7", 0]]})], agents)
     assert (a.agent_id, a.scheduled, a.gpu_indices) == ("root_10.0.0.7_22", True, (1,))
@@ -45,21 +45,21 @@ def test_device_takes_exactly_those_gpus_of_that_host() -> None:
 
 
 def test_device_busy_waits_naming_the_holder() -> None:
-    agents = [view("box", host="10.0.0.7", hostname="h", trials={"old": (1,)})]
-    [d] = Placer().place([request("t1", {"type": "Device", "gpus": [["10.0.0.7", 1]]})], agents)
+    agents = [view("box", host="10.0.0.7", hostname="h", trials={"old": (1,)})]  # not dialed: data only
+    [d] = Placer().place([request("t1", {"type": "Device", "gpus": [["10.0.0.7", 1]]})], agents)  # not dialed: data only
     assert d.agent_id is None and not d.failed
     assert "GPU 1 of box" in d.message and "old" in d.message
 
 
 def test_device_impossible_fails_with_the_reason() -> None:
-    agents = [view("local", hostname="devbox"), view("box", n=2, host="10.0.0.7", hostname="h", gpu_indices=(0,))]
+    agents = [view("local", hostname="devbox"), view("box", n=2, host="10.0.0.7", hostname="h", gpu_indices=(0,))]  # not dialed: data only
     unknown, missing, excluded, invalid = Placer().place([
         request("t1", {"type": "Device", "gpus": [["nosuch", 0]]}),
-        request("t2", {"type": "Device", "gpus": [["10.0.0.7", 5]]}),
-        request("t3", {"type": "Device", "gpus": [["10.0.0.7", 1]]}),
+        request("t2", {"type": "Device", "gpus": [["10.0.0.7", 5]]}),  # not dialed: data only
+        request("t3", {"type": "Device", "gpus": [["10.0.0.7", 1]]}),  # not dialed: data only
         request("t4", {"type": "Device", "gpus": [["a", 0], ["b", 1]]}),
     ], agents)
-    assert unknown.failed and "'nosuch'" in unknown.message and "10.0.0.7" in unknown.message
+    assert unknown.failed and "'nosuch'" in unknown.message and "10.0.0.7" in unknown.message  # not dialed: data only
     assert missing.failed and "GPU 5 of box" in missing.message and "GPUs 0-1" in missing.message
     assert excluded.failed and "gpuIndices" in excluded.message
     assert invalid.failed and "several hosts" in invalid.message
@@ -67,7 +67,7 @@ def test_device_impossible_fails_with_the_reason() -> None:
 
 def test_device_host_not_known_yet_waits() -> None:
     """A machine that has not said hello yet may be the one named by its hostname."""
-    agents = [view("local", hostname="devbox"), view("box", host="10.0.0.7", connected=False)]
+    agents = [view("local", hostname="devbox"), view("box", host="10.0.0.7", connected=False)]  # not dialed: data only
     [d] = Placer().place([request("t1", {"type": "Device", "gpus": [["gpu7", 0]]})], agents)
     assert not d.failed and d.agent_id is None and "gpu7" in d.message
 

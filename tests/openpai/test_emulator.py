@@ -372,7 +372,7 @@ def test_node_failure_fails_job_or_retries(pai):
 def test_fault_injection(pai):
     c = Client(pai)
     pai.fault("error", count=2)
-    assert run(c.get("/jobs")) == (500, {"code": "UnknownError", "message": "connect ECONNREFUSED 10.0.1.5:9748"})
+    assert run(c.get("/jobs")) == (500, {"code": "UnknownError", "message": "connect ECONNREFUSED 10.0.1.5:9748"})  # not dialed: data only
     assert run(c.get("/jobs"))[0] == 500
     assert run(c.get("/jobs")) == (200, [])
     pai.fault("error", status=502, count=1, method="POST")

@@ -310,14 +310,14 @@ def test_config_checked_at_start_and_errors_name_the_field(tmp_path: Path) -> No
     assert "localStorageMountPoint" in err(localStorageMountPoint=str(tmp_path / "missing"))
     # v1: trainingServicePlatform pai, paiConfig and trial fields
     v1 = {"authorName": "a", "trialConcurrency": 1, "trainingServicePlatform": "pai",
-          "paiConfig": {"userName": "u", "token": "t", "host": "10.1.1.1"},
+          "paiConfig": {"userName": "u", "token": "t", "host": "10.1.1.1"},  # not dialed: data only
           "trial": {"command": "python3 t.py", "codeDir": str(tmp_path), "gpuNum": 1, "cpuNum": 2, "memoryMB": 4096,
                     "image": "img:1", "virtualCluster": "vcx"}}
     cfg = load_config(v1)
     o = cfg.training_service.options
     assert cfg.training_service.platform == "openpai"
     assert (o.host, o.username, o.cpus, o.memory_mb, o.gpus, o.docker_image, o.virtual_cluster) == (
-        "https://10.1.1.1", "u", 2, 4096, 1, "img:1", "vcx")
+        "https://10.1.1.1", "u", 2, 4096, 1, "img:1", "vcx")  # not dialed: data only
 
 
 def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_path: Path) -> None:
@@ -327,7 +327,7 @@ def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_pa
                        "trainingService": {"platform": "openpai", "host": "pai.example.com", "username": "u",
                                            "token": "tok-SECRET-1", "trialMemorySize": "2gb",
                                            "storageConfigName": "confignfs", "virtualCluster": "vc1",
-                                           "nniManagerIp": "10.0.0.5"}})
+                                           "nniManagerIp": "10.0.0.5"}})  # not dialed: data only
     dry = backend_class("openpai")(cfg).render()
     assert "tok-SECRET-1" not in dry.text and "<masked>" in dry.text
     job = dry.requests[0]

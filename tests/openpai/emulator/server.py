@@ -122,7 +122,7 @@ class Faults:
             return web.Response(status=st, text=str(body))
         if st in REASONS and st != 404:
             return web.Response(status=st, text=NGINX.format(s=st, r=REASONS[st]), content_type="text/html")
-        return json_response({"code": "UnknownError", "message": "connect ECONNREFUSED 10.0.1.5:9748"},
+        return json_response({"code": "UnknownError", "message": "connect ECONNREFUSED 10.0.1.5:9748"},  # not dialed: data only
                                  status=st)
 
 
