@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,3 +64,60 @@ def emulator_factory(prefix: str, start: Callable[..., Any], what: str) -> Itera
             leftovers[emulator.instance] = left
     shutil.rmtree(base, ignore_errors=True)
     assert not leftovers, f"processes left behind by {what}: {leftovers}"
+
+
+def marked_pids(key: str, value: str) -> list[int]:
+    """Pids whose initial environment holds KEY=VALUE (readable for our own user's processes)."""
+    needle = f"{key}={value}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(d))
+        except OSError:
+            pass
+    return out
+
+
+class EmulatorHandle:
+    """What a test holds of a running emulator process: waiting on it, the processes it started
+    (each carries `marker`=<instance> in its environment), stopping it."""
+
+    marker: ClassVar[str]
+    stop_wait: ClassVar[float] = 15.0  # seconds the emulator gets to end its tasks after SIGTERM
+    kill_leftovers_on_stop: ClassVar[bool] = True  # belt and braces; the factory still fails on them
+    proc: subprocess.Popen[bytes]
+    instance: str
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
+                 what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            v = predicate()
+            if v:
+                return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(interval)
+
+    def leftover_processes(self) -> list[int]:
+        return marked_pids(self.marker, self.instance)
+
+    def stop(self) -> None:
+        """SIGTERM the emulator: it kills every task process tree, then exits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_wait)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.kill_leftovers_on_stop:
+            for pid in self.leftover_processes():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass

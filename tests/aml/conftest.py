@@ -16,17 +16,15 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import emulator_factory, start_emulator_process
+from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
 from tests.aml.emulator.tokens import mint
-from tests.dlts.emulator.procs import marked_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -37,8 +35,10 @@ AZURE_IDENTITY_VARS = ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_I
                        "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT")
 
 
-class Aml:
+class Aml(EmulatorHandle):
     """A running emulator: ids of its workspace, its URL and CA, credentials and test controls."""
+
+    marker = MARK
 
     def __init__(self, state: Path, proc: subprocess.Popen, cfg: dict):
         self.state, self.proc, self.cfg = state, proc, cfg
@@ -142,32 +142,6 @@ class Aml:
     def kill_task(self, name: str, sig: int = signal.SIGKILL) -> None:
         self._call("POST", f"jobs/{name}/kill-task", {"signal": int(sig)})
 
-    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = predicate()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(interval)
-
-    def leftover_processes(self) -> list[int]:
-        return marked_pids(MARK, self.instance)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for p in self.leftover_processes():
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def _write_az(state: Path, key_file: Path, cfg: dict) -> None:

@@ -12,23 +12,23 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import emulator_factory, start_emulator_process
+from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
-from tests.dlts.emulator.procs import marked_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = str(Path(sys.executable).parent)
 MARK = "DLTS_EMULATOR"
 
 
-class Dlts:
+class Dlts(EmulatorHandle):
     """A running dashboard emulator: its URL, a user's credentials and the test controls."""
+
+    marker = MARK
 
     def __init__(self, state: Path, proc: subprocess.Popen, config: dict, master_token: str):
         self.state, self.proc, self.config = state, proc, config
@@ -109,36 +109,10 @@ class Dlts:
         """Kill the job's processes from outside (the job then fails)."""
         self._call("POST", f"jobs/{job_id}/kill-task", {"signal": int(sig)})
 
-    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = predicate()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(interval)
-
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 20.0) -> dict:
         return self.wait_for(lambda: (lambda j: j if j["jobStatus"] in statuses else None)(self.job(job_id)),
                              timeout, what=f"job {job_id} in {statuses}")
 
-    def leftover_processes(self) -> list[int]:
-        return marked_pids(MARK, self.instance)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for p in self.leftover_processes():       # belt and braces; the fixture still fails on them
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def start_dlts(base: Path, *, teams: dict | None = None, clusters: list[str] | None = None,

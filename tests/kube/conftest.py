@@ -4,17 +4,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import emulator_factory, start_emulator_process
+from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -28,8 +26,10 @@ def _slim_python_dir(base: Path) -> str:
     return str(d)
 
 
-class Kube:
+class Kube(EmulatorHandle):
     """A running emulator. See tests/kube/emulator/README.md."""
+
+    marker = "KUBE_EMULATOR_INSTANCE"
 
     def __init__(self, state_dir: Path, proc: subprocess.Popen, token: str, instance: str):
         self.state_dir, self.proc, self.token, self.instance = state_dir, proc, token, instance
@@ -92,43 +92,6 @@ class Kube:
         """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
         return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
 
-    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = predicate()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(interval)
-
-    def leftover_processes(self) -> list[int]:
-        needle = f"KUBE_EMULATOR_INSTANCE={self.instance}".encode()
-        out = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        out.append(int(d))
-            except OSError:
-                pass
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for p in self.leftover_processes():     # belt and braces; the test still fails on them
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),

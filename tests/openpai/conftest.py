@@ -7,22 +7,24 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.emulators import emulator_factory, start_emulator_process
+from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Pai:
+class Pai(EmulatorHandle):
     """A running emulator: PAI coordinates for a client, plus test controls (``/_emulator``)."""
+
+    marker = "PAI_EMULATOR_INSTANCE"
+    stop_wait = 20.0
+    kill_leftovers_on_stop = False  # the factory kills and reports them
 
     def __init__(self, state_dir: Path, proc: subprocess.Popen, users: dict, control_token: str):
         self.state_dir, self.proc, self.users, self.control_token = state_dir, proc, users, control_token
@@ -92,44 +94,12 @@ class Pai:
         """PAI API requests received: method, path, query, contentType, status."""
         return self._call("GET", "/requests")
 
-    def wait_for(self, predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while True:
-            v = predicate()
-            if v:
-                return v
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(interval)
-
     def wait_state(self, name: str, *states: str, timeout: float = 20.0, user: str | None = None) -> dict:
         def check():
             d = self.job(name, user)
             return d if d and d["jobStatus"]["state"] in states else None
         return self.wait_for(check, timeout, what=f"job {name} in {states}")
 
-    def leftover_processes(self) -> list[int]:
-        needle = f"PAI_EMULATOR_INSTANCE={self.instance}".encode()
-        out = []
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open(f"/proc/{d}/environ", "rb") as f:
-                        if needle in f.read().split(b"\0"):
-                            out.append(int(d))
-                except OSError:
-                    pass
-        return out
-
-    def stop(self) -> None:
-        """SIGTERM the emulator: it kills every task process tree, then exits."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: dict | None = None,

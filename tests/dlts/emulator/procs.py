@@ -13,21 +13,9 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.emulators import marked_pids
 
-def marked_pids(key: str, value: str) -> list[int]:
-    """Pids whose initial environment holds KEY=VALUE (readable for our own user's processes)."""
-    needle = f"{key}={value}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(int(d))
-        except OSError:
-            pass
-    return out
+
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
