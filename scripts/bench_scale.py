@@ -20,8 +20,10 @@ Reported per N (one row each, printed together at the end):
     running): manager CPU per 1,000 records and in % of a core (the manager process only: hub,
     core, store, listener; it also pays for N agents' heartbeats and GPU reports), manager RSS,
     status latency (record created on the agent -> metric listener called in the manager,
-    time.time() on both sides of one machine) p50/p99, the event loop's worst stall and the
-    worst cyclic-GC pause, records lost or duplicated;
+    time.time() on both sides of one machine) p50/p99 of the records made in the steady state,
+    the worst latency of those made before it (during the burst and the trials' start, which
+    they queue behind), the event loop's worst stall and the worst cyclic-GC pause, records
+    lost or duplicated;
   * placement: submit_trial_job() duration (placement runs inside it) and submit -> RUNNING,
     median of sequential trials while the N agents idle;
   * list_trial_jobs() with --history terminal trials (default 100,000) already in the store,
@@ -106,6 +108,8 @@ class SimAgent:
             if first is grpc.aio.EOF or not first.HasField("welcome"):
                 raise RuntimeError(f"{self.agent_id}: no Welcome: {first}")
             self.heartbeat_s = first.welcome.heartbeat_interval_ms / 1000 or 5.0
+            if self.gpu_every:  # as a real agent: never more often than the manager asks
+                self.gpu_every = max(self.gpu_every, first.welcome.gpu_sample_interval_ms / 1000)
             tasks = [asyncio.create_task(c) for c in (self._read(call), self._write(call), self._telemetry())]
             try:
                 await self.done.wait()
@@ -305,6 +309,7 @@ class Row:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
+    backlog_ms: float = 0.0
     stall_ms: float = 0.0
     gc_ms: float = 0.0
     burst_s: float = 0.0
@@ -363,6 +368,7 @@ class StallMeter:
 
 async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
     row = Row(n)
+    asyncio.get_running_loop().slow_callback_duration = 0.05
     work = root / f"n{n}"
     experiment_id = f"Scale{n}"
     exp_dir = work / experiment_id
@@ -404,8 +410,9 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
         row.idle_pct = (sum(me.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0) * 100
 
         # ---- load: one trial per agent, the same total metric rate for every N
-        latencies: list[float] = []  # steady state only: once every trial runs
-        steady = False
+        latencies: list[float] = []  # steady state only: records made once every trial runs
+        backlog: list[float] = []  # records made before, during the burst and the trials' start
+        steady_since = math.inf
         seen: dict[str, list[int]] = {}
         statuses = 0
         running_at: dict[str, float] = {}
@@ -413,8 +420,7 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
 
         def on_metric(m: TrialJobMetric) -> None:
             d = json.loads(m.data)
-            if steady:
-                latencies.append(time.time() - d["sent"])
+            (latencies if d["sent"] >= steady_since else backlog).append(time.time() - d["sent"])
             seen.setdefault(m.id, []).append(d["sequence"] if d["type"] == "PERIODICAL" else -1)
 
         def on_status(d: TrialJobDetail) -> None:
@@ -441,7 +447,7 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
             await asyncio.sleep(0.01)
         row.all_running_s = time.monotonic() - t0
         # the steady state: every trial streams; the burst's backlog is behind
-        steady, records0 = True, statuses
+        steady_since, records0 = time.time(), statuses
         cpu1, t1 = sum(me.cpu_times()[:2]), time.monotonic()
         stall.start()
         gc_meter.worst = 0.0
@@ -469,6 +475,7 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
         row.cpu_per_1k = cpu / max(1, row.records) * 1000
         row.gen_cpu_pct = gen / row.load_s * 100
         row.p50_ms, row.p99_ms, row.max_ms = (percentile(latencies, q) * 1000 for q in (0.5, 0.99, 1.0))
+        row.backlog_ms = max(backlog, default=0.0) * 1000
 
         # ---- placement: sequential short trials while the N agents idle
         submits, to_running = [], []
@@ -543,20 +550,20 @@ def main() -> int:
             profiler.enable()
         for n in (int(x) for x in args.agents.split(",")):
             print(f"N={n} ...", file=sys.stderr, flush=True)
-            rows.append(asyncio.run(run_one(n, args, root)))
+            rows.append(asyncio.run(run_one(n, args, root), debug=bool(os.environ.get("BENCH_DEBUG"))))
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
     print(f"\n{args.rate:g} metrics/s in total for {args.duration:g} s (one trial per agent), GPU report every "
           f"{args.gpu_every:g} s per agent, {args.history:,} finished trials in the store; {os.cpu_count()} cores")
     head = ("agents", "connect s", "idle mgr CPU %", "records", "mgr CPU s/1k rec", "mgr RSS MB", "latency p50 ms", "p99 ms", "max ms",
-            "submit N at once s", "-> all RUNNING s", "steady mgr CPU %", "loop stall ms (steady)", "worst GC pause ms", "lost", "dup", "submit ms", "submit->RUNNING ms", "list_trial_jobs ms", "load table s",
+            "burst backlog worst ms", "submit N at once s", "-> all RUNNING s", "steady mgr CPU %", "loop stall ms (steady)", "worst GC pause ms", "lost", "dup", "submit ms", "submit->RUNNING ms", "list_trial_jobs ms", "load table s",
             "generator CPU %")
     print(" | ".join(head))
     for r in rows:
         print(" | ".join(str(x) for x in (
             r.n, f"{r.connect_s:.2f}", f"{r.idle_pct:.1f}", r.records, f"{r.cpu_per_1k:.3f}", f"{r.rss_mb:.0f}", f"{r.p50_ms:.1f}",
-            f"{r.p99_ms:.1f}", f"{r.max_ms:.0f}", f"{r.burst_s:.2f}", f"{r.all_running_s:.2f}", f"{r.steady_cpu_pct:.0f}", f"{r.stall_ms:.0f}", f"{r.gc_ms:.0f}", r.lost, r.duplicated, f"{r.submit_ms:.2f}",
+            f"{r.p99_ms:.1f}", f"{r.max_ms:.0f}", f"{r.backlog_ms:.0f}", f"{r.burst_s:.2f}", f"{r.all_running_s:.2f}", f"{r.steady_cpu_pct:.0f}", f"{r.stall_ms:.0f}", f"{r.gc_ms:.0f}", r.lost, r.duplicated, f"{r.submit_ms:.2f}",
             f"{r.running_ms:.1f}", f"{r.list_ms:.0f}", f"{r.load_store_s:.2f}", f"{r.gen_cpu_pct:.0f}")))
     base = rows[0]
     for r in rows[1:]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from nni_agent.bundles import BundleCache
 from nni_agent.connection import Connection, Timing
 from nni_agent.gpu import make_gpu_provider
+from nni_agent.guardian import Guardian
 from nni_agent.host import host_info
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.keeper import Keeper
@@ -48,6 +49,7 @@ async def run_agent(options: AgentOptions) -> int:
     work_dir = options.work_dir.expanduser().resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     child_reaper()  # reap trial processes (and adopted orphans) on SIGCHLD
+    guardian = await Guardian.start(boot_id)  # trials die with the agent, even a SIGKILLed one
     gpu = make_gpu_provider()
     http_channel = HttpChannelServer()  # listens once the first trial needs it
     outbox = Outbox(work_dir / "spool" / boot_id, memory_limit=options.spool_memory_limit)
@@ -98,6 +100,8 @@ async def run_agent(options: AgentOptions) -> int:
             single.cancel()
         http_channel.close()
         _remove_tree(outbox.spool_dir)
+        if guardian is not None:
+            await guardian.close()
 
 
 def trial_exit_code(status: pb.TrialStatus) -> int:

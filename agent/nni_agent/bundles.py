@@ -2,6 +2,11 @@
 
 A bundle is a tar.gz named by its sha256 digest. It crosses the link once per worker:
 the unpacked copy under `<root>/<hex>/` is reused by every later trial and agent run.
+
+Chunks are written and hashed on the event loop as they arrive (about 1 ms per 1 MiB chunk),
+in order; the unpacking (most of a second for a few hundred MB) runs in a worker thread,
+so heartbeats, records and the other trials go on meanwhile. A bundle being unpacked is
+neither re-requested after a reconnect nor touched by stray chunks.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class BundleCache:
         self.root = root
         self._waiters: dict[str, asyncio.Future[Path]] = {}
         self._parts: dict[str, tuple[Any, Any]] = {}  # digest -> (sha256 so far, open .part file)
+        self._unpacking: dict[str, asyncio.Task[None]] = {}  # digest -> its unpack, all chunks in
 
     def path_for(self, digest: str) -> Path | None:
         """The unpacked directory if this bundle is already cached."""
@@ -47,16 +53,17 @@ class BundleCache:
         return await asyncio.shield(fut)
 
     def pending(self) -> list[str]:
-        """Digests still awaited: re-requested from scratch after a reconnect."""
+        """Digests still awaited: re-requested from scratch after a reconnect (not one being
+        unpacked: it is all here)."""
         for digest in list(self._parts):
             self._drop_part(digest)
-        return [d for d, f in self._waiters.items() if not f.done()]
+        return [d for d, f in self._waiters.items() if not f.done() and d not in self._unpacking]
 
     def on_chunk(self, chunk: pb.BundleChunk) -> None:
         digest = chunk.digest
         fut = self._waiters.get(digest)
-        if fut is None or fut.done():
-            return  # not asked for (or already failed): ignore
+        if fut is None or fut.done() or digest in self._unpacking:
+            return  # not asked for (or already failed), or all in already: ignore
         try:
             if chunk.error:
                 raise BundleError(f"manager could not send bundle {digest}: {chunk.error}")
@@ -82,7 +89,8 @@ class BundleCache:
                 if hasher.hexdigest() != hexdigest:
                     part.unlink(missing_ok=True)
                     raise BundleError(f"bundle {digest} arrived corrupted (digest mismatch)")
-                fut.set_result(self._unpack(part, hexdigest))
+                self._unpacking[digest] = asyncio.get_running_loop().create_task(
+                    self._unpack_for(digest, part, hexdigest, fut), name=f"unpack-{hexdigest[:12]}")
         except Exception as exc:  # a broken transfer fails its trials, never the agent
             self._drop_part(digest)
             fut.set_exception(exc if isinstance(exc, BundleError) else BundleError(f"bundle {digest}: {exc}"))
@@ -90,18 +98,40 @@ class BundleCache:
             if fut.done():
                 self._waiters.pop(digest, None)
 
+    async def _unpack_for(self, digest: str, archive: Path, hexdigest: str, fut: asyncio.Future[Path]) -> None:
+        """Unpack in a worker thread, then resolve the waiters (with the error if it fails)."""
+        try:
+            path = await asyncio.to_thread(self._unpack, archive, hexdigest)
+        except Exception as exc:  # a bad archive fails its trials, never the agent
+            if not fut.done():
+                fut.set_exception(BundleError(f"bundle {digest}: {exc}"))
+        else:
+            if not fut.done():
+                fut.set_result(path)
+        finally:
+            del self._unpacking[digest]
+            if fut.done():
+                self._waiters.pop(digest, None)
+
     def _unpack(self, archive: Path, hexdigest: str) -> Path:
+        """Extract next to the cache and rename into place: a half-unpacked bundle is never used.
+        Runs in a worker thread; leaves neither the archive nor a partial directory behind."""
         import shutil
         import tarfile  # only workers that receive code pay for it
 
         final = self.root / hexdigest
         tmp = self.root / f"{hexdigest}.unpacking"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
-        archive.unlink()
-        tmp.rename(final)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            archive.unlink(missing_ok=True)
         return final
 
     def _drop_part(self, digest: str) -> None:

@@ -23,7 +23,9 @@ NNI_CODE_DIR, CUDA_VISIBLE_DEVICES, NNI_TRIAL_COMMAND_CHANNEL) and parameter.cfg
 NNI_SYS_DIR; stdout/stderr go to trial.stdout/trial.stderr there. Metrics are read from
 .nni/metrics, `NNISDK_MEb'...'` stdout lines and NNI 3's HTTP channel, so unmodified NNI
 trial code works. Stopping sends the trial's kill signal to its whole tree, waits the grace
-period, then SIGKILLs what is left (the agent is a child subreaper: nothing escapes).
+period, then SIGKILLs what is left (the agent is a child subreaper: nothing escapes). An agent
+that is killed (SIGKILL, the OOM killer) takes its trials along: a small guardian process
+started with it kills them.
 
 Token: the per-agent secret is read from the environment variable {TOKEN_ENV} or from
 --token-file (never from the command line); {TOKEN_ENV} is removed from the environment

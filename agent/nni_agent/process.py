@@ -3,7 +3,8 @@
 The agent is a child subreaper (Linux), so a trial's daemonised grandchildren are
 re-parented to the agent instead of init and cannot escape the tree kill. Every trial
 process carries the marker variable MARKER_ENV=<agent_key>/<trial_id>, which finds
-descendants that left the trial's process group or session.
+descendants that left the trial's process group or session. If the agent itself is killed,
+its guardian (guardian.py) kills what carries its marker.
 """
 
 from __future__ import annotations
@@ -212,25 +213,37 @@ def _signal_all(procs: list[psutil.Process], pgid: int, sig: int) -> None:
             pass
 
 
-async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float) -> None:
-    """Send `sig` to the whole trial tree, wait up to `grace_s`, then SIGKILL until none is left."""
+def _signal_tree(pgid: int, marker: str, sig: int) -> list[psutil.Process]:
+    """List the trial's processes and signal them; returns the list (empty: none was left)."""
     members = tree_members(pgid, marker)
-    if not members:
+    if members:
+        _signal_all(members, pgid, sig)
+    return members
+
+
+async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float, sent: asyncio.Event | None = None) -> None:
+    """Send `sig` to the whole trial tree, wait up to `grace_s`, then SIGKILL until none is left;
+    `sent` is set once the first signal went out.
+
+    The /proc walks and the signalling run in a worker thread: they grow with the tree and
+    the machine's load, and the loop carries every other trial's records meanwhile."""
+    try:
+        found = await asyncio.to_thread(_signal_tree, pgid, marker, sig)
+    finally:
+        if sent is not None:
+            sent.set()
+    if not found:
         return
-    _signal_all(members, pgid, sig)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         await asyncio.sleep(KILL_POLL_S)
-        members = tree_members(pgid, marker)
-        if not members:
+        if not await asyncio.to_thread(tree_members, pgid, marker):
             return
     give_up = time.monotonic() + KILL_GIVE_UP_S
-    while members:
+    while members := await asyncio.to_thread(_signal_tree, pgid, marker, signal.SIGKILL):
         if time.monotonic() > give_up:  # e.g. stuck in uninterruptible I/O: do not hang the trial's end
             log.error("trial %s: %d process(es) survive SIGKILL: %s", marker, len(members),
                       ", ".join(str(p.pid) for p in members))
             return
         log.info("SIGKILL %d leftover process(es) of trial %s", len(members), marker)
-        _signal_all(members, pgid, signal.SIGKILL)
         await asyncio.sleep(KILL_POLL_S)
-        members = tree_members(pgid, marker)

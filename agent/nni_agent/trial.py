@@ -68,6 +68,7 @@ class Trial:
         self._exited = False
         self._stop: tuple[int, str] | None = None  # (terminal state, reason) once a stop was asked for
         self._kill_task: asyncio.Task[None] | None = None
+        self._kill_sent = asyncio.Event()  # the stop's first signal went out
         self._task: asyncio.Task[None] | None = None
         self._http_requests = 0  # request_parameter commands seen on the HTTP channel
         self._http_waiting = 0  # of those, still waiting for send_parameter
@@ -118,7 +119,8 @@ class Trial:
     async def stop(self, state: int, reason: str) -> None:
         """Stop the trial, ending it in `state` (idempotent); returns once the kill signal has been sent."""
         self._request_stop(state, reason)
-        await asyncio.sleep(0)  # let the kill task send its first signal
+        if self._kill_task is not None:
+            await self._kill_sent.wait()
 
     def send_parameter(self, index: int, parameter: str) -> None:
         """Write parameter_<index>.cfg atomically; answer a waiting HTTP-channel request too."""
@@ -215,7 +217,7 @@ class Trial:
             self._finish(state, reason)
         elif self._pid is not None:
             self._kill_task = asyncio.create_task(
-                kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s()))
+                kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s(), self._kill_sent))
 
     async def _supervise(self, exit_status: asyncio.Future[int]) -> None:
         assert self._pid is not None

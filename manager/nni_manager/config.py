@@ -5,7 +5,9 @@ Every mistake raises `ConfigError` naming the field (as a dotted path, e.g.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import logging
 import re
 import signal
 from dataclasses import dataclass, field
@@ -49,6 +51,9 @@ class TrainingServiceConfig:
     # `agentEnv`: extra environment for every agent (and so its trials), e.g. CUDA paths.
     agent_env: dict[str, str] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # by the secret rule: agentEnv's secret variables show as ***
+        return redacted_repr(self)
+
 
 @dataclass
 class TunerConfig:
@@ -61,6 +66,9 @@ class TunerConfig:
     code_directory: Path | None = None
     kind: str = "tuner"  # "tuner", "assessor" or "advisor" (an advisor is run as NNI runs it: as the tuner)
     include_intermediate_results: bool = False  # NNI_INCLUDE_INTERMEDIATE_RESULTS for the dispatcher
+
+    def __repr__(self) -> str:  # by the secret rule: secret classArgs show as ***
+        return redacted_repr(self)
 
 
 AlgorithmConfig = TunerConfig
@@ -90,17 +98,118 @@ class ExperimentConfig:
     debug: bool = False
     log_level: str = "info"  # NNI's logLevel: the manager's log file and the dispatcher's
 
+    def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
+        return redacted_repr(self)
+
 
 # ---------------------------------------------------------------------------------------
 # Loading
 
-_SECRET_WORDS = ("password", "passwd", "passphrase", "token", "secret", "key")
+# Secrets: ONE rule, `is_secret(name)`, decides which config fields (and which keys of the
+# user's mappings: agentEnv, classArgs, an OpenPAI job protocol, a pod spec's env) hold a secret.
+# `redacted` applies it to the stored config (experiment.db), `redacted_repr` to the config
+# dataclasses' repr(), and `SecretFormatter` masks the values it finds in the manager's log.
+#
+# A name is split into words (camelCase, snake_case, SCREAMING_CASE, kebab-case); it names a
+# secret when its LAST word (or its last two joined: `passWord`, `connectionString`) is a secret
+# word. The last word is what the field holds: `sshKeyFile`, `hubKeyFile`, `privateRegistryAuthPath`,
+# `keyVaultName` and `tokenFile` hold a path or a name (stored, shown: they say where a secret is,
+# and the user needs them to debug a config); `strictHostKeyChecking` holds a switch; `password`,
+# `sshPassphrase`, `token`, `accountKey`, `keyVaultKey`, `AZURE_CLIENT_SECRET`, `WANDB_API_KEY`
+# hold the secret itself. Whole words only: `monkey`, `max_tokens` or `keyboard` are no secret.
+_SECRET_WORDS = frozenset({
+    "password", "passwd", "passphrase", "token", "secret", "secrets", "key", "credential", "credentials",
+    "connectionstring", "apikey", "accesskey", "secretkey", "privatekey",
+})
+# Fields kept as given: a search space maps the user's parameter names (never credentials) to
+# distributions, and view mode shows it from the store.
+_NEVER_SECRET = frozenset({"search_space"})
+REDACTED = "***"
+
+
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
+    return [w.rstrip("0123456789") for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w.rstrip("0123456789")]
 
 
 def is_secret(name: str) -> bool:
-    """Whether a config field holds a secret (kept out of reprs, logs and the store)."""
-    lowered = name.lower()
-    return any(word in lowered for word in _SECRET_WORDS) and not lowered.endswith(("file", "path", "name"))
+    """Whether a config field (or a key of a user's mapping) holds a secret, kept out of reprs,
+    logs and the store. See the rule above."""
+    words = _words(str(name))
+    return bool(words) and (words[-1] in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS)
+
+
+def redacted(value: Any, name: str = "") -> Any:
+    """`value` (of a field called `name`) with every secret replaced by "***": what is stored in
+    experiment.db and shown by reprs. Mappings are walked by key; a `{name: X, value: V}` entry
+    (Kubernetes env lists) hides V when X names a secret. Empty secrets stay empty."""
+    if name in _NEVER_SECRET:
+        return value
+    if is_secret(name) and value not in (None, "", [], {}):
+        return REDACTED
+    if isinstance(value, dict):
+        pair_secret = isinstance(value.get("name"), str) and is_secret(value["name"])
+        return {k: REDACTED if pair_secret and k == "value" and v else redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redacted(v) for v in value]
+    return value
+
+
+def redacted_repr(obj: Any) -> str:
+    """repr() of a config dataclass by the secret rule: secret fields are left out, secrets inside
+    its mappings shown as "***"; a nested dataclass uses its own repr."""
+    shown = (f"{f.name}={redacted(getattr(obj, f.name), f.name)!r}" for f in dataclasses.fields(obj)
+             if f.repr and not is_secret(f.name))
+    return f"{type(obj).__name__}({', '.join(shown)})"
+
+
+def secret_values(value: Any, name: str = "") -> set[str]:
+    """Every secret string in a config (an ExperimentConfig, a backend's options, a dict), found
+    by the same rule: what `SecretFormatter` masks."""
+    found: set[str] = set()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            found |= secret_values(getattr(value, f.name), f.name)
+        return found
+    if name in _NEVER_SECRET:
+        return found
+    if is_secret(name):
+        return {v for v in _strings(value) if len(v) >= 4}  # shorter: masking would mangle the log
+    if isinstance(value, dict):
+        if isinstance(value.get("name"), str) and is_secret(value["name"]):
+            found |= secret_values(value.get("value"), "secret")
+        for k, v in value.items():
+            found |= secret_values(v, str(k))
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found |= secret_values(v)
+    return found
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
+class SecretFormatter(logging.Formatter):
+    """A log formatter that masks the config's secret values (`secret_values`) wherever a
+    message, an argument or a traceback carries one: the last guard for the manager's log."""
+
+    def __init__(self, fmt: str | None = None, secrets: set[str] | frozenset[str] = frozenset()) -> None:
+        super().__init__(fmt)
+        self.secrets = sorted(secrets, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
 
 
 _MISSING: Any = object()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import ExperimentConfig
+from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
 from nni_manager.dispatcher.base import parameter_record
 from nni_manager.types import (
@@ -108,6 +108,7 @@ class Experiment:
         self.experiment_id = experiment_id
         self.experiment_dir: Path | None = None
         self.trials: dict[str, TrialSummary] = {}
+        self._live: dict[str, TrialSummary] = {}  # the trials not ended: what each wake-up refreshes
         self.stop_reason = ""
         self.status = "INITIALIZED"
         self.error = ""
@@ -133,7 +134,7 @@ class Experiment:
         async with create_training_service(self.config, experiment_id=self.experiment_id) as ts:
             self._ts = ts
             self.experiment_id, self.experiment_dir = ts.experiment_id, Path(ts.experiment_dir)
-            handler = _log_file(self.experiment_dir, self.config.log_level)
+            handler = _log_file(self.experiment_dir, self.config.log_level, secret_values(self.config))
             ts.add_trial_job_metric_listener(self._on_metric)
             ts.add_trial_job_status_listener(self._on_status)
             ts.add_parameter_request_listener(self._on_parameter_request)
@@ -174,7 +175,7 @@ class Experiment:
                                 self.optimize_mode, self.stop_reason, trials, best, self.error)
 
     def live_count(self) -> int:
-        return sum(1 for t in self.trials.values() if not t.status.is_terminal)
+        return len(self._live)
 
     def update_search_space(self, search_space: dict[str, Any]) -> None:
         """NNI's UPDATE_SEARCH_SPACE: trials requested from now on come from the new space."""
@@ -224,7 +225,9 @@ class Experiment:
         while True:
             if self.dispatcher.error is not None:
                 raise DispatcherError(self.dispatcher.error)
-            self._apply_details(await ts.list_trial_jobs())
+            # Only the live trials: the status listener already told of every change, and a long
+            # experiment's 100,000 ended trials would cost 0.5 s per wake-up to list.
+            self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await self._enforce_trial_duration(ts)
             stop = self._why_no_more_trials() or _no_usable_machine(ts)
             while not stop and self.live_count() < self.config.trial_concurrency and self._queue:
@@ -273,7 +276,7 @@ class Experiment:
         detail = await ts.submit_trial_job(form)
         trial = TrialSummary(detail.id, sequence_id, parsed.get("parameter_id") if isinstance(parsed, dict) else None,
                              parameters if isinstance(parameters, dict) else {}, hyper_params=record)
-        self.trials[detail.id] = trial
+        self.trials[detail.id] = self._live[detail.id] = trial
         self._emit("submitted", trial)
         self._apply_details([detail])
 
@@ -287,6 +290,7 @@ class Experiment:
             if detail.status != trial.status:
                 trial.status = detail.status
                 if detail.status.is_terminal:
+                    self._live.pop(trial.trial_id, None)
                     self._trial_ended(trial)
                 self._emit("status", trial)
 
@@ -303,7 +307,7 @@ class Experiment:
         if limit is None:
             return
         now_ms = int(time.time() * 1000)
-        for trial in list(self.trials.values()):
+        for trial in list(self._live.values()):
             elapsed = trial.elapsed(now_ms)
             if (trial.status == TrialJobStatus.RUNNING and elapsed is not None and elapsed > limit
                     and trial.trial_id not in self._early_stopped):
@@ -311,12 +315,12 @@ class Experiment:
                 await ts.cancel_trial_job(trial.trial_id, is_early_stopped=True)
 
     async def _cancel_all(self, ts: Any) -> None:
-        live = [t.trial_id for t in self.trials.values() if not t.status.is_terminal]
+        live = list(self._live)
         for trial_id in live:
             await ts.cancel_trial_job(trial_id)
         deadline = time.monotonic() + self.config.trial_grace_period + _CANCEL_WAIT_S
         while self.live_count() and time.monotonic() < deadline:
-            self._apply_details(await ts.list_trial_jobs())
+            self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await asyncio.sleep(0.05)
 
     async def _resume(self, ts: Any) -> list[dict[str, Any]]:
@@ -346,6 +350,8 @@ class Experiment:
                 if trial.final is not None:
                     history.append({"parameter": trial.parameters, "value": trial.final})
             self.trials[detail.id] = trial
+            if not trial.status.is_terminal:
+                self._live[detail.id] = trial
             self._resumed.add(detail.id)
             self._next_sequence_id = max(self._next_sequence_id, detail.sequence_id + 1)
         self._apply_details(details)
@@ -405,12 +411,13 @@ class Experiment:
             self._on_event(kind, trial)
 
 
-def _log_file(experiment_dir: Path, level: str) -> logging.Handler:
-    """The manager's log at NNI's `logLevel`: <experiment>/log/nnimanager.log."""
+def _log_file(experiment_dir: Path, level: str, secrets: set[str] | None = None) -> logging.Handler:
+    """The manager's log at NNI's `logLevel`: <experiment>/log/nnimanager.log, with the config's
+    `secrets` masked should any message carry one."""
     (experiment_dir / "log").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(experiment_dir / "log" / "nnimanager.log")
     handler.setLevel(_LOG_LEVELS.get(level, logging.INFO))
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s (%(name)s) %(message)s"))
+    handler.setFormatter(SecretFormatter("[%(asctime)s] %(levelname)s (%(name)s) %(message)s", secrets or set()))
     root = logging.getLogger("nni_manager")
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > handler.level:
@@ -420,10 +427,7 @@ def _log_file(experiment_dir: Path, level: str) -> logging.Handler:
 
 def _no_usable_machine(ts: Any) -> str:
     """Why no trial can ever run (every machine failed for good), or "" while some can."""
-    agents = ts.agents()
-    if agents and all(a["failed"] for a in agents):
-        return "no machine is usable: " + "; ".join(f"{a['name']}: {a['failed']}" for a in agents)
-    return ""
+    return ts.unusable_reason()
 
 
 def _metric_value(data: str) -> Any:

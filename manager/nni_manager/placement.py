@@ -55,8 +55,8 @@ class Placer:
         self._turn = 0
 
     def place(self, requests: list[Request], agents: list[AgentView]) -> list[Decision]:
-        load = {a.agent_id: len(a.trials) for a in agents}
-        used: dict[str, dict[int, list[str]]] = {a.agent_id: _occupancy(a) for a in agents}
+        load = _Load()
+        used = _Occupancy()
         reserved: set[str] = set()  # agents a blocked earlier GPU trial is waiting for (FIFO)
         connected = [a for a in agents if a.connected]
         decisions = []
@@ -67,7 +67,7 @@ class Placer:
             if req.device is not None:
                 decisions.append(self._place_device(req, agents, used))
                 if decisions[-1].agent_id:
-                    load[decisions[-1].agent_id] += 1
+                    load.add(decisions[-1].agent_id)
                 continue
             if not connected:
                 said = "; ".join(dict.fromkeys(a.status for a in agents if a.status))
@@ -80,10 +80,10 @@ class Placer:
             else:
                 decisions.append(self._place_gpu(req, agents, connected, load, used, reserved))
             if decisions[-1].agent_id:
-                load[decisions[-1].agent_id] += 1
+                load.add(decisions[-1].agent_id)
         return decisions
 
-    def _place_device(self, req: Request, agents: list[AgentView], used: dict[str, dict[int, list[str]]]) -> Decision:
+    def _place_device(self, req: Request, agents: list[AgentView], used: _Occupancy) -> Decision:
         """NNI's Device constraint: exactly these GPUs of the machine named (by agent name, the
         config's host, or its hostname); a machine or GPU that does not exist fails the trial."""
         assert req.device is not None
@@ -115,19 +115,20 @@ class Placer:
             return Decision(req.trial_id, failed=True,
                             message=f"placementConstraint Device asks for {_span(excluded)} of {a.name}, which its "
                                     f"gpuIndices {list(a.hints.gpu_indices or ())} leave out")
-        free, why = _free_devices(a, usable, used[a.agent_id])
+        free, why = _free_devices(a, usable, used.of(a))
         busy = [i for i in indices if i not in free]
         if busy:
             return Decision(req.trial_id, message=f"waiting for {_span(busy)} of {a.name} (placementConstraint "
                                                   f"Device): {why}")
         for i in indices:
-            used[a.agent_id].setdefault(i, []).append(req.trial_id)
+            used.of(a).setdefault(i, []).append(req.trial_id)
         return Decision(req.trial_id, a.agent_id, scheduled=True, gpu_indices=tuple(indices))
 
-    def _pick(self, candidates: list[AgentView], load: dict[str, int]) -> AgentView:
+    def _pick(self, candidates: list[AgentView], load: _Load) -> AgentView:
         """Least loaded; ties broken round-robin."""
-        least = min(load[a.agent_id] for a in candidates)
-        tied = [a for a in candidates if load[a.agent_id] == least]
+        loads = [load.of(a) for a in candidates] if load.added else [len(a.trials) for a in candidates]
+        least = min(loads)
+        tied = [a for a, n in zip(candidates, loads) if n == least]
         self._turn += 1
         return tied[self._turn % len(tied)]
 
@@ -136,8 +137,8 @@ class Placer:
         req: Request,
         agents: list[AgentView],
         connected: list[AgentView],
-        load: dict[str, int],
-        used: dict[str, dict[int, list[str]]],
+        load: _Load,
+        used: _Occupancy,
         reserved: set[str],
     ) -> Decision:
         n = req.gpu_number or 0
@@ -158,7 +159,7 @@ class Placer:
             if a.agent_id in reserved:
                 reasons.append(f"{a.name} is kept for an earlier trial waiting for GPUs")
                 continue
-            free, why = _free_devices(a, usable, used[a.agent_id])
+            free, why = _free_devices(a, usable, used.of(a))
             if len(free) >= n:
                 fits[a.agent_id] = tuple(free[:n])
             else:
@@ -173,8 +174,35 @@ class Placer:
         agent = self._pick([a for a in connected if a.agent_id in fits], load)
         indices = fits[agent.agent_id]
         for i in indices:
-            used[agent.agent_id].setdefault(i, []).append(req.trial_id)
+            used.of(agent).setdefault(i, []).append(req.trial_id)
         return Decision(req.trial_id, agent.agent_id, scheduled=True, gpu_indices=indices)
+
+
+class _Load:
+    """Trials per agent: its live ones plus those placed in this round (no per-agent table
+    built up front: one placement among 1,000 agents stays cheap)."""
+
+    def __init__(self) -> None:
+        self.added: dict[str, int] = {}
+
+    def of(self, a: AgentView) -> int:
+        return len(a.trials) + self.added.get(a.agent_id, 0)
+
+    def add(self, agent_id: str) -> None:
+        self.added[agent_id] = self.added.get(agent_id, 0) + 1
+
+
+class _Occupancy:
+    """GPU index -> trials, per agent, built when placement first looks at that agent."""
+
+    def __init__(self) -> None:
+        self._occ: dict[str, dict[int, list[str]]] = {}
+
+    def of(self, a: AgentView) -> dict[int, list[str]]:
+        occ = self._occ.get(a.agent_id)
+        if occ is None:
+            occ = self._occ[a.agent_id] = _occupancy(a)
+        return occ
 
 
 def _waiting(reason: str) -> str:

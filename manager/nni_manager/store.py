@@ -3,13 +3,16 @@
 Everything a restarted manager needs lives here: the trial table, every metric, the
 parameters sent, and per agent the last record seq applied for its current boot, so
 replayed records are recognised and each metric takes effect exactly once. Written
-from the asyncio thread only; one transaction per received RecordBatch.
+from the asyncio thread only; one transaction per received RecordBatch. Commits do not
+fsync (WAL, synchronous=NORMAL); WAL checkpoints, which do, run on a thread of their own.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -24,6 +27,7 @@ from nni_manager.types import (
 )
 
 DB_NAME = "experiment.db"
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiment (
@@ -75,12 +79,44 @@ def _refuse(db: Path, why: str) -> StoreError:
                       "away, or use another experiment id or experimentWorkingDirectory")
 
 
+class _Checkpointer:
+    """WAL checkpoints on a connection and thread of their own. A checkpoint copies the WAL into
+    the database and fsyncs both: SQLite's automatic one would do that inside a commit, on the
+    event loop, holding it for as long as the disk takes."""
+
+    def __init__(self, db: Path, interval: float = 1.0) -> None:
+        self._db, self._interval = db, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._db, isolation_level=None, check_same_thread=False)
+        failing = False
+        try:
+            while not self._stop.wait(self._interval):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    failing = False
+                except sqlite3.Error as e:  # e.g. a full disk: the WAL keeps the data; try again later
+                    if not failing:
+                        log.warning("cannot checkpoint %s now: %s; trying again", self._db, e)
+                    failing = True
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class Store:
     """One experiment's database. `open` creates it; `open_readonly` is for the CLI."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, checkpointer: _Checkpointer | None = None) -> None:
         self._conn = conn
         self._in_tx = False
+        self._checkpointer = checkpointer
 
     @classmethod
     def open(cls, experiment_dir: Path) -> Store:
@@ -112,7 +148,8 @@ class Store:
             for name, kind in columns:
                 if name not in have:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-        return cls(conn)
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # _Checkpointer does it, off the event loop
+        return cls(conn, _Checkpointer(db))
 
     @classmethod
     def open_readonly(cls, experiment_dir: Path) -> Store:
@@ -123,7 +160,10 @@ class Store:
         return cls(conn)
 
     def close(self) -> None:
-        self._conn.close()
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        self._conn.close()  # the last connection to close checkpoints what is left
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

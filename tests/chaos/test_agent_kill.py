@@ -1,9 +1,12 @@
 """An agent is SIGKILLed mid-trial (a machine lost, an OOM killer): as documented, its trials
 are kept while the reconnect window runs, their message saying contact is lost, then end
-SYS_CANCELED with the reason; the other agent's trials are untouched and new trials go to it."""
+SYS_CANCELED with the reason; the other agent's trials are untouched and new trials go to it.
+On the worker, the killed agent's guardian kills its trial processes at once: nothing of it
+runs on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -35,9 +38,18 @@ def test_agent_sigkill_ends_its_trials_after_the_window(
             victim_trial = jobs[0].id
             victim = ts.trials.get(victim_trial).agent_id
             other = next(j.id for j in jobs if ts.trials.get(j.id).agent_id != victim)
-            orphans = [ts.trial_pid(victim_trial)]
+            left = psutil.Process(RelayedBackend.procs[victim].pid).children(recursive=True)  # trial + guardian
+            assert ts.trial_pid(victim_trial) in {p.pid for p in left} and len(left) >= 2
             RelayedBackend.procs[victim].send_signal(signal.SIGKILL)
             RelayedBackend.procs[victim].wait()
+            try:
+                await until(lambda: not [p for p in left if _running(p)], 10,
+                            "the killed agent's trial processes and guardian to be gone")
+            except AssertionError:
+                for p in left:  # never outlive the test
+                    if _running(p):
+                        kill_tree(p.pid)
+                raise
             lost = await until(lambda: ts.trials.get(victim_trial).message.startswith(CONTACT_LOST)
                                and ts.trials.get(victim_trial), 10, "the contact-lost message")
             assert f"{victim} lost at" in lost.message and f"waiting up to {window:g} s" in lost.message
@@ -55,10 +67,12 @@ def test_agent_sigkill_ends_its_trials_after_the_window(
             await until(lambda: ts.trials.get(other).status.is_terminal, 30, "the other trial")
             assert ts.trials.get(other).status == TrialJobStatus.SUCCEEDED
         await relay.stop()
-        # The killed agent could not stop its trial: the trial ran on (reparented), and ends
-        # here by itself once released; nothing of the killed agent's own remains.
-        for pid in orphans:
-            if pid and psutil.pid_exists(pid):
-                kill_tree(pid)
 
     asyncio.run(body())
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie; False for a recycled pid (psutil checks the start time)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False

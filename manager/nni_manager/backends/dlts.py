@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -48,7 +48,7 @@ class DltsConfig:
     cluster: str = ".default"
     team: str = ""
     email: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)  # the job token: a secret (config.is_secret)
     image: str = "msranni/nni"
     gpus: int = 0
     poll_interval: float | None = None

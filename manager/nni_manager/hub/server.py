@@ -33,6 +33,7 @@ from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from nni_manager import bundle
 from nni_manager.errors import AgentUnavailableError
 from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
+from nni_manager.hub.logfiles import LogFiles, LogWrite
 from nni_manager.hub.tls import TlsMaterial
 from nni_manager.store import Store
 
@@ -42,6 +43,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MAX_UNIX_PATH = 107
 # The store or a log file cannot be written (a full disk, a lost mount): nothing is acknowledged.
 STORAGE_ERRORS = (sqlite3.Error, OSError)
+_FLEET_RATE = 250.0  # heartbeats (and GPU reports) per second from all agents together, at most
 _STORAGE_PAUSE = 2.0  # before ending a stream whose records cannot be stored: no tight replay loop
 
 
@@ -146,6 +148,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self.reconnect_window = reconnect_window
         self.heartbeat_interval = heartbeat_interval
         self.gpu_sample_interval = gpu_sample_interval
+        self._told_heartbeat = heartbeat_interval  # the longest interval any Welcome gave
         self.address = ""  # "<host>:<port>" once started, when listening on TCP
         self._store = store
         self.handler = handler  # set before start() when it is built after the hub
@@ -154,6 +157,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self._monitor: asyncio.Task[None] | None = None
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
         self.files = FileFetches()
+        self.log_files = LogFiles()
 
     def _handler(self) -> HubHandler:
         assert self.handler is not None, "Hub.handler must be set before start()"
@@ -202,6 +206,7 @@ class Hub(pb_grpc.AgentHubServicer):
             self._monitor.cancel()
         if self._server:
             await self._server.stop(grace)
+        self.log_files.close()
         self.socket_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ to agents
@@ -246,16 +251,19 @@ class Hub(pb_grpc.AgentHubServicer):
         try:
             call()
         except STORAGE_ERRORS as e:
-            if not self.storage_error:
-                log.error("cannot store %s in %s: %s. Nothing more is acknowledged until it can be: agents keep "
-                          "their records and send them again (free space there; the experiment waits)",
-                          what, self.experiment_dir, e)
-            self.storage_error = str(e)
+            self._storage_failed(what, e)
             return False
         if self.storage_error and proof:
             log.warning("storing in %s works again", self.experiment_dir)
             self.storage_error = ""
         return True
+
+    def _storage_failed(self, what: str, e: Exception) -> None:
+        if not self.storage_error:
+            log.error("cannot store %s in %s: %s. Nothing more is acknowledged until it can be: agents keep "
+                      "their records and send them again (free space there; the experiment waits)",
+                      what, self.experiment_dir, e)
+        self.storage_error = str(e)
 
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
         try:
@@ -302,6 +310,8 @@ class Hub(pb_grpc.AgentHubServicer):
             link.session = None
             self._lost(link, time.time())
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the manager cannot store anything now; try again later")
+        heartbeat = self._fleet_interval(self.heartbeat_interval)
+        self._told_heartbeat = max(self._told_heartbeat, heartbeat)  # silence is judged by the longest
         await session.write(
             pb.ManagerMessage(
                 welcome=pb.Welcome(
@@ -310,8 +320,8 @@ class Hub(pb_grpc.AgentHubServicer):
                     protocol_minor=PROTOCOL_MINOR,
                     acked_seq=link.applied_seq,
                     experiment_id=self.experiment_id,
-                    heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
-                    gpu_sample_interval_ms=int(self.gpu_sample_interval * 1000),
+                    heartbeat_interval_ms=int(heartbeat * 1000),
+                    gpu_sample_interval_ms=int(self._fleet_interval(self.gpu_sample_interval) * 1000),
                     session_token=session_token,
                 )
             )
@@ -370,35 +380,43 @@ class Hub(pb_grpc.AgentHubServicer):
     async def _records(self, link: _Link, session: _Session, records: list[pb.Record]) -> None:
         fresh = [r for r in records if r.seq > link.applied_seq]
         if fresh:
-            last = max(r.seq for r in fresh)
-
-            def store() -> None:
-                for r in fresh:
-                    if r.HasField("log"):
-                        self._write_log(link.agent_id, r.log)
-                self._handler().apply_records(link.agent_id, link.boot_id, last, fresh)
-
-            if not self._stored(f"records of agent {link.agent_id}", store, proof=True):
-                await asyncio.sleep(_STORAGE_PAUSE)  # unacknowledged: the agent sends them again after a redial
-                session.why = f"the manager cannot store records now ({self.storage_error})"
-                session.replaced.set()
-                return
-            link.applied_seq = last
+            what = f"records of agent {link.agent_id}"
+            stored = True
+            logs = self._log_writes(link.agent_id, fresh)
+            if logs:  # on a worker thread; the loop answers other agents meanwhile
+                try:
+                    await asyncio.to_thread(self.log_files.write, logs)
+                except STORAGE_ERRORS as e:
+                    self._storage_failed(what, e)
+                    stored = False
+                if link.session is not session:  # replaced meanwhile: the new stream replays these
+                    return
+                fresh = [r for r in fresh if r.seq > link.applied_seq]
+            if fresh:
+                last = max(r.seq for r in fresh)
+                stored = stored and self._stored(what, lambda: self._handler().apply_records(
+                    link.agent_id, link.boot_id, last, fresh), proof=True)
+                if not stored:
+                    await asyncio.sleep(_STORAGE_PAUSE)  # unacknowledged: the agent sends them again after a redial
+                    session.why = f"the manager cannot store records now ({self.storage_error})"
+                    session.replaced.set()
+                    return
+                link.applied_seq = last
         await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
 
-    def _write_log(self, agent_id: str, chunk: pb.LogChunk) -> None:
-        if not _SAFE_ID.match(chunk.trial_id):
-            log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
-            return
-        path = self._handler().log_file(agent_id, chunk.trial_id, chunk.stream)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, chunk.data, chunk.offset)
-        finally:
-            os.close(fd)
+    def _log_writes(self, agent_id: str, records: list[pb.Record]) -> list[LogWrite]:
+        writes = []
+        for r in records:
+            if not r.HasField("log"):
+                continue
+            chunk = r.log
+            if not _SAFE_ID.match(chunk.trial_id):
+                log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
+                continue
+            path = self._handler().log_file(agent_id, chunk.trial_id, chunk.stream)
+            if path is not None:
+                writes.append((path, chunk.offset, chunk.data))
+        return writes
 
     async def _serve_bundle(self, session: _Session, digest: str) -> None:
         path = bundle.cached(self.experiment_dir / "bundles", digest)
@@ -409,12 +427,21 @@ class Hub(pb_grpc.AgentHubServicer):
                 )
             )
             return
-        for offset, data, last in bundle.chunks(path):
+        pieces = bundle.chunks(path)
+        while (piece := await asyncio.to_thread(next, pieces, None)) is not None:  # reads off the loop
+            offset, data, last = piece
             await session.write(
                 pb.ManagerMessage(bundle_chunk=pb.BundleChunk(digest=digest, offset=offset, data=data, last=last))
             )
 
     # ------------------------------------------------------------------ contact
+    def _fleet_interval(self, base: float) -> float:
+        """A periodic report's interval for the agents' Welcome: `base`, stretched as the fleet
+        grows so that all agents together send at most _FLEET_RATE of that report per second (a
+        heartbeat and its answer cost the loop about as much as a record batch: 1,000 agents
+        every 2 s were a quarter of a core). Contact loss is noticed later in a big fleet."""
+        return max(base, len(self._links) / _FLEET_RATE)
+
     def _lost(self, link: _Link, since: float) -> None:
         if link.lost_since is None:
             link.lost_since = since
@@ -422,9 +449,9 @@ class Hub(pb_grpc.AgentHubServicer):
 
     async def _watch_contact(self) -> None:
         """Silent streams count as lost; lost agents expire after the reconnect window."""
-        silence = 3 * self.heartbeat_interval + 2.0
         while True:
             await asyncio.sleep(0.2)
+            silence = 3 * self._told_heartbeat + 2.0
             now = time.time()
             for link in list(self._links.values()):
                 s = link.session

@@ -21,12 +21,13 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import Backend, EnvironmentRequest
 from nni_manager.bundle import pack
-from nni_manager.config import ExperimentConfig, is_secret
+from nni_manager.config import ExperimentConfig, redacted
 from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
 from nni_manager.hub import Hub
 from nni_manager.service import hub_setup
 from nni_manager.service.agents import RELEASED, Agents
 from nni_manager.service.core import Background, Core, Listener, Listeners
+from nni_manager.service.heap import HeapFreezer
 from nni_manager.service.hybrid import make_backend
 from nni_manager.service.trial_files import DIRECTORY_LIMIT, FILE_LIMIT, TrialFiles
 from nni_manager.service.trials import Trials, now_ms
@@ -61,6 +62,7 @@ class TrainingService:
         self._started = self._cleaned = False
         self._run_task: asyncio.Task[None] | None = None
         self._background = Background()
+        self._heap = HeapFreezer()
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> TrainingService:
@@ -109,6 +111,7 @@ class TrainingService:
         await hub.start()
         hub_setup.remember(store, hub)
         await self._backend.start(core)
+        self._heap.grown_to(len(trials.by_id))
         self._wake.set()
 
     async def run(self) -> None:
@@ -122,6 +125,7 @@ class TrainingService:
                 pass
             self._wake.clear()
             core.place()
+            self._heap.grown_to(len(core.trials.by_id))
 
     async def clean_up(self) -> None:
         """Stop every trial and agent; nothing keeps running afterwards."""
@@ -308,6 +312,10 @@ class TrainingService:
     def agent_connected(self, agent_id: str) -> bool:
         return self.core.agent_connected(agent_id)
 
+    def unusable_reason(self) -> str:
+        """Why no trial can ever run here (every machine failed for good), or "" while some can."""
+        return self.core.unusable_reason()
+
     def _fresh_trial_id(self) -> str:
         while (trial_id := new_id(5)) in self.trials.by_id:
             pass
@@ -315,12 +323,9 @@ class TrainingService:
 
 
 def _redacted(value: Any) -> Any:
-    """The config as stored in experiment.db: secret values replaced by "***"."""
-    if isinstance(value, dict):
-        return {k: "***" if is_secret(str(k)) and v else _redacted(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redacted(v) for v in value]
-    return value
+    """The config as stored in experiment.db: secret values replaced by "***" (config.py's one
+    secret rule, `is_secret`, which reprs and the manager's log follow too)."""
+    return redacted(value)
 
 
 def create_training_service(

@@ -6,6 +6,7 @@ when that makes the trial end and how, as the operator does for its object.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -32,24 +33,58 @@ Notes = list[tuple[str, Any]]
 
 
 class _Table(dict[str, TrialJobDetail]):
-    """The trial table by id, which also keeps, in submission order, the trials not ended yet:
-    placement and the hub look only at those, so their cost follows the running trials, not
-    every trial the experiment ever had (100,000 after a long run)."""
+    """The trial table by id, which also keeps, in submission order, the trials not ended yet,
+    and those per agent: placement and the hub look only at those, so their cost follows the
+    running trials, not every trial the experiment ever had (100,000 after a long run).
+
+    `touched` collects the agents whose live trials changed, for placement's cached views."""
 
     def __init__(self, trials: list[TrialJobDetail]) -> None:
         super().__init__((t.id, t) for t in trials)
-        self.live: dict[str, TrialJobDetail] = {t.id: t for t in trials if not t.status.is_terminal}
+        self.live: dict[str, TrialJobDetail] = {}
+        self.unplaced: dict[str, TrialJobDetail] = {}  # WAITING on no agent: what placement places
+        self.on_agent: dict[str, dict[str, TrialJobDetail]] = {}  # agent -> its live trials
+        self._indexed: dict[str, tuple[str, ...]] = {}  # live trial -> the agents it is indexed under
+        self.touched: set[str] = set()
+        for t in trials:
+            self.reindex(t)
 
     def __setitem__(self, trial_id: str, t: TrialJobDetail) -> None:
         super().__setitem__(trial_id, t)
-        if t.status.is_terminal:
-            self.live.pop(trial_id, None)
-        else:
-            self.live[trial_id] = t
+        self.reindex(t)
 
     def __delitem__(self, trial_id: str) -> None:
         super().__delitem__(trial_id)
+        self._unindex(trial_id)
         self.live.pop(trial_id, None)
+        self.unplaced.pop(trial_id, None)
+
+    def reindex(self, t: TrialJobDetail) -> None:
+        """Bring the live and per-agent indexes up to date with `t` (after any change to it)."""
+        self._unindex(t.id)
+        agents = tuple(t.agents)
+        if not agents and t.status == TrialJobStatus.WAITING:
+            self.unplaced.setdefault(t.id, t)  # kept in its place: FIFO
+        else:
+            self.unplaced.pop(t.id, None)
+        if t.status.is_terminal:
+            self.live.pop(t.id, None)
+            return
+        self.live[t.id] = t
+        if agents:
+            self._indexed[t.id] = agents
+            for a in agents:
+                self.on_agent.setdefault(a, {})[t.id] = t
+            self.touched.update(agents)
+
+    def _unindex(self, trial_id: str) -> None:
+        for a in self._indexed.pop(trial_id, ()):
+            on = self.on_agent.get(a)
+            if on is not None:
+                on.pop(trial_id, None)
+                if not on:
+                    del self.on_agent[a]
+            self.touched.add(a)
 
 
 def now_ms() -> int:
@@ -111,6 +146,7 @@ class Trials:
         self.store = store
         self.by_id = _Table(store.trials())
         self.pids: dict[str, int] = {}
+        self._ended_pids: dict[str, collections.deque[int]] = {}  # agent -> pids of its last ended trials
         self._members: dict[str, dict[str, pb.TrialStatus]] = {}  # multi-agent trial -> agent -> latest status
         # trials we were asked to stop: (USER_CANCELED | EARLY_STOPPED, reason) is their outcome
         self.cancelling: dict[str, tuple[TrialJobStatus, str]] = {}
@@ -124,21 +160,19 @@ class Trials:
             raise TrialNotFoundError(f"no trial {trial_id!r} in experiment {experiment_id}") from None
 
     def live_on(self, agent_id: str) -> list[TrialJobDetail]:
-        return [t for t in self.by_id.live.values() if agent_id in t.agents and not t.status.is_terminal]
+        return list(self.by_id.on_agent.get(agent_id, {}).values())
 
     def waiting(self) -> list[TrialJobDetail]:
-        return [t for t in self.by_id.live.values() if t.status == TrialJobStatus.WAITING and not t.agents]
+        return list(self.by_id.unplaced.values())
 
     def live(self) -> list[TrialJobDetail]:
         return [t for t in self.by_id.live.values() if not t.status.is_terminal]
 
-    def live_by_agent(self) -> dict[str, list[TrialJobDetail]]:
-        """Every agent's live trials, in one pass (placement needs them for all agents at once)."""
-        found: dict[str, list[TrialJobDetail]] = {}
-        for t in self.live():
-            for agent_id in t.agents:
-                found.setdefault(agent_id, []).append(t)
-        return found
+    def agent_pids(self, agent_id: str) -> frozenset[int]:
+        """Pids of this experiment's trials on the agent: its live ones and the last few ended
+        (their processes may still show in a GPU report)."""
+        live = (self.pids.get(t) for t in self.by_id.on_agent.get(agent_id, ()))
+        return frozenset(p for p in (*live, *self._ended_pids.get(agent_id, ())) if p)
 
     def member_ended(self, trial_id: str, agent_id: str) -> bool:
         """Whether this member of a multi-agent trial has reported its own end."""
@@ -157,8 +191,11 @@ class Trials:
             self.store.save_trial(t)
             if status_changed:
                 self.store.add_event(t.id, t.status, t.message, now_ms())
-        if t.status.is_terminal:
-            self.by_id.live.pop(t.id, None)
+        if status_changed or "agents" in fields:
+            if t.status.is_terminal and t.id in self.pids:
+                for a in t.agents:
+                    self._ended_pids.setdefault(a, collections.deque(maxlen=16)).append(self.pids[t.id])
+            self.by_id.reindex(t)
         if notes is not None:
             notes.append(("status", dataclasses.replace(t)))
         else:
@@ -202,8 +239,9 @@ class Trials:
         status = STATE.get(st.state)
         if t is None or status is None or t.status.is_terminal:
             return []
-        if st.pid and len(members) <= 1:
+        if st.pid and len(members) <= 1 and self.pids.get(t.id) != st.pid:
             self.pids[t.id] = st.pid
+            self.by_id.touched.update(t.agents)
         fields: dict[str, Any] = {}
         if st.working_directory and (not t.working_directory or len(members) <= 1):
             fields["working_directory"] = st.working_directory

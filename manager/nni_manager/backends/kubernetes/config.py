@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb
+from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb, redacted_repr
 
 DEFAULT_IMAGE = "msranni/nni:latest"
 
@@ -54,6 +54,9 @@ class KubeConfig:
     operator: str = ""  # kubeflow: tf-operator | pytorch-operator
     api_version: str = "v1"
     config_path: Path | None = None  # frameworkcontroller v1: a Framework template
+
+    def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
+        return redacted_repr(self)
 
 
 def _common(ts: ConfigSection, kube: KubeConfig) -> None:
