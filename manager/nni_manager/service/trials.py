@@ -46,15 +46,24 @@ class _Table(dict[str, TrialJobDetail]):
         self.on_agent: dict[str, dict[str, TrialJobDetail]] = {}  # agent -> its live trials
         self._indexed: dict[str, tuple[str, ...]] = {}  # live trial -> the agents it is indexed under
         self.touched: set[str] = set()
+        self._order: dict[str, int] = {}  # trial -> submission order
         for t in trials:
+            self._order[t.id] = len(self._order)
             self.reindex(t)
 
     def __setitem__(self, trial_id: str, t: TrialJobDetail) -> None:
         super().__setitem__(trial_id, t)
+        self._order.setdefault(trial_id, len(self._order))
         self.reindex(t)
+
+    def waiting(self) -> list[TrialJobDetail]:
+        """Unplaced trials in submission order (a trial put back by a rolled-back change keeps
+        its turn; sorting what is nearly sorted costs one pass)."""
+        return sorted(self.unplaced.values(), key=lambda t: self._order[t.id])
 
     def __delitem__(self, trial_id: str) -> None:
         super().__delitem__(trial_id)
+        self._order.pop(trial_id, None)
         self._unindex(trial_id)
         self.live.pop(trial_id, None)
         self.unplaced.pop(trial_id, None)
@@ -64,7 +73,7 @@ class _Table(dict[str, TrialJobDetail]):
         self._unindex(t.id)
         agents = tuple(t.agents)
         if not agents and t.status == TrialJobStatus.WAITING:
-            self.unplaced.setdefault(t.id, t)  # kept in its place: FIFO
+            self.unplaced[t.id] = t
         else:
             self.unplaced.pop(t.id, None)
         if t.status.is_terminal:
@@ -163,7 +172,7 @@ class Trials:
         return list(self.by_id.on_agent.get(agent_id, {}).values())
 
     def waiting(self) -> list[TrialJobDetail]:
-        return list(self.by_id.unplaced.values())
+        return self.by_id.waiting()
 
     def live(self) -> list[TrialJobDetail]:
         return [t for t in self.by_id.live.values() if not t.status.is_terminal]
