@@ -179,10 +179,10 @@ class TrainingService:
 
     # ------------------------------------------------------------------ NNI API
     async def list_trial_jobs(self) -> list[TrialJobDetail]:
-        return [dataclasses.replace(t) for t in self.trials.by_id.values()]
+        return [t.snapshot() for t in self.trials.by_id.values()]
 
     async def get_trial_job(self, trial_id: str) -> TrialJobDetail:
-        return dataclasses.replace(self.trials.get(trial_id, self.experiment_id))
+        return self.trials.get(trial_id, self.experiment_id).snapshot()
 
     def add_trial_job_metric_listener(self, listener: Listener) -> None:
         self._listeners.metric.append(listener)
@@ -206,7 +206,7 @@ class TrainingService:
             trials.store.add_event(trial_id, detail.status, detail.message, detail.submit_time)
             trials.store.add_parameter(trial_id, form.hyper_parameters.index, form.hyper_parameters.value)
         self.core.place()
-        placed = dataclasses.replace(detail)
+        placed = detail.snapshot()
         # Let the hub answer its agents between the submissions of a burst (trialConcurrency 1,000:
         # 1,000 placements in a row held the loop past the agents' heartbeat silence limit).
         await asyncio.sleep(0)
@@ -222,7 +222,7 @@ class TrainingService:
             for agent_id in trial.agents:
                 self.core.send(agent_id, send_parameter=pb.SendParameter(trial_id=trial_id, index=hp.index,
                                                                          parameter=hp.value))
-        return dataclasses.replace(trial)
+        return trial.snapshot()
 
     @property
     def is_multi_phase_job_supported(self) -> bool:

@@ -206,9 +206,9 @@ class Trials:
                     self._ended_pids.setdefault(a, collections.deque(maxlen=16)).append(self.pids[t.id])
             self.by_id.reindex(t)
         if notes is not None:
-            notes.append(("status", dataclasses.replace(t)))
+            notes.append(("status", t.snapshot()))
         else:
-            self._notify(dataclasses.replace(t))
+            self._notify(t.snapshot())
 
     def finish(self, t: TrialJobDetail, status: TrialJobStatus, message: str, notes: Notes | None = None,
                end_time: int | None = None) -> None:
