@@ -131,10 +131,20 @@ class Experiment:
         from nni_manager.service import create_training_service
 
         self._started = time.monotonic()
-        async with create_training_service(self.config, experiment_id=self.experiment_id) as ts:
+        service = create_training_service(self.config, experiment_id=self.experiment_id)
+        self.experiment_id, self.experiment_dir = service.experiment_id, Path(service.experiment_dir)
+        # before the service starts: its start-up (a machine that cannot be reached) and clean-up are logged too
+        handler = _log_file(self.experiment_dir, self.config.log_level, secret_values(self.config))
+        try:
+            await self._run(service)
+        finally:
+            logging.getLogger("nni_manager").removeHandler(handler)
+            handler.close()
+        return self.result()
+
+    async def _run(self, service: Any) -> None:
+        async with service as ts:
             self._ts = ts
-            self.experiment_id, self.experiment_dir = ts.experiment_id, Path(ts.experiment_dir)
-            handler = _log_file(self.experiment_dir, self.config.log_level, secret_values(self.config))
             ts.add_trial_job_metric_listener(self._on_metric)
             ts.add_trial_job_status_listener(self._on_status)
             ts.add_parameter_request_listener(self._on_parameter_request)
@@ -161,9 +171,6 @@ class Experiment:
                     task.cancel()
                 if self.dispatcher is not None:
                     await asyncio.shield(self.dispatcher.stop())
-                logging.getLogger("nni_manager").removeHandler(handler)
-                handler.close()
-        return self.result()
 
     def result(self) -> ExperimentResult:
         trials = sorted(self.trials.values(), key=lambda t: t.sequence_id)

@@ -1,8 +1,16 @@
-"""A small, real AgentHub for testing the agent's half of the protocol.
+"""A hub written for the tests, for the one kind of test the production hub cannot serve:
+a manager that misbehaves on purpose.
 
-It authenticates by token, deduplicates records by (boot_id, seq) the way the real
-manager does, acknowledges them, sends commands, serves bundles, and can cut the stream
-at chosen points so tests can prove that nothing is lost or duplicated.
+Everything else runs against the production hub (`nni_manager.hub.Hub`, see
+tests/agent/prodhub.py). Still here, and why:
+
+* tests/agent/test_trial_log_stream.py::test_older_manager_gets_no_trial_log_chunks: the
+  hub must be an *older* manager, whose Welcome carries no protocol_minor (from before
+  LOG_STREAM_TRIAL_LOG); the production hub always announces its own, newer protocol.
+
+It authenticates by token, deduplicates records by (boot_id, seq) and acknowledges them,
+re-sends unacknowledged commands after a reconnect, and serves bundles. Add a test here only
+if it needs the manager to do what no manager of this project does.
 """
 from __future__ import annotations
 
@@ -57,7 +65,6 @@ class HubStub(pb_grpc.AgentHubServicer):
         self.bundles: dict[str, bytes] = {}
         self.gpu_reports: list[pb.GpuReport] = []
         self.resource_reports: list[pb.ResourceReport] = []
-        self.cut_after_records: Callable[[], int | None] = lambda: None  # records per session, None = never
         self._queue: asyncio.Queue[pb.Command] = asyncio.Queue()
         self._unacked: list[pb.Command] = []
         self._cmd_seq = 0
@@ -104,24 +111,14 @@ class HubStub(pb_grpc.AgentHubServicer):
             self._queue.get_nowait()
         self.connected.set()
         self._changed.set()
-        budget = self.cut_after_records()
         out: asyncio.Queue[pb.ManagerMessage | None] = asyncio.Queue()
 
         async def reader() -> None:
-            nonlocal budget
             try:
                 async for msg in request_iterator:
                     kind = msg.WhichOneof("body")
                     if kind == "records":
-                        records = list(msg.records.records)
-                        if budget is not None and len(records) >= budget:
-                            records = records[:budget]  # apply part of the batch, then cut
-                            self._apply(boot, records)
-                            await out.put(None)
-                            return
-                        self._apply(boot, records)
-                        if budget is not None:
-                            budget -= len(records)
+                        self._apply(boot, list(msg.records.records))
                         await out.put(pb.ManagerMessage(ack=pb.Ack(seq=self.applied[boot])))
                     elif kind == "command_ack":
                         self._unacked = [c for c in self._unacked if c.cmd_seq > msg.command_ack.cmd_seq]

@@ -1,20 +1,24 @@
-"""The agent's half of the protocol, against a real gRPC hub and a real agent process."""
+"""The agent's half of the protocol, against the production hub (nni_manager.hub.Hub, with a
+recording handler: tests/agent/prodhub.py) and real agent processes. Stream cuts come from a
+TCP relay between them (tests/chaos/relay.py); a manager restart is a new Hub built from the
+store, as a restarted manager builds it."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import io
 import json
 import random
+import signal
 import sys
-import tarfile
 import textwrap
 from pathlib import Path
 
 import psutil
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.hubstub import HubStub, StubServer, start_trial
+from nni_manager import bundle
+from tests.agent.prodhub import ProdHub, TrialView
+from tests.agent.trialkit import marked_processes
+from tests.chaos.relay import ChaosRelay
 
 PY = sys.executable
 
@@ -35,121 +39,171 @@ def _burst_script(tmp_path: Path, n: int) -> Path:
     """)
 
 
-def _assert_exactly_once_in_order(view, n: int) -> None:
+def _paced_script(tmp_path: Path, n: int) -> Path:
+    return _script(tmp_path, "slow.py", f"""
+        import time, nni_agent as nni
+        nni.get_next_parameter()
+        for i in range({n}):
+            nni.report_intermediate_result(i)
+            time.sleep(0.05)
+        nni.report_final_result({n})
+    """)
+
+
+def _assert_exactly_once_in_order(view: TrialView, n: int) -> None:
     assert [m.trial_seq for m in view.metrics] == list(range(1, n + 2))
     values = [json.loads(json.loads(m.data)["value"]) for m in view.metrics]
     assert values == list(range(n)) + [n]
+
+
+def _assert_hub_kept_its_promise(hub: ProdHub) -> None:
+    """What reached the manager core: each record once, in seq order, none missing."""
+    assert hub.handler.duplicates == 0 and hub.handler.gaps == [] and hub.handler.errors == []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _cut_all(relay: ChaosRelay) -> int:
+    """Reset every live connection through the relay (both sides see RST, as after a crash)."""
+    live = relay.live
+    for pipe in live:
+        relay._close(pipe, reset=True)
+    relay.counts["cut"] += len(live)
+    return len(live)
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 240))
 
 
-def test_wrong_token_is_refused_and_never_echoed(tmp_path):
+def test_wrong_token_is_refused_and_never_echoed(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub(token="the-right-token")
-        async with StubServer(hub) as srv:
-            proc = srv.start_agent(tmp_path / "w", token="a-wrong-token-1234")
+        async with ProdHub(short_dir / "exp") as hub:
+            hub.add_agent("agent-1")
+            proc = hub.start_agent(tmp_path / "w", token="a-wrong-token-1234")
             code = await asyncio.to_thread(proc.wait, 30)
+            assert not hub.connected("agent-1")
         log = (tmp_path / "agent-1.log").read_text()
         assert code == 2, log
         assert "invalid token" in log and "refused" in log
         assert "a-wrong-token-1234" not in log
-        assert hub.sessions == 0
+        assert hub.handler.hellos == []
 
     run(scenario())
 
 
-def test_token_stays_out_of_argv_and_trial_environment(tmp_path):
+def test_token_stays_out_of_argv_and_trial_environment(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            proc = await srv.connect_agent(tmp_path / "w")
-            assert hub.token not in " ".join(psutil.Process(proc.pid).cmdline())
+        async with ProdHub(short_dir / "exp") as hub:
+            proc = await hub.connect_agent(tmp_path / "w")
+            token = hub.token("agent-1")
+            assert token not in " ".join(psutil.Process(proc.pid).cmdline())
             env_dump = tmp_path / "env.json"
-            hub.send(**start_trial("envtr", f"{PY} -c 'import json,os; json.dump(dict(os.environ), open(\"{env_dump}\", \"w\"))'"))
+            hub.start_trial("agent-1", "envtr",
+                            f"{PY} -c 'import json,os; json.dump(dict(os.environ), open(\"{env_dump}\", \"w\"))'")
             await hub.wait_for(lambda: hub.trials["envtr"].final is not None)
             env = json.loads(env_dump.read_text())
-            assert "NNI_AGENT_TOKEN" not in env and hub.token not in json.dumps(env)
-            assert env["NNI_TRIAL_JOB_ID"] == "envtr" and env["NNI_EXP_ID"] == "stubexp1"
+            assert "NNI_AGENT_TOKEN" not in env and token not in json.dumps(env)
+            assert env["NNI_TRIAL_JOB_ID"] == "envtr" and env["NNI_EXP_ID"] == hub.experiment_id
 
     run(scenario())
 
 
-def test_100k_metrics_arrive_in_order_exactly_once(tmp_path):
+def test_100k_metrics_arrive_in_order_exactly_once(tmp_path, short_dir):
     n = 100_000
     script = _burst_script(tmp_path, n)
 
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("burst", f"{PY} {script}"))
-            await hub.wait_for(lambda: hub.trials["burst"].final is not None, timeout=180)
+        async with ProdHub(short_dir / "exp") as hub:
+            await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "burst", f"{PY} {script}")
+            await hub.wait_for(lambda: hub.trials["burst"].final is not None, timeout=180, what="the burst to end")
         view = hub.trials["burst"]
         assert view.final.state == pb.TRIAL_STATE_SUCCEEDED, view.final
         _assert_exactly_once_in_order(view, n)
-        assert hub.duplicates == 0
+        _assert_hub_kept_its_promise(hub)
 
     run(scenario())
 
 
-def test_stream_cut_20_times_during_a_metric_burst_loses_and_duplicates_nothing(tmp_path):
-    n = 30_000
+def test_stream_cut_20_times_during_a_metric_burst_loses_and_duplicates_nothing(tmp_path, short_dir):
+    """Each cut lands after the hub has stored a batch and before its Ack leaves: the agent
+    learns what was stored only from the next Welcome, and must neither lose nor resend it.
+    The agent sends up to 2,048 records a batch: a session ends after its first batch or two."""
+    n = 80_000
     script = _burst_script(tmp_path, n)
     rng = random.Random(20)
-    cuts = [rng.randint(1, 3000) for _ in range(20)]
+    budgets = [rng.randint(1, 2048) for _ in range(20)]  # records stored per session before its cut
 
     async def scenario() -> None:
-        hub = HubStub()
-        hub.cut_after_records = lambda: cuts.pop() if cuts else None
-        async with StubServer(hub) as srv:
-            await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("cuts", f"{PY} {script}"))
-            await hub.wait_for(lambda: hub.trials["cuts"].final is not None, timeout=180)
-        assert not cuts, f"{len(cuts)} cuts never happened"
-        assert hub.sessions >= 21
+        relay = ChaosRelay(20)
+        async with ProdHub(short_dir / "exp") as hub:
+            relay.target = hub.address
+            await relay.start()
+            stored_this_session = 0
+
+            def on_hello(agent_id: str) -> None:
+                nonlocal stored_this_session
+                stored_this_session = 0
+
+            def after_apply(agent_id: str, records: list[pb.Record]) -> None:
+                nonlocal stored_this_session
+                stored_this_session += len(records)
+                if budgets and stored_this_session >= budgets[-1] and _cut_all(relay):
+                    budgets.pop()
+
+            hub.handler.on_hello, hub.handler.after_apply = on_hello, after_apply
+            await hub.connect_agent(tmp_path / "w", address=f"127.0.0.1:{relay.port}")
+            hub.start_trial("agent-1", "cuts", f"{PY} {script}")
+            await hub.wait_for(lambda: hub.trials["cuts"].final is not None, timeout=180, what="the burst to end")
+        await relay.stop()  # after the agent exited: cut now, its last Ack could be lost and it would wait for it
+        assert not budgets, f"{len(budgets)} cuts never happened"
+        assert hub.handler.sessions("agent-1") >= 21 and relay.counts["cut"] >= 20, relay.counts
         view = hub.trials["cuts"]
         assert view.final.state == pb.TRIAL_STATE_SUCCEEDED
         _assert_exactly_once_in_order(view, n)
         assert [s.state for s in view.statuses] == [pb.TRIAL_STATE_RUNNING, pb.TRIAL_STATE_SUCCEEDED]
+        _assert_hub_kept_its_promise(hub)
 
     run(scenario())
 
 
-def _tarball(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def _code_dir(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    code = tmp_path / "code"
+    code.mkdir()
+    for name, data in files.items():
+        (code / name).write_bytes(data)
+    return code
 
 
-def test_code_bundle_crosses_once_per_worker_and_is_cached(tmp_path):
+def test_code_bundle_crosses_once_per_worker_and_is_cached(tmp_path, short_dir):
     payload = bytes(random.Random(1).getrandbits(8) for _ in range(300_000))  # several chunks
-    bundle = _tarball({"train.py": b"import nni_agent as nni\nnni.get_next_parameter()\nnni.report_final_result(open('blob','rb').read().__len__())\n",
-                       "blob": payload})
+    code = _code_dir(tmp_path, {
+        "train.py": b"import nni_agent as nni\nnni.get_next_parameter()\n"
+                    b"nni.report_final_result(open('blob','rb').read().__len__())\n",
+        "blob": payload})
 
     async def scenario() -> None:
-        hub = HubStub()
-        digest = hub.add_bundle(bundle)
-        ref = pb.Bundle(digest=digest, size=len(bundle))
-        async with StubServer(hub) as srv:
-            agent = await srv.connect_agent(tmp_path / "w")
+        async with ProdHub(short_dir / "exp") as hub:
+            packed = bundle.pack(code, hub.experiment_dir / "bundles")  # as the manager packs trialCodeDirectory
+            ref = pb.Bundle(digest=packed.digest, size=packed.size)
+            agent = await hub.connect_agent(tmp_path / "w")
             for tid in ("bun01", "bun02"):
-                hub.send(**start_trial(tid, f"{PY} train.py", bundle=ref))
+                hub.start_trial("agent-1", tid, f"{PY} train.py", bundle=ref)
             await hub.wait_for(lambda: all(hub.trials[t].final for t in ("bun01", "bun02")))
-            assert hub.bundle_requests == [digest]
+            assert hub.bundles_served == [packed.digest]
             # A new agent process on the same worker reuses the cached copy.
-            hub.send(shutdown=pb.Shutdown(reason="restart"))
+            hub.send("agent-1", shutdown=pb.Shutdown(reason="restart"))
             assert await asyncio.to_thread(agent.wait, 30) == 0
-            srv.start_agent(tmp_path / "w", agent_id="agent-2")
-            await hub.wait_for(lambda: hub.sessions == 2)
-            hub.send(**start_trial("bun03", f"{PY} train.py", bundle=ref))
+            await hub.connect_agent(tmp_path / "w", "agent-2")
+            hub.start_trial("agent-2", "bun03", f"{PY} train.py", bundle=ref)
             await hub.wait_for(lambda: hub.trials["bun03"].final is not None)
-        assert hub.bundle_requests == [digest]
+        assert hub.bundles_served == [packed.digest]
         for tid in ("bun01", "bun02", "bun03"):
             final = hub.trials[tid].final
             assert final.state == pb.TRIAL_STATE_SUCCEEDED, final.reason
@@ -158,17 +212,22 @@ def test_code_bundle_crosses_once_per_worker_and_is_cached(tmp_path):
     run(scenario())
 
 
-def test_corrupted_bundle_fails_the_trial_with_a_reason_and_the_agent_keeps_going(tmp_path):
+def test_corrupted_bundle_fails_the_trial_with_a_reason_and_the_agent_keeps_going(tmp_path, short_dir):
+    """The manager's cached bundle was damaged on its disk: the hub serves what it has, the
+    agent checks the digest."""
+    code = _code_dir(tmp_path, {"a.txt": b"x"})
+
     async def scenario() -> None:
-        hub = HubStub()
-        good = _tarball({"a.txt": b"x"})
-        digest = hub.add_bundle(good)
-        hub.bundles[digest] = good[:-10] + b"corrupted!"
-        async with StubServer(hub) as srv:
-            await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("bad01", "true", bundle=pb.Bundle(digest=digest)))
-            hub.send(**start_trial("ok001", "true"))
+        async with ProdHub(short_dir / "exp") as hub:
+            packed = bundle.pack(code, hub.experiment_dir / "bundles")
+            good = packed.path.read_bytes()
+            packed.path.write_bytes(good[:-10] + b"corrupted!")
+            await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "bad01", "true", bundle=pb.Bundle(digest=packed.digest))
+            hub.start_trial("agent-1", "ok001", "true")
             await hub.wait_for(lambda: hub.trials["bad01"].final and hub.trials["ok001"].final)
+            assert hub.connected("agent-1")
+        assert hub.bundles_served == [packed.digest]
         assert hub.trials["bad01"].final.state == pb.TRIAL_STATE_FAILED
         assert "corrupted" in hub.trials["bad01"].final.reason
         assert hub.trials["ok001"].final.state == pb.TRIAL_STATE_SUCCEEDED
@@ -176,18 +235,18 @@ def test_corrupted_bundle_fails_the_trial_with_a_reason_and_the_agent_keeps_goin
     run(scenario())
 
 
-def test_malformed_commands_fail_the_trial_not_the_agent(tmp_path):
+def test_malformed_commands_fail_the_trial_not_the_agent(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            agent = await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("empty", "   "))
-            hub.send(**start_trial("nocmd", "definitely-not-a-command-xyz"))
-            hub.send(**start_trial("baddr", "true", working_directory="/proc/no/such/place"))
-            hub.send(cancel_trial=pb.CancelTrial(trial_id="never", reason="stop it"))
-            hub.send(**start_trial("fine1", "true"))
+        async with ProdHub(short_dir / "exp") as hub:
+            agent = await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "empty", "   ")
+            hub.start_trial("agent-1", "nocmd", "definitely-not-a-command-xyz")
+            hub.start_trial("agent-1", "baddr", "true", working_directory="/proc/no/such/place")
+            hub.send("agent-1", cancel_trial=pb.CancelTrial(trial_id="never", reason="stop it"))
+            hub.start_trial("agent-1", "fine1", "true")
             await hub.wait_for(lambda: all(hub.trials[t].final for t in ("empty", "nocmd", "baddr", "never", "fine1")))
-            assert agent.poll() is None
+            assert agent.poll() is None and hub.connected("agent-1")
+            await hub.wait_for(lambda: not hub.hub.pending_commands("agent-1"), 10, "every command acknowledged")
         t = hub.trials
         assert t["empty"].final.state == pb.TRIAL_STATE_FAILED and "empty" in t["empty"].final.reason
         assert t["nocmd"].final.state == pb.TRIAL_STATE_FAILED and "not found" in t["nocmd"].final.reason
@@ -198,70 +257,59 @@ def test_malformed_commands_fail_the_trial_not_the_agent(tmp_path):
     run(scenario())
 
 
-def test_trials_survive_manager_outage_and_records_are_replayed(tmp_path):
-    script = _script(tmp_path, "slow.py", """
-        import time, nni_agent as nni
-        nni.get_next_parameter()
-        for i in range(30):
-            nni.report_intermediate_result(i)
-            time.sleep(0.05)
-        nni.report_final_result(30)
-    """)
+def test_trials_survive_manager_restart_and_records_are_replayed(tmp_path, short_dir):
+    """The manager goes away while a trial runs; the trial ends while it is away; a new
+    manager (a new Hub, its agents and their progress read from the store) comes back on the
+    same port: everything the trial reported arrives once, in order."""
+    script = _paced_script(tmp_path, 30)
+    work = tmp_path / "w"
 
     async def scenario() -> None:
-        hub = HubStub()
-        srv = StubServer(hub)
-        await srv.server.start()
-        agent = await srv.connect_agent(tmp_path / "w")
-        hub.send(**start_trial("outag", f"{PY} {script}"))
-        await hub.wait_for(lambda: len(hub.trials["outag"].metrics) >= 3)
-        await srv.server.stop(grace=None)  # the manager vanishes while the trial runs
-        await asyncio.sleep(2.5)
-        srv2 = StubServer(hub)
-        srv2.server = __import__("grpc").aio.server()
-        from nni_agent.v1 import agent_pb2_grpc as pb_grpc
-        pb_grpc.add_AgentHubServicer_to_server(hub, srv2.server)
-        srv2.server.add_insecure_port(f"127.0.0.1:{srv.port}")
-        await srv2.server.start()
-        try:
-            await hub.wait_for(lambda: hub.trials["outag"].final is not None, timeout=60)
-        finally:
-            srv2.agents = [agent]
-            await srv2.__aexit__(None, None, None)
+        async with ProdHub(short_dir / "exp") as hub:
+            await hub.connect_agent(work)
+            hub.start_trial("agent-1", "outag", f"{PY} {script}")
+            await hub.wait_for(lambda: len(hub.trials["outag"].metrics) >= 3, what="3 metrics")
+            pid = hub.trials["outag"].statuses[0].pid
+            before = len(hub.trials["outag"].metrics)
+            await hub.stop()  # the manager vanishes while the trial runs
+            await hub.wait_for(lambda: "lost the manager" in hub.agent_log(work), 30, "the agent to notice")
+            await hub.wait_for(lambda: _gone(pid), 30, "the trial to end while the manager is away")
+            assert len(hub.trials["outag"].metrics) == before and hub.trials["outag"].final is None
+            await hub.restart(same_port=True)
+            await hub.wait_for(lambda: hub.trials["outag"].final is not None, timeout=60, what="the replay")
+            hellos = [(a, h.boot_id, restarted) for a, h, restarted in hub.handler.hellos]
+        assert len(hellos) == 2 and hellos[0][1] == hellos[1][1] and not hellos[1][2]  # the same agent process
         _assert_exactly_once_in_order(hub.trials["outag"], 30)
         assert hub.trials["outag"].final.state == pb.TRIAL_STATE_SUCCEEDED
+        _assert_hub_kept_its_promise(hub)
 
     run(scenario())
 
 
-def test_orphan_timeout_stops_trials_and_exits(tmp_path):
-    marker = tmp_path / "still-running"
-
+def test_orphan_timeout_stops_trials_and_exits(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        srv = StubServer(hub)
-        await srv.server.start()
-        agent = await srv.connect_agent(tmp_path / "w", args=("--orphan-timeout", "2"))
-        hub.send(**start_trial("orph1", f"sh -c 'while true; do touch {marker}; sleep 0.1; done'"))
-        await hub.wait_for(lambda: bool(hub.trials["orph1"].statuses))
-        await srv.server.stop(grace=None)
-        code = await asyncio.to_thread(agent.wait, 60)
-        assert code == 3
-        marker.unlink(missing_ok=True)
-        await asyncio.sleep(0.5)
-        assert not marker.exists(), "a trial kept running after its agent gave up"
+        async with ProdHub(short_dir / "exp") as hub:
+            agent = await hub.connect_agent(tmp_path / "w", args=("--orphan-timeout", "2"))
+            hub.start_trial("agent-1", "orph1", "sh -c 'while true; do sleep 0.1; done'")
+            await hub.wait_for(lambda: bool(hub.trials["orph1"].statuses))
+            marker = f"{hub.handler.hellos[0][1].boot_id}/orph1"  # the agent marks its trials' processes
+            await hub.wait_for(lambda: marked_processes(marker), 10, "the trial's processes")
+            await hub.stop()
+            code = await asyncio.to_thread(agent.wait, 60)
+        assert code == 3, hub.agent_log(tmp_path / "w")
+        assert "orphan timeout" in hub.agent_log(tmp_path / "w")
+        assert marked_processes(marker) == [], "a trial kept running after its agent gave up"
 
     run(scenario())
 
 
-def test_agent_stopped_by_a_signal_reports_its_trials_as_system_canceled(tmp_path):
+def test_agent_stopped_by_a_signal_reports_its_trials_as_system_canceled(tmp_path, short_dir):
     """SIGTERM comes from the system (a pod evicted or deleted, a machine going down), never
     from the user: the trials end SYS_CANCELED, saying so, and are reported before it exits."""
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            agent = await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("long2", "sleep 600"))
+        async with ProdHub(short_dir / "exp") as hub:
+            agent = await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "long2", "sleep 600")
             await hub.wait_for(lambda: bool(hub.trials["long2"].statuses))
             agent.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(agent.wait, 30) == 0
@@ -271,64 +319,69 @@ def test_agent_stopped_by_a_signal_reports_its_trials_as_system_canceled(tmp_pat
     run(scenario())
 
 
-def test_shutdown_command_cancels_trials_and_reports_them(tmp_path):
+def test_shutdown_command_cancels_trials_and_reports_them(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            agent = await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("long1", "sleep 600"))
+        async with ProdHub(short_dir / "exp") as hub:
+            agent = await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "long1", "sleep 600")
             await hub.wait_for(lambda: bool(hub.trials["long1"].statuses))
             pid = hub.trials["long1"].statuses[0].pid
-            hub.send(shutdown=pb.Shutdown(reason="experiment over"))
+            hub.send("agent-1", shutdown=pb.Shutdown(reason="experiment over"))
             assert await asyncio.to_thread(agent.wait, 30) == 0
         final = hub.trials["long1"].final
         assert final.state == pb.TRIAL_STATE_USER_CANCELED and "experiment over" in final.reason
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert _gone(pid)
 
     run(scenario())
 
 
-def test_gpu_reports_reach_the_manager_in_hello_and_telemetry(tmp_path):
+def test_gpu_reports_reach_the_manager_in_hello_and_telemetry(tmp_path, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            await srv.connect_agent(tmp_path / "w", extra_env={"NNI_AGENT_ARTIFICIAL_GPUS": "3"})
-        gpus = hub.hellos[0].gpus
+        async with ProdHub(short_dir / "exp") as hub:
+            await hub.connect_agent(tmp_path / "w", extra_env={"NNI_AGENT_ARTIFICIAL_GPUS": "3"})
+            await hub.wait_for(lambda: any(isinstance(r, pb.GpuReport) for _, r in hub.handler.telemetry_reports),
+                               30, "a GPU report")
+        (agent_id, hello, restarted) = hub.handler.hellos[0]
+        assert agent_id == "agent-1" and not restarted
+        gpus = hello.gpus
         assert gpus.provider == "artificial" and [g.index for g in gpus.gpus] == [0, 1, 2]
-        assert hub.hellos[0].host.cpu_count >= 1 and hub.hellos[0].agent_version
+        assert hello.host.cpu_count >= 1 and hello.agent_version
+        report = next(r for _, r in hub.handler.telemetry_reports if isinstance(r, pb.GpuReport))
+        assert report.provider == "artificial" and [g.index for g in report.gpus] == [0, 1, 2]
 
     run(scenario())
 
 
-def test_manager_file_moves_the_endpoint_without_restarting_trials(tmp_path):
-    """A backend that must move the tunnel (the old port is stuck) only rewrites the file."""
-    script = _script(tmp_path, "slow.py", """
-        import time, nni_agent as nni
-        nni.get_next_parameter()
-        for i in range(40):
-            nni.report_intermediate_result(i)
-            time.sleep(0.05)
-        nni.report_final_result(40)
-    """)
+def test_manager_file_moves_the_endpoint_without_restarting_trials(tmp_path, short_dir):
+    """A backend that must move the tunnel (the old port is stuck) only rewrites the file; the
+    hub stays where it is. Tunnels are relays here."""
+    script = _paced_script(tmp_path, 40)
     where = tmp_path / "manager-address"
+    work = tmp_path / "w"
 
     async def scenario() -> None:
-        hub = HubStub()
-        first = StubServer(hub)
-        await first.server.start()
-        where.write_text(f"127.0.0.1:{first.port}\n")
-        agent = await first.connect_agent(tmp_path / "w", manager_file=where)
-        hub.send(**start_trial("moved", f"{PY} {script}"))
-        await hub.wait_for(lambda: len(hub.trials["moved"].metrics) >= 3)
-        pid = hub.trials["moved"].statuses[0].pid
-        await first.server.stop(grace=None)
-        second = StubServer(hub)  # a new port
-        async with second:
+        first, second = ChaosRelay(1), ChaosRelay(2)
+        async with ProdHub(short_dir / "exp") as hub:
+            first.target = second.target = hub.address
+            await first.start()
+            where.write_text(f"127.0.0.1:{first.port}\n")
+            await hub.connect_agent(work, manager_file=where)
+            hub.start_trial("agent-1", "moved", f"{PY} {script}")
+            await hub.wait_for(lambda: len(hub.trials["moved"].metrics) >= 3)
+            pid = hub.trials["moved"].statuses[0].pid
+            await first.stop()  # the old tunnel is gone: its port refuses
+            await hub.wait_for(lambda: f"cannot reach the manager at 127.0.0.1:{first.port}" in hub.agent_log(work),
+                               30, "the agent to find the old endpoint dead")
+            assert hub.trials["moved"].final is None
+            await second.start()
             where.write_text(f"127.0.0.1:{second.port}\n")
-            second.agents = [agent]
             await hub.wait_for(lambda: hub.trials["moved"].final is not None, timeout=60)
-        assert second.port != first.port and hub.sessions >= 2
+        await second.stop()  # after the agent exited (it would wait up to 10 s for an Ack cut off here)
+        assert second.port != first.port and hub.handler.sessions("agent-1") >= 2
+        assert first.counts["connections"] >= 1 and second.counts["connections"] >= 1
         assert hub.trials["moved"].statuses[0].pid == pid  # the same trial process carried on
+        assert all(not restarted for _, _, restarted in hub.handler.hellos)
         _assert_exactly_once_in_order(hub.trials["moved"], 40)
+        _assert_hub_kept_its_promise(hub)
 
     run(scenario())

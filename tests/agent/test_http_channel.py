@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import Recorder, make_spec, new_trial, python_command, run
+from tests.agent.trialkit import Recorder, make_spec, new_trial, python_command, run, wait_until
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -36,9 +37,26 @@ class Handler:
         self.commands.append(command)
 
 
+class ParkedGets(threading.Condition):
+    """The channel's condition, counting the GETs parked in it waiting for a command: a test
+    acts once a GET is really waiting, instead of sleeping and hoping it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parked = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.parked += 1  # under the lock: a send() cannot slip in before the wait
+        try:
+            return super().wait(timeout)
+        finally:
+            self.parked -= 1
+
+
 @pytest.fixture
 def server() -> Any:
     srv = HttpChannelServer()
+    srv._cond = ParkedGets()  # before any request uses it
     srv.start()
     yield srv
     srv.close()
@@ -52,7 +70,7 @@ def test_put_reaches_handler_on_the_loop_and_get_is_fifo(server: HttpChannelServ
         server.register("trX", handler)
         status, _ = await asyncio.to_thread(_request, "PUT", url, {"type": "metric", "metric": "{}"})
         assert status == 200
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: handler.commands, 10, "the command to reach the handler on the loop")
         assert handler.commands == [{"type": "metric", "metric": "{}"}]
         server.send("trX", {"n": 1})
         server.send("trX", {"n": 2})
@@ -74,12 +92,14 @@ def test_waiting_get_answers_when_a_command_arrives_and_410_on_close(server: Htt
 
     async def body() -> None:
         server.register("trY", Handler())
+        parked = server._cond
         get = asyncio.create_task(asyncio.to_thread(_request, "GET", url))
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: parked.parked == 1, 10, "the GET to wait for a command")
         server.send("trY", {"type": "parameter", "parameter": "{}"})
         assert await get == (200, {"type": "parameter", "parameter": "{}"})
+        assert parked.parked == 0
         get = asyncio.create_task(asyncio.to_thread(_request, "GET", url))
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: parked.parked == 1, 10, "the second GET to wait")
         server.close()
         assert (await get)[0] == 410
 

@@ -4,12 +4,31 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psutil
+
 from nni_agent.resources import TreeSampler
 from nni_agent.v1 import agent_pb2 as pb
 from tests.agent.trialkit import AGENT_KEY, Recorder, make_spec, new_trial, python_command, run, wait_until
 
 BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
 HOLD_MEMORY = "import time; block = bytearray(64 * 1024 * 1024); block[::4096] = b'x' * len(block[::4096]); time.sleep(60)"
+
+
+def _tree_cpu_seconds(root_pid: int) -> float:
+    """CPU time (user + system) used so far by the root and its live descendants."""
+    total = 0.0
+    try:
+        procs = [psutil.Process(root_pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return total
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
@@ -23,24 +42,30 @@ def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
         "os._exit(0)\n")
     command = f"{python_command(BUSY)} & {python_command(HOLD_MEMORY)} & {escaped}; wait"
     rec = Recorder()
-    spec = make_spec(tmp_path, command)
+    # the background jobs of `sh -c` ignore the SIGINT a cancel starts with: SIGKILL after 0.5 s, not 5
+    spec = make_spec(tmp_path, command, limits=pb.Limits(grace_period_ms=500))
 
-    async def body() -> list[pb.TrialResources]:
+    async def body() -> tuple[list[pb.TrialResources], float]:
         trial = new_trial(spec, tmp_path, rec)
         await trial.start()
         sampler = TreeSampler(trial.root_pid(), f"{AGENT_KEY}/trA01")
         await wait_until(ready.exists)
         await wait_until(lambda: sampler.sample().rss_bytes > 64 * 1024 * 1024, what="the memory to be touched")
-        time.sleep(0.5)  # let the busy loop burn CPU between two samples
+        sampler.sample()  # cpu_percent counts from here
+        start, burned = time.monotonic(), _tree_cpu_seconds(trial.root_pid())
+        await wait_until(lambda: _tree_cpu_seconds(trial.root_pid()) - burned >= 0.3,
+                         what="the busy loop to burn 0.3 s of CPU")
+        burned, elapsed = _tree_cpu_seconds(trial.root_pid()) - burned, time.monotonic() - start
         samples = [sampler.sample()]
         await trial.cancel(False, "done")
         await trial.wait()
         samples.append(sampler.sample())
-        return samples
+        return samples, 100 * burned / elapsed
 
-    running, after = run(body)
+    (running, after), percent_seen = run(body)
     assert running.trial_id == "trA01"
     assert running.num_processes == 4  # sh, busy loop, memory holder, the escaped daemon
     assert running.rss_bytes > 64 * 1024 * 1024
     assert running.cpu_percent > 5
+    assert running.cpu_percent >= 0.5 * percent_seen  # it saw the CPU the tree burned since the last sample
     assert after.num_processes == 0 and after.rss_bytes == 0

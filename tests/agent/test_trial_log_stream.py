@@ -7,6 +7,26 @@ from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
 from tests.agent.hubstub import HubStub, StubServer, start_trial
+from tests.agent.prodhub import ProdHub
+
+WRITE_BOTH = 'echo sdk log > "$NNI_OUTPUT_DIR/trial.log"; echo out'
+
+
+def test_current_manager_gets_trial_log_chunks_filed_as_trial_log(tmp_path: Path, short_dir: Path) -> None:
+    async def scenario() -> None:
+        async with ProdHub(short_dir / "exp") as hub:  # the production hub: its Welcome says protocol 1.2+
+            await hub.connect_agent(tmp_path / "w")
+            hub.start_trial("agent-1", "log02", WRITE_BOTH)
+            await hub.wait_for(lambda: hub.trials["log02"].final is not None
+                               and bytes(hub.trials["log02"].logs[pb.LOG_STREAM_TRIAL_LOG]) == b"sdk log\n",
+                               30, "the trial and its trial.log")
+        trial = hub.trials["log02"]
+        assert trial.final.state == pb.TRIAL_STATE_SUCCEEDED, trial.final
+        assert bytes(trial.logs[pb.LOG_STREAM_STDOUT]) == b"out\n"
+        files = hub.experiment_dir / "trials" / "log02"  # where the hub wrote the chunks (handler.log_file)
+        assert (files / "trial.log").read_text() == "sdk log\n" and (files / "trial.stdout").read_text() == "out\n"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
 def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
@@ -14,7 +34,7 @@ def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
         hub = HubStub()  # its Welcome carries no protocol_minor: a manager from before LOG_STREAM_TRIAL_LOG
         async with StubServer(hub) as srv:
             await srv.connect_agent(tmp_path / "w")
-            hub.send(**start_trial("log01", 'echo sdk log > "$NNI_OUTPUT_DIR/trial.log"; echo out'))
+            hub.send(**start_trial("log01", WRITE_BOTH))
             await hub.wait_for(lambda: hub.trials["log01"].final is not None)
         trial = hub.trials["log01"]
         assert trial.final is not None and trial.final.state == pb.TRIAL_STATE_SUCCEEDED, trial.final
@@ -23,4 +43,4 @@ def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
         written = list((tmp_path / "w").rglob("trial.log"))
         assert [p.read_text() for p in written] == ["sdk log\n"]  # the trial did write one
 
-    asyncio.run(scenario())
+    asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -1,6 +1,7 @@
-"""RemoteBackend end to end: real sshd hosts in network namespaces, real agents, a real
-gRPC hub (the agent tests' HubStub). Agents in a namespace can reach the hub only through
-the SSH tunnel."""
+"""RemoteBackend end to end: real sshd hosts in network namespaces, real agents, the
+production gRPC hub and agent registry (tests/agent/prodhub.py: per-agent tokens, and
+`agent_connected` meaning an open stream now). Agents in a namespace can reach the hub only
+through the SSH tunnel."""
 from __future__ import annotations
 
 import asyncio
@@ -14,37 +15,17 @@ from pathlib import Path
 import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
-from nni_manager.backends.base import AgentSpec, PlacementHints
 from nni_manager.backends.remote.backend import RemoteBackend
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
-from tests.agent.hubstub import HubStub, StubServer, start_trial
+from tests.agent.prodhub import HubContext, ProdHub
 from tests.remote.conftest import processes_with
 
 pytestmark = pytest.mark.ssh
 
 
-class FakeContext:
-    """The manager core's side of the backend contract, over a HubStub (one token for all)."""
-
-    def __init__(self, hub: HubStub, port: int, experiment_dir: Path) -> None:
-        self.hub = hub
-        self.port = port
-        self.experiment_id = "rt" + secrets.token_hex(4)
-        self.experiment_dir = experiment_dir
-        self.added: dict[str, tuple[str, PlacementHints]] = {}
-        self.failures: dict[str, str] = {}
-
-    def add_agent(self, name: str, hints: PlacementHints) -> AgentSpec:
-        agent_id = f"agent{len(self.added)}"
-        self.added[agent_id] = (name, hints)
-        return AgentSpec(agent_id, self.hub.token, f"127.0.0.1:{self.port}", Path("/nonexistent.sock"))
-
-    def agent_failed(self, agent_id: str, reason: str) -> None:
-        self.failures[agent_id] = reason
-
-    def agent_connected(self, agent_id: str) -> bool:
-        return any(h.agent_id == agent_id for h in self.hub.hellos)
+def new_hub(short_dir: Path) -> ProdHub:
+    return ProdHub(short_dir / "exp", experiment_id="rt" + secrets.token_hex(4))
 
 
 def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:
@@ -79,61 +60,69 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, tmp_path):
+def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, short_dir):
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            ctx = FakeContext(hub, srv.port, tmp_path)
+        async with new_hub(short_dir) as hub:
+            ctx = HubContext(hub)
             backend = RemoteBackend(config([h.machine for h in netns_hosts],
                                            agent_env={"NNI_AGENT_ARTIFICIAL_GPUS": "2"}))
+            ctx.attach(backend)
             try:
                 await backend.start(ctx)
-                await hub.wait_for(lambda: len({h.agent_id for h in hub.hellos}) == 3, timeout=30)
+                assert len(ctx.added) == 3
+                await hub.wait_for(lambda: all(ctx.agent_connected(a) for a in ctx.added), 30, "three agents")
                 assert ctx.failures == {}
                 names = {name for name, _ in ctx.added.values()}
                 assert names == {f"root_{h.name}_{h.port}" for h in netns_hosts}
                 # the hub is not reachable from inside a host: only the tunnel carries the agent
                 probe = subprocess.run(["ip", "netns", "exec", netns_hosts[0].name, "nc", "-z", "-w1",
-                                        "127.0.0.1", str(srv.port)])
+                                        "127.0.0.1", str(hub.port)])
                 assert probe.returncode != 0
-                for hello in hub.hellos:
-                    assert hello.host.work_dir.endswith(f"nni-experiments/{ctx.experiment_id}/agents/{hello.agent_id}")
+                assert {agent_id for agent_id, _, _ in hub.handler.hellos} == set(ctx.added)
+                for agent_id, hello, _ in hub.handler.hellos:
+                    assert hello.host.work_dir.endswith(f"nni-experiments/{ctx.experiment_id}/agents/{agent_id}")
                     assert hello.gpus.provider == "artificial" and len(hello.gpus.gpus) == 2
                 # a trial really runs on a host, with pythonPath first on PATH
-                hub.send(**start_trial("t1", "python3 -c 'import sys; print(sys.version_info[:2])'"))
+                first = next(iter(ctx.added))
+                hub.start_trial(first, "t1", "python3 -c 'import sys; print(sys.version_info[:2])'")
                 await hub.wait_for(lambda: hub.trials["t1"].final is not None, timeout=30)
                 assert hub.trials["t1"].final.state == pb.TRIAL_STATE_SUCCEEDED
                 assert len(marked_processes(ctx.experiment_id)) == 3
             finally:
                 await backend.stop()
             assert marked_processes(ctx.experiment_id) == []
+            # connected means an open stream now: the stopped agents are not
+            await hub.wait_for(lambda: not any(ctx.agent_connected(a) for a in ctx.added), 30, "the streams to end")
             token_files = list(Path.home().glob(f".nni-agent/run/{ctx.experiment_id}/*.token"))
             assert token_files == []
 
     run(scenario())
 
 
-def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, tmp_path):
+def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_path):
     fake = tmp_path / "oldpy"
     fake.mkdir()
     (fake / "python3").write_text("#!/bin/sh\necho 3.8.10 /opt/old/python3\n")
     (fake / "python3").chmod(0o755)
 
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            ctx = FakeContext(hub, srv.port, tmp_path)
+        async with new_hub(short_dir) as hub:
+            ctx = HubContext(hub)
             machines = [netns_hosts[0].machine, dataclasses.replace(netns_hosts[1].machine, python_path=str(fake)),
                         dataclasses.replace(netns_hosts[2].machine, port=2299)]
             backend = RemoteBackend(config(machines))
+            ctx.attach(backend)
             try:
                 await backend.start(ctx)
-                assert set(ctx.failures) == {"agent1", "agent2"}
-                assert "no Python >= 3.10 found in pythonPath" in ctx.failures["agent1"]
-                assert "python3: Python 3.8.10 is older than 3.10" in ctx.failures["agent1"]
-                assert f"root@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures["agent2"]
-                assert "the proxy command exited with code 1" in ctx.failures["agent2"]
-                await hub.wait_for(lambda: {h.agent_id for h in hub.hellos} == {"agent0"}, timeout=30)
+                good, old_python, unreachable = ctx.added  # in the machines' order
+                assert set(ctx.failures) == {old_python, unreachable}
+                assert "no Python >= 3.10 found in pythonPath" in ctx.failures[old_python]
+                assert "python3: Python 3.8.10 is older than 3.10" in ctx.failures[old_python]
+                assert f"root@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures[unreachable]
+                assert "the proxy command exited with code 1" in ctx.failures[unreachable]
+                await hub.wait_for(lambda: ctx.agent_connected(good), 30, f"{good} to connect")
+                assert not ctx.agent_connected(old_python) and not ctx.agent_connected(unreachable)
+                assert {agent_id for agent_id, _, _ in hub.handler.hellos} == {good}
             finally:
                 await backend.stop()
             assert marked_processes(ctx.experiment_id) == []
@@ -141,26 +130,28 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, tmp_path):
     run(scenario())
 
 
-def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(netns_hosts, tmp_path):
+def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(netns_hosts, short_dir, tmp_path):
     host = netns_hosts[2]
     n = 30
     script = steady_trial(tmp_path / "slow.py", n)
 
     async def scenario() -> None:
-        hub = HubStub()
-        async with StubServer(hub) as srv:
-            ctx = FakeContext(hub, srv.port, tmp_path)
+        async with new_hub(short_dir) as hub:
+            ctx = HubContext(hub)
             backend = RemoteBackend(config([host.machine]))
+            ctx.attach(backend)
             try:
                 await backend.start(ctx)
-                await hub.wait_for(lambda: bool(hub.hellos), timeout=30)
+                (agent_id,) = ctx.added
+                await hub.wait_for(lambda: ctx.agent_connected(agent_id), 30, "the agent to connect")
                 port = backend.machines[0].launch.remote_port
-                hub.send(**start_trial("slow", f"python3 {script}"))
+                hub.start_trial(agent_id, "slow", f"python3 {script}")
                 await hub.wait_for(lambda: len(hub.trials["slow"].metrics) >= 5, timeout=30)
                 assert host.kill_connections() >= 1  # the sshd child serving our link dies
                 await hub.wait_for(lambda: hub.trials["slow"].final is not None, timeout=60)
                 assert backend.machines[0].launch.remote_port == port  # same worker port after reconnect
-                assert hub.sessions >= 2  # the agent redialled through the new tunnel
+                assert hub.handler.sessions(agent_id) >= 2  # the agent redialled through the new tunnel
+                assert ctx.agent_connected(agent_id)
                 assert ctx.failures == {}
             finally:
                 await backend.stop()
@@ -168,6 +159,7 @@ def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(net
             assert view.final.state == pb.TRIAL_STATE_SUCCEEDED
             values = [json.loads(json.loads(m.data)["value"]) for m in view.metrics]
             assert values == list(range(n)) + [n]
+            assert hub.handler.duplicates == 0 and hub.handler.gaps == []
             assert marked_processes(ctx.experiment_id) == []
 
     run(scenario())
@@ -185,47 +177,53 @@ def test_render_names_commands_without_secrets(netns_hosts):
     assert "never on a command line" in text
 
 
-def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_port(netns_hosts, tmp_path):
+def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_port(netns_hosts, short_dir, tmp_path):
     """The old manager died but its SSH session lingers (an orphaned proxy process keeps it),
-    so the agent's worker port stays taken: the new backend forwards another port and points
-    the running agent at it; the trial is never restarted and no metric is lost."""
+    so the agent's worker port stays taken: the new manager (a new hub built from the store,
+    on another port) forwards another worker port and points the running agent at it; the
+    trial is never restarted and no metric is lost."""
     host = netns_hosts[1]
     n = 40
     script = steady_trial(tmp_path / "kept.py", n)
 
     async def scenario() -> None:
-        hub = HubStub()
-        first = StubServer(hub)
-        await first.server.start()
-        ctx = FakeContext(hub, first.port, tmp_path)
+        hub = await new_hub(short_dir).start()
+        ctx = HubContext(hub)
         old = RemoteBackend(config([host.machine]))
-        await old.start(ctx)
-        await hub.wait_for(lambda: bool(hub.hellos), timeout=30)
-        old_port = old.machines[0].launch.remote_port
-        hub.send(**start_trial("kept", f"python3 {script}"))
-        await hub.wait_for(lambda: len(hub.trials["kept"].metrics) >= 5, timeout=30)
-        pid = hub.trials["kept"].statuses[0].pid
-        for m in old.machines:  # the old manager stops working, but its SSH link stays open
-            m.task.cancel()
-        await first.server.stop(grace=None)
-        second = StubServer(hub)
-        await second.server.start()
-        ctx2 = FakeContext(hub, second.port, tmp_path)
-        ctx2.experiment_id = ctx.experiment_id
-        new = RemoteBackend(config([host.machine]))
+        ctx.attach(old)
+        new: RemoteBackend | None = None
         try:
+            await old.start(ctx)
+            (agent_id,) = ctx.added
+            await hub.wait_for(lambda: ctx.agent_connected(agent_id), 30, "the agent to connect")
+            old_port, old_hub_port = old.machines[0].launch.remote_port, hub.port
+            hub.start_trial(agent_id, "kept", f"python3 {script}")
+            await hub.wait_for(lambda: len(hub.trials["kept"].metrics) >= 5, timeout=30)
+            pid = hub.trials["kept"].statuses[0].pid
+            for m in old.machines:  # the old manager stops working, but its SSH link stays open
+                m.task.cancel()
+            await hub.restart(same_port=False)
+            assert hub.port != old_hub_port and not ctx.agent_connected(agent_id)
+            ctx2 = HubContext(hub)
+            new = RemoteBackend(config([host.machine]))
+            ctx2.attach(new)
             await new.start(ctx2)
+            assert list(ctx2.added) == [agent_id]  # the same agent (and token), from the store
             assert new.machines[0].launch.remote_port != old_port
             await hub.wait_for(lambda: hub.trials["kept"].final is not None, timeout=60)
+            assert ctx2.agent_connected(agent_id)
         finally:
-            await new.stop()
+            if new is not None:
+                await new.stop()
             for m in old.machines:
                 m.close()
-            await second.server.stop(grace=None)
+            await hub.close()
         view = hub.trials["kept"]
         assert view.final.state == pb.TRIAL_STATE_SUCCEEDED
         assert [s.pid for s in view.statuses] == [pid, pid]  # one process, never restarted
         assert [json.loads(json.loads(m.data)["value"]) for m in view.metrics] == list(range(n)) + [n]
+        assert not hub.handler.hellos[-1][2]  # the hub saw the same agent process come back
+        assert hub.handler.duplicates == 0 and hub.handler.gaps == []
         assert ctx2.failures == {} and marked_processes(ctx.experiment_id) == []
 
     run(scenario())
