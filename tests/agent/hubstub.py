@@ -21,7 +21,6 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -29,28 +28,7 @@ import grpc
 from nni_agent.v1 import PROTOCOL_MAJOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
-
-TERMINAL = {
-    pb.TRIAL_STATE_SUCCEEDED,
-    pb.TRIAL_STATE_FAILED,
-    pb.TRIAL_STATE_USER_CANCELED,
-    pb.TRIAL_STATE_EARLY_STOPPED,
-    pb.TRIAL_STATE_SYS_CANCELED,
-}
-
-
-@dataclass
-class TrialView:
-    statuses: list[pb.TrialStatus] = field(default_factory=list)
-    metrics: list[pb.Metric] = field(default_factory=list)
-    logs: dict[int, bytearray] = field(default_factory=lambda: defaultdict(bytearray))
-    parameter_requests: list[int] = field(default_factory=list)
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def final(self) -> pb.TrialStatus | None:
-        return self.statuses[-1] if self.statuses and self.statuses[-1].state in TERMINAL else None
-
+from tests.agent.prodhub import TrialView, apply_record, stop_agents
 
 class HubStub(pb_grpc.AgentHubServicer):
     def __init__(self, token: str = "secret-token") -> None:
@@ -161,23 +139,7 @@ class HubStub(pb_grpc.AgentHubServicer):
                 continue
             assert rec.seq == self.applied[boot] + 1, f"gap: got seq {rec.seq} after {self.applied[boot]}"
             self.applied[boot] = rec.seq
-            kind = rec.WhichOneof("body")
-            if kind == "status":
-                view = self.trials[rec.status.trial_id]
-                view.statuses.append(rec.status)
-                if rec.status.state in TERMINAL:
-                    view.ended.set()
-            elif kind == "metric":
-                self.trials[rec.metric.trial_id].metrics.append(rec.metric)
-            elif kind == "log":
-                buf = self.trials[rec.log.trial_id].logs[rec.log.stream]
-                end = rec.log.offset + len(rec.log.data)
-                if len(buf) < end:
-                    buf.extend(b"\0" * (end - len(buf)))
-                buf[rec.log.offset:end] = rec.log.data
-            elif kind == "parameter_request":
-                self.trials[rec.parameter_request.trial_id].parameter_requests.append(
-                    rec.parameter_request.parameter_index)
+            apply_record(self.trials, rec)
 
 
 class StubServer:
@@ -195,14 +157,7 @@ class StubServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for proc in self.agents:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    await asyncio.to_thread(proc.wait, 20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    await asyncio.to_thread(proc.wait)
+        await stop_agents(self.agents)
         await self.server.stop(grace=None)
 
     async def connect_agent(self, work_dir: Path, **kwargs: object) -> subprocess.Popen[bytes]:

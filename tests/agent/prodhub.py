@@ -48,10 +48,43 @@ class TrialView:
     metrics: list[pb.Metric] = field(default_factory=list)
     logs: dict[int, bytearray] = field(default_factory=lambda: defaultdict(bytearray))
     parameter_requests: list[int] = field(default_factory=list)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def final(self) -> pb.TrialStatus | None:
         return self.statuses[-1] if self.statuses and self.statuses[-1].state in TERMINAL else None
+
+
+async def stop_agents(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each agent still running and wait (SIGKILL after 20 s) without blocking the loop."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.to_thread(proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+
+def apply_record(trials: dict[str, TrialView], rec: pb.Record) -> None:
+    """What the core takes from one record, kept per trial (log bytes at their offsets)."""
+    kind = rec.WhichOneof("body")
+    if kind == "status":
+        view = trials[rec.status.trial_id]
+        view.statuses.append(rec.status)
+        if rec.status.state in TERMINAL:
+            view.ended.set()
+    elif kind == "metric":
+        trials[rec.metric.trial_id].metrics.append(rec.metric)
+    elif kind == "log":
+        buf = trials[rec.log.trial_id].logs[rec.log.stream]
+        end = rec.log.offset + len(rec.log.data)
+        if len(buf) < end:
+            buf.extend(b"\0" * (end - len(buf)))
+        buf[rec.log.offset:end] = rec.log.data
+    elif kind == "parameter_request":
+        trials[rec.parameter_request.trial_id].parameter_requests.append(rec.parameter_request.parameter_index)
 
 
 class RecordingHandler:
@@ -104,26 +137,10 @@ class RecordingHandler:
                 if rec.seq != prev + 1:
                     self.gaps.append((agent_id, prev, rec.seq))
                 self.applied[key] = rec.seq
-                self._apply(rec)
+                apply_record(self.trials, rec)
             self.store.set_agent_progress(agent_id, boot_id, last_seq)
         self._hook(self.after_apply, agent_id, records)
         self.changed.set()
-
-    def _apply(self, rec: pb.Record) -> None:
-        kind = rec.WhichOneof("body")
-        if kind == "status":
-            self.trials[rec.status.trial_id].statuses.append(rec.status)
-        elif kind == "metric":
-            self.trials[rec.metric.trial_id].metrics.append(rec.metric)
-        elif kind == "log":
-            buf = self.trials[rec.log.trial_id].logs[rec.log.stream]
-            end = rec.log.offset + len(rec.log.data)
-            if len(buf) < end:
-                buf.extend(b"\0" * (end - len(buf)))
-            buf[rec.log.offset:end] = rec.log.data
-        elif kind == "parameter_request":
-            self.trials[rec.parameter_request.trial_id].parameter_requests.append(
-                rec.parameter_request.parameter_index)
 
     def telemetry(self, agent_id: str, report: pb.GpuReport | pb.ResourceReport) -> None:
         self.telemetry_reports.append((agent_id, report))
@@ -275,14 +292,7 @@ class ProdHub:
         return path.read_text() if path.exists() else ""
 
     async def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    await asyncio.to_thread(proc.wait, 20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    await asyncio.to_thread(proc.wait)
+        await stop_agents(self.procs)
         await self.stop()
         self.store.close()
 

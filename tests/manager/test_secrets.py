@@ -255,6 +255,18 @@ logLevel: debug
 # Platforms
 
 
+
+def run_refused(listener: socket.socket, config: Any) -> tuple[Path, list[str], list[Any]]:
+    """Run the service against a platform that refuses every request: (experiment dir, errors,
+    the requests the platform received)."""
+
+    async def body() -> tuple[Path, list[str], list[Any]]:
+        async with Refusing(listener) as server:
+            exp_dir, errors = await run_service(config)
+        return exp_dir, errors, server.requests
+
+    return asyncio.run(body())
+
 def test_remote(short_dir: Path, port: int, caplog: pytest.LogCaptureFixture,
                 capfd: pytest.CaptureFixture[str]) -> None:
     """The whole experiment (tuner, manager log at logLevel debug) on two machines that cannot be
@@ -349,12 +361,7 @@ trainingService:
 """)
     config = load(path, secrets)
 
-    async def body() -> tuple[Path, list[str], list[Any]]:
-        async with Refusing(listener) as server:
-            exp_dir, errors = await run_service(config)
-        return exp_dir, errors, server.requests
-
-    exp_dir, errors, requests = asyncio.run(body())
+    exp_dir, errors, requests = run_refused(listener, config)
     assert any(h.get("Authorization") == f"Bearer {secrets[0]}" for _, h, _ in requests), requests
     stored = assert_no_secret(exp_dir, secrets, ["dave-openpai", "dave-registry"], caplog, capfd, errors)
     options = stored["training_service"]["options"]
@@ -381,12 +388,7 @@ trainingService:
 """)
     config = load(path, secrets)
 
-    async def body() -> tuple[Path, list[str], list[Any]]:
-        async with Refusing(listener) as server:
-            exp_dir, errors = await run_service(config)
-        return exp_dir, errors, server.requests
-
-    exp_dir, errors, requests = asyncio.run(body())
+    exp_dir, errors, requests = run_refused(listener, config)
     assert any(q.get("password") == secrets[0] for _, _, q in requests), requests
     stored = assert_no_secret(exp_dir, secrets, ["erin-dlts@example.org", "erin-team"], caplog, capfd, errors)
     assert stored["training_service"]["options"]["password"] == REDACTED
