@@ -6,8 +6,9 @@ backend (`simscale`, registered through the `nni_manager.backends` entry-point g
 third-party platform) that only registers N agents. The agents are simulated in a few worker
 processes, but each is a real gRPC client on its own TCP connection speaking the real protocol:
 Hello with its token, Welcome, sequenced RecordBatches and cumulative Acks, CommandAcks,
-heartbeats every Welcome interval, GPU reports (two artificial GPUs whose utilisation changes,
-the worst case for the manager) and resource reports. A StartTrial runs a fake trial that
+heartbeats at the Welcome's interval unless a RecordBatch went out meanwhile, GPU reports at
+its GPU interval or --gpu-every, whichever is longer (two artificial GPUs whose utilisation
+changes, the worst case for the manager) and resource reports. A StartTrial runs a fake trial that
 reports RUNNING, emits PERIODICAL metrics at the rate its parameter asks for, then a FINAL
 metric and SUCCEEDED. Tokens reach the workers on stdin, never in argv.
 
@@ -79,6 +80,7 @@ class SimAgent:
         self.done = asyncio.Event()
         self.errors: list[str] = []
         self.heartbeat_s = 5.0
+        self.records_sent_at = 0.0
         self.cmd_acked = 0
 
     def record(self, **body: Any) -> None:
@@ -130,6 +132,7 @@ class SimAgent:
             if self.unsent:
                 batch, self.unsent = self.unsent, []
                 await call.write(pb.AgentMessage(records=pb.RecordBatch(records=batch)))
+                self.records_sent_at = time.monotonic()
                 continue
             self.wake.clear()
             if self.out.empty() and not self.unsent:
@@ -173,9 +176,12 @@ class SimAgent:
         next_gpu = now + random.uniform(0, self.gpu_every or 1.0)
         while True:
             now = time.monotonic()
-            if now >= next_hb:
-                self.control(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=int(time.time() * 1000))))
-                next_hb = now + self.heartbeat_s
+            if now >= next_hb:  # as a real agent: a RecordBatch sent lately stands in for the heartbeat
+                if now - self.records_sent_at >= self.heartbeat_s:
+                    self.control(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=int(time.time() * 1000))))
+                    next_hb = now + self.heartbeat_s
+                else:
+                    next_hb = self.records_sent_at + self.heartbeat_s
             if self.gpu_every and now >= next_gpu:
                 self.control(pb.AgentMessage(gpus=self.gpu_report()))
                 next_gpu = now + self.gpu_every

@@ -124,6 +124,7 @@ class Connection:
         self._exit_code = 0
         self._last_gpu: pb.GpuReport | None = None
         self._last_contact = time.monotonic()
+        self._records_sent_at = 0.0  # monotonic time of the last RecordBatch written: it stands in for a heartbeat
 
     # ------------------------------------------------------------------ public
 
@@ -287,6 +288,7 @@ class Connection:
                 if records:
                     await call.write(frame_records(records))
                     cursor = first + len(records) - 1
+                    self._records_sent_at = time.monotonic()
                 continue
             self._wake.clear()
             waiter = asyncio.ensure_future(self.outbox.wait_beyond(cursor))
@@ -341,8 +343,11 @@ class Connection:
             if silent > t.silence_factor * t.heartbeat_s:
                 raise LinkLost(f"no word from the manager for {silent:.1f} s")
             if now >= next_hb:
-                self._send_control(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=int(time.time() * 1000))))
-                next_hb = now + t.heartbeat_s
+                if now - self._records_sent_at >= t.heartbeat_s:  # records (and their acks) say as much
+                    self._send_control(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=int(time.time() * 1000))))
+                    next_hb = now + t.heartbeat_s
+                else:
+                    next_hb = self._records_sent_at + t.heartbeat_s
             if now >= next_gpu:
                 report = self.gpu_sample()
                 last = self._last_gpu
