@@ -1,19 +1,32 @@
-"""Local backend overhead per trial, next to the floor of a bare subprocess loop.
+"""Local backend throughput and overhead per trial at several concurrencies, next to the floor
+of a bare subprocess loop with as many slots.
 
 Both sides run the same trivial trial (read its parameter, report 10 intermediate results
-and a final one, exit) N times with 2 slots, under the same env contract and parameter.cfg:
+and a final one, exit) N times with C slots, under the same env contract and parameter.cfg:
 
-* ours:  TrainingService (local backend: agent, gRPC, SQLite), driven like the experiment loop;
-* floor: subprocess.Popen + wait, two at a time.
+* ours:  TrainingService (local backend: one agent running every trial it is sent, gRPC,
+  SQLite), driven like the experiment loop with trialConcurrency C: a new trial is submitted
+  as soon as one is done;
+* floor: subprocess.Popen + os.wait, C at a time.
 
-Slot time = submit/launch -> trial seen ended (ours: terminal status after its final metric;
-floor: process reaped). The trial's own run time is measured inside the trial, from its first
-line to exit, and written to $NNI_SYS_DIR/own_time; overhead = slot time - own time. Both
-overheads therefore include the interpreter's start-up and exit (the same for both sides;
-`python -c pass`, run two at a time like the trials, is printed for scale): subtracting an
-estimate of it is too noisy at this scale and can make the floor negative.
+Slot time = submit/launch -> trial seen ended (ours: terminal status AND its final metric both
+seen by the listeners; floor: process reaped). The trial's own run time is measured inside the
+trial, from its first line to exit, and written to $NNI_SYS_DIR/own_time; overhead = slot time -
+own time. Both overheads therefore include the interpreter's start-up and exit (the same for
+both sides; `python -c pass`, run C at a time, is printed for scale). Throughput = N / (first
+launch -> last trial done); ours excludes starting the hub and the agent (once per C).
 
-    python scripts/bench_local.py --trials 40
+For each C the two sides alternate `--rounds` times (floor first, then ours, then floor...), so
+load from elsewhere on the machine hits both alike; the table shows each side's median round
+and the ratio's range over the rounds.
+
+CPU per trial, same span: the floor's trials themselves (reaped children), the agent process
+(all its threads, not its trials) and this process (manager, hub, store and this driver). Where
+cores are plenty the agent's share is the limit: its Python work runs on one loop under one GIL.
+On a machine with few cores both sides are CPU-bound, and the ratio is about
+(trial + agent + manager + the trial's /bin/sh) / trial.
+
+    python scripts/bench_local.py --trials 200 --concurrency 2,8,16,32,64 --rounds 2
 """
 from __future__ import annotations
 
@@ -21,12 +34,17 @@ import argparse
 import asyncio
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
@@ -44,7 +62,27 @@ for i in range(10):
     nni.report_intermediate_result(p["x"] * i)
 nni.report_final_result(p["x"])
 """
-SLOTS = 2
+DEFAULT_CONCURRENCY = "2,8,16,32,64"
+
+
+@dataclass
+class Run:
+    overheads: list[float]  # per trial: slot time - the trial's own time
+    wall: float  # first launch -> last trial done
+    agent_cpu: float = 0.0  # ours: CPU seconds of the agent process (all its threads), same span
+    manager_cpu: float = 0.0  # ours: CPU seconds of this process (manager, hub, store and this driver)
+    trial_cpu: float = 0.0  # floor: CPU seconds of the trials themselves
+
+    def per_trial_ms(self, seconds: float) -> float:
+        return seconds / len(self.overheads) * 1000
+
+    @property
+    def throughput(self) -> float:
+        return len(self.overheads) / self.wall
+
+    @property
+    def mean_overhead(self) -> float:
+        return statistics.mean(self.overheads)
 
 
 def record(i: int) -> str:
@@ -52,9 +90,9 @@ def record(i: int) -> str:
                        "parameter_index": 0})
 
 
-async def ours(code: Path, work: Path, n: int) -> list[float]:
+async def ours(code: Path, work: Path, n: int, slots: int) -> Run:
     config = load_config({"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-                          "trialConcurrency": SLOTS, "trainingService": {"platform": "local"},
+                          "trialConcurrency": slots, "trainingService": {"platform": "local"},
                           "experimentWorkingDirectory": str(work)})
     started: dict[str, float] = {}
     finals: set[str] = set()
@@ -80,26 +118,53 @@ async def ours(code: Path, work: Path, n: int) -> list[float]:
     async with create_training_service(config) as ts:
         ts.add_trial_job_metric_listener(on_metric)
         ts.add_trial_job_status_listener(on_status)
+        deadline = time.monotonic() + 60
         while not any(a["connected"] for a in ts.agents()):  # agent start-up is not per-trial cost
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the agent did not connect within 60 s: see {work}/*/agents/local/agent.log")
             await asyncio.sleep(0.01)
+        agent = _agent_process()
+        agent_cpu0, manager_cpu0 = _cpu(agent), time.process_time()
         submitted = 0
+        t0 = time.perf_counter()
         while len(slot) < n:
-            while submitted < n and submitted - len(slot) < SLOTS:
-                t0 = time.perf_counter()
+            while submitted < n and submitted - len(slot) < slots:
+                t1 = time.perf_counter()
                 job = await ts.submit_trial_job(TrialJobApplicationForm(submitted, HyperParameters(record(submitted))))
-                started[job.id] = t0
+                started[job.id] = t1
                 submitted += 1
             wake.clear()
-            await asyncio.wait_for(wake.wait(), 60)
-    return [slot[t] - float(Path(ended[t].working_directory, "own_time").read_text()) for t in slot]
+            await asyncio.wait_for(wake.wait(), 120)
+        wall = time.perf_counter() - t0
+        agent_cpu, manager_cpu = _cpu(agent) - agent_cpu0, time.process_time() - manager_cpu0
+    return Run([slot[t] - float(Path(ended[t].working_directory, "own_time").read_text()) for t in slot], wall,
+               agent_cpu, manager_cpu)
 
 
-def floor(code: Path, work: Path, n: int) -> list[float]:
+def _agent_process() -> psutil.Process:
+    """The local backend's agent: this process's child running nni_agent."""
+    for child in psutil.Process().children():
+        try:
+            if "nni_agent" in child.cmdline():
+                return child
+        except psutil.Error:
+            continue
+    raise SystemExit("cannot find the agent process")
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()  # the process's own threads; its children (the trials) are not counted
+    return times.user + times.system
+
+
+def floor(code: Path, work: Path, n: int, slots: int) -> Run:
     overheads: list[float] = []
-    running: list[tuple[subprocess.Popen[bytes], float, Path]] = []
+    running: dict[int, tuple[float, Path]] = {}
     launched = 0
+    t_start = time.perf_counter()
+    children0 = _children_cpu()
     while len(overheads) < n:
-        while launched < n and len(running) < SLOTS:
+        while launched < n and len(running) < slots:
             sys_dir = work / f"t{launched}"
             (sys_dir / ".nni").mkdir(parents=True)
             t0 = time.perf_counter()
@@ -109,61 +174,93 @@ def floor(code: Path, work: Path, n: int) -> list[float]:
                        NNI_CODE_DIR=str(code))
             with open(sys_dir / "trial.stdout", "wb") as out, open(sys_dir / "trial.stderr", "wb") as err:
                 proc = subprocess.Popen([sys.executable, "trial.py"], cwd=code, env=env, stdout=out, stderr=err)
-            running.append((proc, t0, sys_dir))
+            proc.returncode = 0  # reaped below with os.wait
+            running[proc.pid] = (t0, sys_dir)
             launched += 1
         pid, _ = os.wait()
-        for item in running:
-            proc, t0, sys_dir = item
-            if proc.pid == pid:
-                proc.returncode = 0
-                overheads.append(time.perf_counter() - t0 - float((sys_dir / "own_time").read_text()))
-                running.remove(item)
-                break
-    return overheads
+        if pid in running:
+            t0, sys_dir = running.pop(pid)
+            overheads.append(time.perf_counter() - t0 - float((sys_dir / "own_time").read_text()))
+    return Run(overheads, time.perf_counter() - t_start, trial_cpu=_children_cpu() - children0)
 
 
-def python_startup(rounds: int = 10) -> float:
-    """Median wall time of `python -c pass`, SLOTS at a time like the trials, so the start-up
-    subtracted from both sides is paid under the same CPU contention as theirs."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped children: the floor's trials
+    return usage.ru_utime + usage.ru_stime
+
+
+def python_startup(slots: int, rounds: int = 5) -> float:
+    """Median wall time of `python -c pass`, `slots` at a time like the trials."""
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(SLOTS)]
+        procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(slots)]
         for proc in procs:
             proc.wait()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def describe(name: str, overheads: list[float], wall: float) -> str:
-    return (f"{name:<6} mean {statistics.mean(overheads):.3f} s  median {statistics.median(overheads):.3f} s  "
-            f"max {max(overheads):.3f} s  per trial; {len(overheads)} trials in {wall:.1f} s")
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r.throughput)[(len(runs) - 1) // 2]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=40)
-    n = parser.parse_args().trials
+    parser.add_argument("--trials", type=int, default=200, help="trials per side and round (at least 4x C is used)")
+    parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help="comma list of slot counts C")
+    parser.add_argument("--rounds", type=int, default=2, help="floor/ours alternations per C")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp, "code")
         code.mkdir()
         (code / "trial.py").write_text(TRIAL)
-        startup = python_startup()
-        t0 = time.perf_counter()
-        floor_overheads = floor(code, Path(tmp, "floor"), n)
-        floor_wall = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        our_overheads = asyncio.run(ours(code, Path(tmp, "ours"), n))
-        our_wall = time.perf_counter() - t0  # includes starting the hub and the agent once
-    print(f"python -c pass, two at a time: {startup:.3f} s (part of both overheads below)")
-    ratio = statistics.mean(our_overheads) / statistics.mean(floor_overheads)
-    extra = statistics.mean(our_overheads) - statistics.mean(floor_overheads)
-    print(describe("floor", floor_overheads, floor_wall))
-    print(describe("ours", our_overheads, our_wall))
-    print(f"ratio ours/floor {ratio:.2f}x   (target: <= 1.5x)   "
-          f"{'OK' if ratio <= 1.5 else 'MISSED'}")
-    print(f"ours  {statistics.mean(our_overheads):.3f} s per trial, {extra:+.3f} s above the floor "
-          f"(target: < 0.1 s per trial)   {'OK' if statistics.mean(our_overheads) < 0.1 else 'MISSED'}")
+        for c in levels:
+            n = max(args.trials, 4 * c)
+            floors: list[Run] = []
+            ourss: list[Run] = []
+            for r in range(args.rounds):
+                pair = [("floor", floors), ("ours", ourss)]
+                for name, runs in (pair if r % 2 == 0 else pair[::-1]):
+                    work = Path(tmp, f"{name}-{c}-{r}")
+                    runs.append(floor(code, work, n, c) if name == "floor" else asyncio.run(ours(code, work, n, c)))
+                    shutil.rmtree(work, ignore_errors=True)
+            ratios = [f.throughput / o.throughput for f, o in zip(floors, ourss)]
+            rows.append((c, n, python_startup(c), median_run(floors), median_run(ourss), ratios))
+            print_row(*rows[-1], flush=True)
+    print()
+    print(f"{'C':>3} | {'N':>4} | {'floor trials/s':>14} | {'ours trials/s':>13} | {'ratio floor/ours':>16} "
+          f"| {'overhead floor / ours':>21} | {'CPU ms/trial: trial / agent / manager':>37} | python -c pass x C")
+    for c, n, startup, f, o, ratios in rows:
+        span = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else f"{ratios[0]:.2f}x"
+        cpu = (f"{f.per_trial_ms(f.trial_cpu):.1f} / {o.per_trial_ms(o.agent_cpu):.2f} / "
+               f"{o.per_trial_ms(o.manager_cpu):.2f}")
+        print(f"{c:>3} | {n:>4} | {f.throughput:>14.1f} | {o.throughput:>13.1f} | {span:>16} "
+              f"| {f.mean_overhead:>9.3f} / {o.mean_overhead:.3f} s | {cpu:>37} | {startup:.3f} s")
+    agent_ms = max(row[4].per_trial_ms(row[4].agent_cpu) for row in rows)
+    print(f"(estimate: the agent's Python work runs on one loop under one GIL, so at {agent_ms:.2f} ms of its CPU "
+          f"per trial, the most above, it alone would cap ours near {1000 / agent_ms:.0f} trials/s however many "
+          f"cores there are; the manager column includes this driver)")
+    two = next((row for row in rows if row[0] == 2), None)
+    if two is not None:  # the original 2-slot report
+        f, o = two[3], two[4]
+        ratio = o.mean_overhead / f.mean_overhead
+        extra = o.mean_overhead - f.mean_overhead
+        print(f"\n2 slots: ours {o.mean_overhead:.3f} s per trial, floor {f.mean_overhead:.3f} s; ratio ours/floor "
+              f"{ratio:.2f}x (target: <= 1.5x) {'OK' if ratio <= 1.5 else 'MISSED'}; {extra:+.3f} s above the "
+              f"floor (target: < 0.1 s per trial) {'OK' if o.mean_overhead < 0.1 else 'MISSED'}")
+    worst = max(max(row[5]) for row in rows)
+    print(f"worst throughput ratio floor/ours over every C and round: {worst:.2f}x (target: <= 1.2x) "
+          f"{'OK' if worst <= 1.2 else 'MISSED'}")
+
+
+def print_row(c: int, n: int, startup: float, f: Run, o: Run, ratios: list[float], flush: bool = False) -> None:
+    print(f"C={c}: floor {f.throughput:.1f} trials/s, ours {o.throughput:.1f} trials/s, "
+          f"ratios {', '.join(f'{r:.2f}' for r in ratios)} (median rounds shown); mean overhead floor "
+          f"{f.mean_overhead:.3f} s, ours {o.mean_overhead:.3f} s; agent {o.per_trial_ms(o.agent_cpu):.2f} ms "
+          f"CPU per trial", flush=flush)
 
 
 if __name__ == "__main__":

@@ -117,22 +117,38 @@ class TrialTail:
         if trial_log is not None:  # NNI's SDK log: streamed like stdout, for `nni-manager logs` anywhere
             self._tails.append(FileTail(trial_log, self._trial_log))
 
-    async def run(self, exited: asyncio.Event) -> None:
+    async def run(self, exited: asyncio.Future[None]) -> None:
+        """Poll until `exited` is done, then drain to EOF.
+
+        Between polls it waits on one future that either a timer or `exited` resolves: no
+        task per poll and no cancellation at each timeout (asyncio.wait_for), which at 64
+        trials was a good part of the agent's loop."""
+        loop = asyncio.get_running_loop()
+        sleeper: list[asyncio.Future[None]] = []
+
+        def wake(_: object = None) -> None:
+            if sleeper and not sleeper[0].done():
+                sleeper[0].set_result(None)
+
+        exited.add_done_callback(wake)
         interval = FAST_POLL_S
         try:
-            while not exited.is_set():
+            while not exited.done():
                 if self._poll_all():
                     interval = FAST_POLL_S
                 else:
                     interval = min(interval * 2, SLOW_POLL_S)
+                sleeper[:] = [loop.create_future()]
+                timer = loop.call_later(interval, wake)
                 try:
-                    await asyncio.wait_for(exited.wait(), interval)
-                except asyncio.TimeoutError:
-                    pass
+                    await sleeper[0]
+                finally:
+                    timer.cancel()
             while self._poll_all():
                 await asyncio.sleep(0)
             self._scanner.finish()
         finally:
+            exited.remove_done_callback(wake)
             for tail in self._tails:
                 tail.close()
 

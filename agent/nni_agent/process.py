@@ -78,6 +78,7 @@ class ChildReaper:
                 break
             if pid == 0:
                 break
+            _roots.pop(pid, None)
             future = self._waiters.pop(pid, None)
             if future is None:
                 self._unclaimed[pid] = (status, time.monotonic())
@@ -116,17 +117,36 @@ def spawn_shell(command: str, *, cwd: Path, env: Mapping[str, str], stdout: Path
             start_new_session=True, close_fds=True,
         )
     proc.returncode = 0  # keeps subprocess' own cleanup from ever waiting for this pid
+    marker = env.get(MARKER_ENV)
+    if marker:
+        _roots[proc.pid] = marker
     return proc.pid
+
+
+# root pid -> marker of the trials spawn_shell started that are not reaped yet: tree_members skips
+# the other trials' subtrees (their processes are in their own sessions, with their own marker)
+_roots: dict[int, str] = {}
 
 
 def _has_marker(proc: psutil.Process, marker: str) -> bool:
     try:
-        return proc.environ().get(MARKER_ENV) == marker
+        return _markers[proc] == marker
+    except KeyError:
+        pass
+    try:
+        value = proc.environ().get(MARKER_ENV)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+    if len(_markers) > 4096:
+        _markers.clear()
+    _markers[proc] = value
+    return value == marker
 
 
-def _descendant_pids(root: int) -> list[int] | None:
+_markers: dict[psutil.Process, str | None] = {}  # psutil.Process hashes by pid and start time
+
+
+def _descendant_pids(root: int, children_only: bool = False) -> list[int] | None:
     """Descendants of `root` from /proc/<pid>/task/<tid>/children: cost grows with the tree,
     not with every process on the machine. None where the kernel does not offer the files."""
     found: list[int] = []
@@ -150,7 +170,8 @@ def _descendant_pids(root: int) -> list[int] | None:
             except OSError:
                 continue
             found.extend(kids)
-            stack.extend(kids)
+            if not children_only:
+                stack.extend(kids)
     return found
 
 
@@ -177,15 +198,38 @@ def tree_members(pgid: int, marker: str) -> list[psutil.Process]:
     process group or carrying its marker. The agent is a subreaper, so every process a
     trial ever started is still one of its descendants."""
     members = []
-    for proc in descendants():
+    for proc in _candidates(marker):
         try:
+            if not (_pgid(proc) == pgid or _has_marker(proc, marker)):
+                continue
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if _pgid(proc) == pgid or _has_marker(proc, marker):
-                members.append(proc)
+            members.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return members
+
+
+def _candidates(marker: str) -> list[psutil.Process]:
+    """The agent's descendants that may belong to trial `marker`: all of them but the subtrees
+    of other live trials (O(this trial's processes + orphans), not O(every trial's))."""
+    me = os.getpid()
+    children = _descendant_pids(me, children_only=True)
+    if children is None:
+        return descendants()
+    pids: list[int] = []
+    for child in children:
+        if _roots.get(child, marker) != marker:
+            continue  # another live trial's root: its tree is its own
+        pids.append(child)
+        pids.extend(_descendant_pids(child) or ())
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return procs
 
 
 def _pgid(proc: psutil.Process) -> int | None:

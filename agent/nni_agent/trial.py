@@ -159,17 +159,19 @@ class Trial:
     # ------------------------------------------------------------------ internals
 
     def _spawn(self) -> int:
-        for directory, what in ((self.sys_dir, "trial directory"), (self.sys_dir / ".nni", "trial directory"),
-                                (self.output_dir, "output directory")):
+        dirs = [(self.sys_dir, "trial directory"), (self.sys_dir / ".nni", "trial directory")]
+        if self.output_dir != self.sys_dir:
+            dirs.append((self.output_dir, "output directory"))
+        for directory, what in dirs:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise _SetupError(f"cannot create the {what} {directory}: {e.strerror or e}") from e
         try:
             (self.sys_dir / ".nni" / "metrics").unlink(missing_ok=True)  # a fresh trial has no old metrics
-            (self.sys_dir / "parameter.cfg").write_text(self.spec.parameter, encoding="utf-8")
+            _write_file(self.sys_dir / "parameter.cfg", self.spec.parameter.encode("utf-8"))
             for name in ("trial.stdout", "trial.stderr"):
-                (self.sys_dir / name).write_bytes(b"")
+                _write_file(self.sys_dir / name, b"")
         except OSError as e:
             raise _SetupError(f"cannot prepare the trial directory {self.sys_dir}: {e}") from e
         if not self.cwd.is_dir():
@@ -221,7 +223,7 @@ class Trial:
 
     async def _supervise(self, exit_status: asyncio.Future[int]) -> None:
         assert self._pid is not None
-        exited = asyncio.Event()
+        exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         trial_log = self.output_dir / "trial.log" if self.stream_trial_log else None
         tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log).run(exited))
         state, reason = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial"
@@ -244,7 +246,8 @@ class Trial:
             # a finished trial leaves nothing behind
             await kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s())
         finally:
-            exited.set()
+            if not exited.done():
+                exited.set_result(None)
             try:
                 await tail_task
             except Exception:
@@ -292,6 +295,18 @@ class Trial:
             self._status.end_time_ms = _now_ms()
         self._events.status(self.snapshot())
         self._done.set()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Create or truncate `path` and write `data`: what Path.write_bytes does, without a
+    buffered file object (three of these per trial start)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 class _SetupError(Exception):

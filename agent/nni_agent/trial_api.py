@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any, BinaryIO
+
+# Every trial pays this module's imports at its start: urllib.request (http.client, email, ssl)
+# is imported only for NNI 3's HTTP channel, and paths are os.path strings, not pathlib; the two
+# were three quarters of `import nni_agent`.
 
 __all__ = [
     "get_experiment_id",
@@ -43,8 +44,8 @@ def _in_trial() -> bool:
     return os.environ.get("NNI_PLATFORM", "") not in ("", "unittest")
 
 
-def _sys_dir() -> Path:
-    return Path(os.environ.get("NNI_SYS_DIR") or ".")
+def _sys_dir() -> str:
+    return os.environ.get("NNI_SYS_DIR") or "."
 
 
 def get_experiment_id() -> str:
@@ -73,8 +74,8 @@ def get_next_parameter() -> Any:
         _parameter_record = record
         _parameter_index = index + 1
         return record.get("parameters")
-    path = _sys_dir() / ("parameter.cfg" if index == 0 else f"parameter_{index}.cfg")
-    if not path.is_file():
+    path = os.path.join(_sys_dir(), "parameter.cfg" if index == 0 else f"parameter_{index}.cfg")
+    if not os.path.isfile(path):
         _append_record({
             "parameter_id": None,
             "trial_job_id": get_trial_id(),
@@ -82,9 +83,10 @@ def get_next_parameter() -> Any:
             "sequence": 0,
             "parameter_index": index,
         })
-    while not (path.is_file() and path.stat().st_size > 0):
+    while not (os.path.isfile(path) and os.path.getsize(path) > 0):
         time.sleep(_PARAMETER_POLL_S)
-    record = json.loads(path.read_text(encoding="utf-8"))
+    with open(path, encoding="utf-8") as f:
+        record = json.loads(f.read())
     if not isinstance(record, dict) or "parameters" not in record:
         raise ValueError(f"{path} is not a ParameterRecord (a JSON object with 'parameters')")
     _parameter_record = record
@@ -142,13 +144,17 @@ def _channel_url() -> str | None:
     global _http_url, _channel_chosen
     if not _channel_chosen:
         url = os.environ.get("NNI_TRIAL_COMMAND_CHANNEL", "")
-        if url.startswith(("http://", "https://")) and not (_sys_dir() / "parameter.cfg").is_file():
+        written = os.path.join(_sys_dir(), "parameter.cfg")
+        if url.startswith(("http://", "https://")) and not os.path.isfile(written):
             _http_url = url
         _channel_chosen = True
     return _http_url
 
 
 def _http(url: str, method: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode("utf-8")
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
@@ -190,8 +196,8 @@ def _append_record(metric: dict[str, Any]) -> None:
         return
     global _metrics_file
     if _metrics_file is None:
-        nni_dir = _sys_dir() / ".nni"
-        nni_dir.mkdir(parents=True, exist_ok=True)
-        _metrics_file = open(nni_dir / "metrics", "ab")
+        nni_dir = os.path.join(_sys_dir(), ".nni")
+        os.makedirs(nni_dir, exist_ok=True)
+        _metrics_file = open(os.path.join(nni_dir, "metrics"), "ab")
     _metrics_file.write(b"ME%06d%b" % (len(payload), payload))
     _metrics_file.flush()

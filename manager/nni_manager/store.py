@@ -15,7 +15,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +216,7 @@ class Store:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 t.id, t.sequence_id, t.status.value, t.message, t.submit_time, t.start_time, t.end_time,
-                json.dumps(asdict(t.form)), t.agent_id,
+                _form_json(t.form), t.agent_id,
                 None if t.gpu_indices is None else json.dumps(t.gpu_indices),
                 t.working_directory, int(t.is_early_stopped), t.environment_id, json.dumps(t.agents), t.url,
             ),
@@ -311,6 +310,14 @@ class Store:
 
     def set_next_cmd_seq(self, agent_id: str, next_cmd_seq: int) -> None:
         self._conn.execute("UPDATE agents SET next_cmd_seq = ? WHERE agent_id = ?", (next_cmd_seq, agent_id))
+
+
+def _form_json(form: TrialJobApplicationForm) -> str:
+    """json.dumps(asdict(form)), without asdict's recursive deep copy: a trial's row is
+    written at each of its changes (4 times for a trial that simply runs)."""
+    fields = dict(form.__dict__)
+    fields["hyper_parameters"] = dict(form.hyper_parameters.__dict__)
+    return json.dumps(fields)
 
 
 def _metric_kind(data: str) -> tuple[str, int]:

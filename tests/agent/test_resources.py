@@ -69,3 +69,54 @@ def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
     assert running.cpu_percent > 5
     assert running.cpu_percent >= 0.5 * percent_seen  # it saw the CPU the tree burned since the last sample
     assert after.num_processes == 0 and after.rss_bytes == 0
+
+
+def test_samplers_of_one_round_share_a_walk_and_keep_their_own_processes(tmp_path: Path, monkeypatch) -> None:
+    """Keeper.resources samples every trial in one loop step: the agent's tree is walked once for
+    all of them, and each trial still gets its own processes, its escaped daemon included."""
+    import nni_agent.resources as resources
+
+    walks = []
+    real_tree = resources._Tree
+
+    def counting_tree() -> resources._Tree:
+        walks.append(1)
+        return real_tree()
+
+    monkeypatch.setattr(resources, "_Tree", counting_tree)
+
+    def command(ready: Path) -> str:
+        escaped = python_command(
+            "import os, time, pathlib\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            f"    pathlib.Path({str(ready)!r}).touch()\n"
+            "    time.sleep(60)\n"
+            "os._exit(0)\n")
+        return f"{python_command('import time; time.sleep(60)')} & {escaped}; wait"
+
+    async def body() -> tuple[list[pb.TrialResources], int, list[pb.TrialResources]]:
+        trials, samplers, readies = [], [], []
+        for i in range(3):
+            ready = tmp_path / f"ready{i}"
+            spec = make_spec(tmp_path, command(ready), trial_id=f"tr{i}", limits=pb.Limits(grace_period_ms=500))
+            trial = new_trial(spec, tmp_path, Recorder())
+            await trial.start()
+            trials.append(trial)
+            samplers.append(TreeSampler(trial.root_pid(), f"{AGENT_KEY}/tr{i}"))
+            readies.append(ready)
+        await wait_until(lambda: all(r.exists() for r in readies))
+        walks.clear()
+        round_one = [s.sample() for s in samplers]  # one loop step: one walk
+        one_walk = len(walks)
+        for trial in trials:
+            await trial.cancel(False, "done")
+        for trial in trials:
+            await trial.wait()
+        return round_one, one_walk, [s.sample() for s in samplers]
+
+    running, one_walk, after = run(body)
+    assert one_walk == 1
+    assert [r.trial_id for r in running] == ["tr0", "tr1", "tr2"]
+    assert [r.num_processes for r in running] == [3, 3, 3]  # sh, the sleeper, the escaped daemon
+    assert all(r.num_processes == 0 for r in after)
