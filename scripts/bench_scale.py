@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -389,10 +390,6 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
     workers: list[subprocess.Popen[str]] = []
     async with create_training_service(config, experiment_id=experiment_id) as ts:
         row.load_store_s = time.monotonic() - t_start  # mostly loading the trial table
-        if args.gc_freeze:
-            import gc
-
-            gc.freeze()
         procs = max(1, min(args.procs, math.ceil(n / 100)))
         specs = SimBackend.specs
         for k in range(procs):
@@ -537,8 +534,6 @@ def main() -> int:
     parser.add_argument("--placements", type=int, default=20, help="sequential trials timed for placement")
     parser.add_argument("--gpu-every", type=float, default=5.0, help="seconds between GPU reports per agent (0: none)")
     parser.add_argument("--procs", type=int, default=2, help="most worker processes for the simulated agents")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() once the manager has loaded its trial table (an experiment)")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the manager process into FILE (pstats)")
     args = parser.parse_args()
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy"):
@@ -557,6 +552,7 @@ def main() -> int:
         for n in (int(x) for x in args.agents.split(",")):
             print(f"N={n} ...", file=sys.stderr, flush=True)
             rows.append(asyncio.run(run_one(n, args, root), debug=bool(os.environ.get("BENCH_DEBUG"))))
+            gc.collect()  # the stopped service is garbage: the next N starts from a clean heap
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)

@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 
 from nni_manager.hub.logfiles import LogFiles
+from nni_manager.service import heap
 from nni_manager.service.heap import HeapFreezer
 from nni_manager.service.trials import Trials
 from nni_manager.store import Store
@@ -97,8 +98,24 @@ def test_heap_freezer_freezes_at_start_and_as_the_table_grows() -> None:
         freezer.grown_to(150)
         assert gc.get_freeze_count() > first
         del kept
+        freezer.release()  # the service's clean-up: cycles among them can be collected again
+        assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_bulk_suspends_the_collector_and_restores_its_state() -> None:
+    assert gc.isenabled()
+    with heap.bulk():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with heap.bulk():
+            pass
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()
 
 
 def test_log_files_write_at_offsets_replay_and_bound_open_files(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from nni_manager.hub import Hub
 from nni_manager.service import hub_setup
 from nni_manager.service.agents import RELEASED, Agents
 from nni_manager.service.core import Background, Core, Listener, Listeners
+from nni_manager.service import heap
 from nni_manager.service.heap import HeapFreezer
 from nni_manager.service.hybrid import make_backend
 from nni_manager.service.trial_files import DIRECTORY_LIMIT, FILE_LIMIT, TrialFiles
@@ -94,7 +95,8 @@ class TrainingService:
         with store.transaction():
             store.init_experiment(self.experiment_id, _redacted(dataclasses.asdict(self.config)), now_ms())
             store.set_experiment_status("RUNNING")
-        trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
+        with heap.bulk():  # 100,000 trials after a long run
+            trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
         listen, tls = await hub_setup.listen_address(self._backend, store, self.experiment_dir, self.experiment_id)
         self._hub = hub = Hub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=store,
                               reconnect_window=self.reconnect_window, tcp=listen, tls=tls)
@@ -156,6 +158,7 @@ class TrainingService:
         with store.transaction():
             store.set_experiment_status("STOPPED")
         store.close()
+        self._heap.release()
 
     async def _settle(self, timeout: float) -> None:
         """Wait until no trial runs any more or no agent is connected."""
@@ -179,7 +182,8 @@ class TrainingService:
 
     # ------------------------------------------------------------------ NNI API
     async def list_trial_jobs(self) -> list[TrialJobDetail]:
-        return [t.snapshot() for t in self.trials.by_id.values()]
+        with heap.bulk():
+            return [t.snapshot() for t in self.trials.by_id.values()]
 
     async def get_trial_job(self, trial_id: str) -> TrialJobDetail:
         return self.trials.get(trial_id, self.experiment_id).snapshot()
