@@ -26,12 +26,15 @@ class HeapFreezer:
         self._next = 0
         self._frozen = False
 
-    def grown_to(self, size: int) -> None:
-        """Freeze the heap if the long-lived state (`size` trials) grew enough since last time."""
-        if size >= self._next:
-            gc.freeze()
-            self._frozen = True
-            self._next = size + max(self._min_growth, size // 10)
+    def grown_to(self, size: int) -> bool:
+        """Freeze the heap if the long-lived state (`size` trials) grew enough since last time;
+        whether it did."""
+        if size < self._next:
+            return False
+        gc.freeze()
+        self._frozen = True
+        self._next = size + max(self._min_growth, size // 10)
+        return True
 
     def release(self) -> None:
         """Hand the frozen objects back to the collector (the service is done with them)."""
