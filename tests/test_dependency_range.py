@@ -28,6 +28,8 @@ from unittest import mock
 import psutil
 import pytest
 
+from nni_agent.guardian import ARGV_TAG
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".venv" / "deprange"
 # The agent's runtime dependencies that the test pins (nvidia-ml-py is imported only on
@@ -236,8 +238,9 @@ def test_agent_across_the_dependency_range(end: str, monkeypatch: pytest.MonkeyP
                     raise AssertionError(f"{exc}; agent log:\n{_agent_logs(short)}") from None
                 assert done.status.value == "SUCCEEDED", (done.status, done.message, _agent_logs(short))
 
-                agents = [p for p in _live_children() if "nni_agent" in " ".join(p.cmdline())]
-                assert len(agents) == 1, [p.cmdline() for p in agents]
+                ours = [p for p in _live_children() if "nni_agent" in " ".join(p.cmdline())]
+                agents = [p for p in ours if ARGV_TAG not in p.cmdline()]  # not its guardian
+                assert len(agents) == 1, [p.cmdline() for p in ours]
                 assert agents[0].cmdline()[0] == str(python)  # the venv's agent, not this venv's
                 libs = {m.path for m in agents[0].memory_maps()}
                 venv_dir = str(python.parent.parent)
