@@ -128,51 +128,84 @@ def spawn_shell(command: str, *, cwd: Path, env: Mapping[str, str], stdout: Path
 _roots: dict[int, str] = {}
 
 
-def _has_marker(proc: psutil.Process, marker: str) -> bool:
+def marker_of(proc: psutil.Process) -> str | None:
+    """The marker `proc` carries (None: none, or unreadable now), read from its environment
+    once in its life: psutil.Process hashes by pid and start time, so a recycled pid is
+    another key. Kill walks and resource sampling share the cache."""
     try:
-        return _markers[proc] == marker
+        return _MARKERS[proc]
     except KeyError:
         pass
     try:
         value = proc.environ().get(MARKER_ENV)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    if len(_markers) > 4096:
-        _markers.clear()
-    _markers[proc] = value
-    return value == marker
+        return None  # not kept: a zombie may be a process seen alive, and the next look retries
+    if len(_MARKERS) > 4096:  # bounded, should forget_markers not run (no sampling)
+        _MARKERS.clear()
+    _MARKERS[proc] = value
+    return value
 
 
-_markers: dict[psutil.Process, str | None] = {}  # psutil.Process hashes by pid and start time
+def forget_markers(alive: set[psutil.Process]) -> None:
+    """Drop the cached markers of processes that are gone."""
+    for proc in [p for p in _MARKERS if p not in alive]:
+        _MARKERS.pop(proc, None)
 
 
-def _descendant_pids(root: int, children_only: bool = False) -> list[int] | None:
-    """Descendants of `root` from /proc/<pid>/task/<tid>/children: cost grows with the tree,
-    not with every process on the machine. None where the kernel does not offer the files."""
-    found: list[int] = []
+_MARKERS: dict[psutil.Process, str | None] = {}
+
+
+def _children(pid: int) -> list[int] | None:
+    """`pid`'s children from /proc/<pid>/task/<tid>/children; None where the kernel does not
+    offer the files (or `pid` is gone)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids.extend(int(k) for k in f.read().split())
+        except FileNotFoundError:
+            if not kids and tid == tids[0]:
+                return None
+        except OSError:
+            continue
+    return kids
+
+
+def children_map(root: int) -> dict[int, list[int]] | None:
+    """pid -> child pids for `root` and its descendants: cost grows with the tree, not with
+    every process on the machine. None where the kernel does not offer the files."""
+    edges: dict[int, list[int]] = {}
     stack = [root]
     while stack:
         pid = stack.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
+        kids = _children(pid)
+        if kids is None:
             if pid == root:
                 return None
             continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except FileNotFoundError:
-                if pid == root:
-                    return None
-                continue
-            except OSError:
-                continue
-            found.extend(kids)
-            if not children_only:
-                stack.extend(kids)
+        edges[pid] = kids
+        stack.extend(kids)
+    return edges
+
+
+def walk(edges: dict[int, list[int]], root: int) -> list[int]:
+    """The descendants of `root` in a children_map (not `root` itself)."""
+    found: list[int] = []
+    stack = list(edges.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(edges.get(pid, ()))
     return found
+
+
+def _descendant_pids(root: int) -> list[int] | None:
+    edges = children_map(root)
+    return None if edges is None else walk(edges, root)
 
 
 def descendants(pid: int | None = None) -> list[psutil.Process]:
@@ -184,13 +217,7 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
             return psutil.Process(pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    return procs
+    return _processes(pids)
 
 
 def tree_members(pgid: int, marker: str) -> list[psutil.Process]:
@@ -200,7 +227,7 @@ def tree_members(pgid: int, marker: str) -> list[psutil.Process]:
     members = []
     for proc in _candidates(marker):
         try:
-            if not (_pgid(proc) == pgid or _has_marker(proc, marker)):
+            if not (_pgid(proc) == pgid or marker_of(proc) == marker):
                 continue
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
@@ -214,7 +241,7 @@ def _candidates(marker: str) -> list[psutil.Process]:
     """The agent's descendants that may belong to trial `marker`: all of them but the subtrees
     of other live trials (O(this trial's processes + orphans), not O(every trial's))."""
     me = os.getpid()
-    children = _descendant_pids(me, children_only=True)
+    children = _children(me)
     if children is None:
         return descendants()
     pids: list[int] = []
@@ -223,6 +250,10 @@ def _candidates(marker: str) -> list[psutil.Process]:
             continue  # another live trial's root: its tree is its own
         pids.append(child)
         pids.extend(_descendant_pids(child) or ())
+    return _processes(pids)
+
+
+def _processes(pids: list[int]) -> list[psutil.Process]:
     procs = []
     for pid in pids:
         try:

@@ -20,7 +20,7 @@ import weakref
 
 import psutil
 
-from nni_agent.process import MARKER_ENV, descendants
+from nni_agent.process import children_map, descendants, forget_markers, marker_of, walk
 from nni_agent.v1 import agent_pb2 as pb
 
 
@@ -33,7 +33,7 @@ class _Tree:
         self.children: dict[int, list[int]] | None = {}  # None: no /proc children files, use psutil
         self.by_marker: dict[str, list[psutil.Process]] = {}
         me = os.getpid()
-        edges = _children_map(me)
+        edges = children_map(me)
         in_sampled_trees: set[int] = set()
         if edges is None:
             self.children = None
@@ -45,9 +45,9 @@ class _Tree:
             # processes that escaped to the agent (subreaper) and their children
             for root in {s._root_pid for s in _samplers} & set(edges.get(me, ())):
                 in_sampled_trees.add(root)
-                in_sampled_trees.update(_walk(edges, root))
+                in_sampled_trees.update(walk(edges, root))
             found = []
-            for pid in _walk(edges, me):
+            for pid in walk(edges, me):
                 try:
                     found.append(psutil.Process(pid))
                 except psutil.NoSuchProcess:
@@ -56,78 +56,21 @@ class _Tree:
             self.procs[proc.pid] = proc
             if proc.pid in in_sampled_trees:
                 continue
-            marker = _marker(proc)
+            marker = marker_of(proc)
             if marker is not None:
                 self.by_marker.setdefault(marker, []).append(proc)
-        alive = set(found)
-        for proc in [p for p in _MARKERS if p not in alive]:  # gone: forget what they carried
-            del _MARKERS[proc]
+        forget_markers(set(found))
 
     def subtree(self, root: int) -> list[psutil.Process]:
         """The live descendants of `root` (not `root` itself)."""
         if self.children is None:
             return descendants(root)
-        return [self.procs[pid] for pid in _walk(self.children, root) if pid in self.procs]
+        return [self.procs[pid] for pid in walk(self.children, root) if pid in self.procs]
 
 
-# process -> the marker it carries (None: none), read once in its life; psutil.Process compares
-# and hashes by pid and start time, so a recycled pid is another key
-_MARKERS: dict[psutil.Process, str | None] = {}
 # the tree walked in the current loop step, shared by every sampler of a round
 _rounds: dict[asyncio.AbstractEventLoop, _Tree] = {}
 _samplers: weakref.WeakSet[TreeSampler] = weakref.WeakSet()  # the live samplers, for their roots
-
-
-def _marker(proc: psutil.Process) -> str | None:
-    try:
-        return _MARKERS[proc]
-    except KeyError:
-        pass
-    try:
-        value = proc.environ().get(MARKER_ENV)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None  # not kept: a zombie may be a process we saw alive, and the next round retries
-    _MARKERS[proc] = value
-    return value
-
-
-def _children_map(root: int) -> dict[int, list[int]] | None:
-    """pid -> child pids for `root` and its descendants, from /proc/<pid>/task/<tid>/children;
-    None where the kernel does not offer the files."""
-    edges: dict[int, list[int]] = {}
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            if pid == root:
-                return None
-            continue
-        kids: list[int] = []
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                    kids.extend(int(k) for k in f.read().split())
-            except FileNotFoundError:
-                if pid == root:
-                    return None
-                continue
-            except OSError:
-                continue
-        edges[pid] = kids
-        stack.extend(kids)
-    return edges
-
-
-def _walk(edges: dict[int, list[int]], root: int) -> list[int]:
-    found: list[int] = []
-    stack = list(edges.get(root, ()))
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(edges.get(pid, ()))
-    return found
 
 
 def _tree() -> _Tree:

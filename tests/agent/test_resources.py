@@ -31,15 +31,20 @@ def _tree_cpu_seconds(root_pid: int) -> float:
     return total
 
 
-def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    escaped = python_command(
+def escaping_daemon(ready: Path) -> str:
+    """A command whose child leaves the trial's session (setsid) and touches `ready`."""
+    return python_command(
         "import os, time, pathlib\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         f"    pathlib.Path({str(ready)!r}).touch()\n"
         "    time.sleep(60)\n"
         "os._exit(0)\n")
+
+
+def test_tree_sample_counts_every_process_of_the_trial(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    escaped = escaping_daemon(ready)
     command = f"{python_command(BUSY)} & {python_command(HOLD_MEMORY)} & {escaped}; wait"
     rec = Recorder()
     # the background jobs of `sh -c` ignore the SIGINT a cancel starts with: SIGKILL after 0.5 s, not 5
@@ -86,13 +91,7 @@ def test_samplers_of_one_round_share_a_walk_and_keep_their_own_processes(tmp_pat
     monkeypatch.setattr(resources, "_Tree", counting_tree)
 
     def command(ready: Path) -> str:
-        escaped = python_command(
-            "import os, time, pathlib\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            f"    pathlib.Path({str(ready)!r}).touch()\n"
-            "    time.sleep(60)\n"
-            "os._exit(0)\n")
+        escaped = escaping_daemon(ready)
         return f"{python_command('import time; time.sleep(60)')} & {escaped}; wait"
 
     async def body() -> tuple[list[pb.TrialResources], int, list[pb.TrialResources]]:
