@@ -121,3 +121,39 @@ class EmulatorHandle:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+class RestControls(EmulatorHandle):
+    """The control endpoints the AML and DLTS emulators share (`/_emulator/...`): fault
+    injection, the jobs with their processes, the requests received."""
+
+    job_key: ClassVar[str]  # the field that names a job in `jobs()`
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        raise NotImplementedError
+
+    def fault(self, status: int | None = 503, count: int = 1, method: str | None = None, path: str | None = None,
+              retry_after: int | None = None, hang: float = 0.0, message: str | None = None) -> None:
+        """Answer the next `count` API requests matching method/path (regex) with `status` in the
+        platform's own error body, after hanging `hang` seconds; status None = hang only."""
+        self._call("POST", "faults", {"status": status, "count": count, "method": method, "path": path,
+                                      "retry_after": retry_after, "hang": hang, "message": message})
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "faults")
+
+    def jobs(self) -> list[dict]:
+        """Every job, as the platform records it plus history, exit codes, pids and task dirs."""
+        return self._call("GET", "jobs")
+
+    def job(self, key: str) -> dict:
+        for j in self.jobs():
+            if j[self.job_key] == key:
+                return j
+        raise KeyError(key)
+
+    def live_pids(self) -> list[int]:
+        return self._call("GET", "pids")["pids"]
+
+    def requests(self) -> list[dict]:
+        return self._call("GET", "requests")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.emulators import RestControls, emulator_factory, start_emulator_process
 
 from tests.aml.emulator.tokens import mint
 
@@ -35,10 +35,11 @@ AZURE_IDENTITY_VARS = ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_I
                        "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT")
 
 
-class Aml(EmulatorHandle):
+class Aml(RestControls):
     """A running emulator: ids of its workspace, its URL and CA, credentials and test controls."""
 
     marker = MARK
+    job_key = "name"
 
     def __init__(self, state: Path, proc: subprocess.Popen, cfg: dict):
         self.state, self.proc, self.cfg = state, proc, cfg
@@ -101,32 +102,6 @@ class Aml(EmulatorHandle):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, context=self._ssl, timeout=30) as r:
             return json.loads(r.read())
-
-    def fault(self, status: int | None = 503, count: int = 1, method: str | None = None, path: str | None = None,
-              retry_after: int | None = None, hang: float = 0.0, message: str | None = None) -> None:
-        """Answer the next `count` ARM requests matching method/path (regex) with `status` in ARM's
-        envelope (429: SubscriptionRequestsThrottled), after hanging `hang` seconds; None = hang only."""
-        self._call("POST", "faults", {"status": status, "count": count, "method": method, "path": path,
-                                      "retry_after": retry_after, "hang": hang, "message": message})
-
-    def clear_faults(self) -> None:
-        self._call("DELETE", "faults")
-
-    def jobs(self) -> list[dict]:
-        """Every job: name, status, history, exitCodes, error, command, environmentVariables, pids, taskDirs."""
-        return self._call("GET", "jobs")
-
-    def job(self, name: str) -> dict:
-        for j in self.jobs():
-            if j["name"] == name:
-                return j
-        raise KeyError(name)
-
-    def live_pids(self) -> list[int]:
-        return self._call("GET", "pids")["pids"]
-
-    def requests(self) -> list[dict]:
-        return self._call("GET", "requests")
 
     def api_versions(self) -> dict[str, list[str]]:
         """Operation kind (e.g. 'jobs.put') -> the api-versions received for it."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.emulators import RestControls, emulator_factory, start_emulator_process
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,10 +25,11 @@ VENV_BIN = str(Path(sys.executable).parent)
 MARK = "DLTS_EMULATOR"
 
 
-class Dlts(EmulatorHandle):
+class Dlts(RestControls):
     """A running dashboard emulator: its URL, a user's credentials and the test controls."""
 
     marker = MARK
+    job_key = "jobId"
 
     def __init__(self, state: Path, proc: subprocess.Popen, config: dict, master_token: str):
         self.state, self.proc, self.config = state, proc, config
@@ -64,32 +65,6 @@ class Dlts(EmulatorHandle):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
-
-    def fault(self, status: int | None = 503, count: int = 1, method: str | None = None, path: str | None = None,
-              retry_after: int | None = None, hang: float = 0.0, message: str | None = None) -> None:
-        """Answer the next `count` API requests matching method/path (regex) with `status`
-        (Koa's plain-text body), after hanging `hang` seconds; status None = hang only."""
-        self._call("POST", "faults", {"status": status, "count": count, "method": method, "path": path,
-                                      "retry_after": retry_after, "hang": hang, "message": message})
-
-    def clear_faults(self) -> None:
-        self._call("DELETE", "faults")
-
-    def jobs(self) -> list[dict]:
-        """Every job: the v2 record plus history, attempt, exitCode, errorMsg, pids, taskDir."""
-        return self._call("GET", "jobs")
-
-    def job(self, job_id: str) -> dict:
-        for j in self.jobs():
-            if j["jobId"] == job_id:
-                return j
-        raise KeyError(job_id)
-
-    def live_pids(self) -> list[int]:
-        return self._call("GET", "pids")["pids"]
-
-    def requests(self) -> list[dict]:
-        return self._call("GET", "requests")
 
     def hold(self, state: str | None) -> None:
         """Jobs stop advancing when they reach `state` (None releases them)."""
