@@ -95,8 +95,10 @@ class RawAgent:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         if self._channel is not None:
             await self._channel.close()
+            self._channel = None
 
     async def _read(self) -> None:
         while (msg := await self._call.read()) is not grpc.aio.EOF:
