@@ -125,10 +125,8 @@ class TrialFiles:
     def _own_copy(self, t: TrialJobDetail, rel: PurePosixPath, max_bytes: int) -> bytes | None:
         """The manager's streamed copy of a log (no symlink followed), bounded as the agent
         bounds its answers; None when there is none."""
-        if len(rel.parts) != 1:
-            return None
-        experiment_dir = self.core.experiment_dir
-        f = open_in(experiment_dir, experiment_dir / "trials" / t.id, rel.name)
+        own = self.core.experiment_dir / "trials" / t.id
+        f = open_in(own, own.joinpath(*rel.parts).parent, rel.name)
         if f is None:
             return None
         data = read_capped(f, max_bytes, tail=False)
