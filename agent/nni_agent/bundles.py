@@ -119,13 +119,15 @@ class BundleCache:
         import shutil
         import tarfile  # only workers that receive code pay for it
 
+        from nni_agent.safe_tar import extract_all
+
         final = self.root / hexdigest
         tmp = self.root / f"{hexdigest}.unpacking"
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+                extract_all(tar, tmp)  # refuses absolute paths, .., links out, device files
             tmp.rename(final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,9 +12,17 @@ from pathlib import Path
 from nni_manager.config import ConfigError, load_config
 from nni_manager.types import TrialJobDetail
 
-EXIT_FAILED = 1
+EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+RUN_EXIT_CODES = f"""exit status:
+  0    the experiment is done (maxTrialNumber, maxExperimentDuration or the tuner's end)
+  {EXIT_TUNER_FAILED}    the tuner / assessor / advisor failed (status ERROR)
+  {EXIT_CONFIG}    the config or an argument is wrong (nothing was started)
+  {EXIT_NO_WORKER}    no worker could start, or every worker was lost for good (status ERROR)
+  {EXIT_INTERRUPTED}  stopped by the user (Ctrl-C, SIGTERM, DELETE /experiment)
+On failure the last line on stderr says why."""
 
 
 class UsageError(Exception):
@@ -26,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (NNI v2 or v1 YAML config)",
                          description="Run an experiment until maxTrialNumber / maxExperimentDuration / the tuner "
-                                     "is done. Ctrl-C cancels the running trials and stops cleanly.")
+                                     "is done. Ctrl-C cancels the running trials and stops cleanly.",
+                         epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("config", type=Path, help="experiment config YAML")
     run.add_argument("--experiment-id", help="resume this experiment (same experimentWorkingDirectory)")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
@@ -141,7 +150,8 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
-    from nni_manager.experiment import Experiment
+    from nni_manager.dispatcher import DispatcherError
+    from nni_manager.experiment import Experiment, NoWorkerError
     from nni_manager.service.nni_api import new_id
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
@@ -178,25 +188,31 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             except asyncio.CancelledError:
                 webui.finish("STOPPING")
                 return False
+            except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
+                webui.finish("ERROR", str(exc))
+                if keep_serving:
+                    await webui.serve_until_stopped("has failed")
+                raise
             except Exception as exc:
                 webui.finish("ERROR", str(exc))
                 raise
             webui.finish("DONE")
             if keep_serving:
-                await webui.serve_until_stopped()
+                await webui.serve_until_stopped("is done")
         return True
 
-    from nni_manager.dispatcher import DispatcherError
-
+    failure = 0
     with view:
         try:
             finished = asyncio.run(go())
         except DispatcherError:  # the tuner failed; its trials are cancelled: the summary and the reason follow
-            finished = True
-    print(final_summary(experiment.result()))
+            finished, failure = True, EXIT_TUNER_FAILED
+        except NoWorkerError:  # no trial can ever run: ERROR, never success
+            finished, failure = True, EXIT_NO_WORKER
+    print(final_summary(experiment.result()), flush=True)
     if experiment.error:
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
-        return EXIT_FAILED
+        return failure or EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
 
 

@@ -145,6 +145,8 @@ class LiveExperiment(ExperimentSide):
             return own, [error] if error else []
         if self.phase != "RUNNING":
             return self.phase, list(self.errors)
+        if own == "INITIALIZED":  # the training service is still starting (machines being bootstrapped)
+            return "INITIALIZED", []
         why = getattr(self.experiment, "_why_no_more_trials", lambda: "")()
         if why:
             return ("TUNER_NO_MORE_TRIAL" if why.startswith("the tuner") else "NO_MORE_TRIAL"), []
