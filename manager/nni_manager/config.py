@@ -117,10 +117,18 @@ class ExperimentConfig:
 # and the user needs them to debug a config); `strictHostKeyChecking` holds a switch; `password`,
 # `sshPassphrase`, `token`, `accountKey`, `keyVaultKey`, `AZURE_CLIENT_SECRET`, `WANDB_API_KEY`
 # hold the secret itself. Whole words only: `monkey`, `max_tokens` or `keyboard` are no secret.
+# Tools' own variables count too: `PGPASSWORD` and `DBPASSWORD` (a word ending in a long secret
+# word), `MYSQL_PWD` (`pwd` after another word: `PWD` alone is the working directory), `SSHPASS`,
+# `DB_PASS`, `GITHUB_PAT`, `AZURE_STORAGE_SAS`, `SENTRY_DSN`, and a URL of a data service
+# (`DATABASE_URL`, `REDIS_URL`, `MONGODB_URI`, `CELERY_BROKER_URL`), which carries its password.
 _SECRET_WORDS = frozenset({
     "password", "passwd", "passphrase", "token", "secret", "secrets", "key", "credential", "credentials",
     "connectionstring", "apikey", "accesskey", "secretkey", "privatekey",
+    "pass", "sshpass", "pat", "sas", "dsn",
 })
+_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey", "credential", "credentials")
+_DATA_SERVICES = frozenset({"database", "db", "redis", "mongo", "mongodb", "postgres", "postgresql", "pg", "mysql",
+                            "amqp", "rabbitmq", "broker", "sqlalchemy", "kafka", "elasticsearch", "celery"})
 # Fields kept as given: a search space maps the user's parameter names (never credentials) to
 # distributions, and view mode shows it from the store.
 _NEVER_SECRET = frozenset({"search_space"})
@@ -137,7 +145,14 @@ def is_secret(name: str) -> bool:
     """Whether a config field (or a key of a user's mapping) holds a secret, kept out of reprs,
     logs and the store. See the rule above."""
     words = _words(str(name))
-    return bool(words) and (words[-1] in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS)
+    if not words:
+        return False
+    last = words[-1]
+    if last in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS or last.endswith(_SECRET_SUFFIXES):
+        return True
+    if last == "pwd":
+        return len(words) > 1
+    return last in ("url", "uri") and any(w in _DATA_SERVICES for w in words[:-1])
 
 
 def redacted(value: Any, name: str = "") -> Any:
@@ -735,6 +750,9 @@ def _algorithms(root: ConfigSection, base: Path) -> tuple[TunerConfig | None, Tu
             raise ConfigError("assessor", "given together with an advisor, which stops trials itself",
                               "remove the assessor (NNI ignores it with an advisor)")
         tuner = advisor
+    if tuner is None and assessor is not None:  # NNI 3.0: "ExperimentConfig: tuner must be set"
+        raise ConfigError("tuner", "must be set: an assessor only judges the trials a tuner proposes",
+                          "add `tuner: {name: TPE}` (or an advisor such as Hyperband)")
     return tuner, assessor
 
 
