@@ -132,6 +132,7 @@ _DATA_SERVICES = frozenset({"database", "db", "redis", "mongo", "mongodb", "post
 # Fields kept as given: a search space maps the user's parameter names (never credentials) to
 # distributions, and view mode shows it from the store.
 _NEVER_SECRET = frozenset({"search_space"})
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 REDACTED = "***"
 
 
@@ -674,6 +675,10 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     if env is not _MISSING:
         if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
             raise ConfigError(env_path, "must map variable names to values", "e.g. `agentEnv: {CUDA_HOME: /usr/local/cuda}`")
+        for k in env:  # a name goes into `export NAME=...` lines and env lists: only a real variable name
+            if not _ENV_NAME.fullmatch(k):
+                raise ConfigError(f"{env_path}.{k}", "is not an environment variable name",
+                                  "use letters, digits and _ (not starting with a digit), e.g. CUDA_HOME")
         ts_config.agent_env = {k: str(v) for k, v in env.items()}
     port = ts.int_("hubPort", minimum=1)
     if port is not None and port > 65535:

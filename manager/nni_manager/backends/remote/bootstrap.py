@@ -97,9 +97,9 @@ def probe_command(python_dir: str | None, tag: str, launch_files: AgentLaunch | 
     for c in candidates(python_dir):
         q = shlex.quote(c)
         found = f"[ -x {q} ] && [ -f {q} ]" if "/" in c else f"command -v {q} >/dev/null 2>&1"
-        lines.append(
-            f"if {found}; then echo \"PY	{c}	$({q} -c {shlex.quote(version)} 2>&1 | head -c 300 | tr '\\n\\t' '  ')\"; "
-            f"else echo \"PY	{c}	(not found)\"; fi"
+        lines.append(  # the candidate is printed as an argument, never expanded inside a string
+            f"if {found}; then printf 'PY\\t%s\\t%s\\n' {q} \"$({q} -c {shlex.quote(version)} 2>&1 | head -c 300 "
+            f"| tr '\\n\\t' '  ')\"; else printf 'PY\\t%s\\t(not found)\\n' {q}; fi"
         )
     lines.append(f"cat {home_path(f'.nni-agent/{tag}/pythons')} 2>/dev/null | sed 's/^/INSTALLED	/'")
     if launch_files is not None:
