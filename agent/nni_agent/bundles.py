@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nni_agent.compat import to_thread
 from nni_agent.v1 import agent_pb2 as pb
 
 
@@ -101,7 +102,7 @@ class BundleCache:
     async def _unpack_for(self, digest: str, archive: Path, hexdigest: str, fut: asyncio.Future[Path]) -> None:
         """Unpack in a worker thread, then resolve the waiters (with the error if it fails)."""
         try:
-            path = await asyncio.to_thread(self._unpack, archive, hexdigest)
+            path = await to_thread(self._unpack, archive, hexdigest)
         except Exception as exc:  # a bad archive fails its trials, never the agent
             if not fut.done():
                 fut.set_exception(BundleError(f"bundle {digest}: {exc}"))

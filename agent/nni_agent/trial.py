@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
 from nni_agent.metrics import route_metric
@@ -235,7 +236,7 @@ class Trial:
                 self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
                                    f"exceeded the maximum trial duration of {max_s:g}s")
                 wait_status = await exit_status
-            code = os.waitstatus_to_exitcode(wait_status)
+            code = waitstatus_to_exitcode(wait_status)
             if self._stop is None and (-code in _TREE_SIGNALS or code - 128 in _TREE_SIGNALS):  # a shell says 128+N
                 await asyncio.sleep(SIGNAL_SETTLE_S)
             self._exited = True
@@ -257,7 +258,7 @@ class Trial:
             self._finish(state, reason)
 
     def _outcome(self, wait_status: int) -> tuple[int, str]:
-        code = os.waitstatus_to_exitcode(wait_status)
+        code = waitstatus_to_exitcode(wait_status)
         if code >= 0:
             self._status.has_exit_code = True
             self._status.exit_code = code

@@ -508,7 +508,7 @@ class RestJobBackend(Backend):
 
     def _check_hint(self, job: Job) -> str:
         return (f"check that the job's nodes can reach {self._hub(job)} (nniManagerIp, hubPort, firewalls) and that "
-                "its image has Python >= 3.10 with nni-agent (the job's log says which)")
+                "its image has Python >= 3.8 with nni-agent (the job's log says which)")
 
     async def _ended(self, job: Job, view: JobView) -> None:
         assert self.ctx is not None

@@ -1,6 +1,6 @@
 """platform: remote — agents on SSH machines that need no route to the manager.
 
-Per machine: connect (host keys checked), find Python >= 3.10, install the agent from a
+Per machine: connect (host keys checked), find Python >= 3.8, install the agent from a
 wheel the manager builds from itself (reused when already installed), start it detached,
 and forward a worker-side loopback port to the hub over the same SSH connection. If the
 link drops, or a restarted manager finds the agent still running, re-open the forward (on
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import nni_agent
+from nni_agent.compat import MIN_PYTHON_TEXT
 import paramiko
 
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, PlacementHints
@@ -326,7 +327,7 @@ class RemoteBackend(Backend):
             lines += [
                 f"- {name}: ssh {'via proxyCommand `' + proxy + '`' if proxy else 'direct'}, "
                 f"host key {'checked against ' + str(m.known_hosts_file or '~/.ssh/known_hosts') if m.strict_host_key_checking else 'NOT checked'}",
-                f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= 3.10 wins)",
+                f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= {MIN_PYTHON_TEXT} wins)",
                 f"  install (unless present): upload wheel by SFTP, unpack into ~/.nni-agent/{launch.tag}/lib",
                 "  forward: worker 127.0.0.1:<forwarded-port> -> hub over this SSH connection",
                 "  start (token written from stdin to a 0600 file, never on a command line):",

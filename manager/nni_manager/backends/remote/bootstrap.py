@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 import paramiko
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
 from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
 
-MIN_PYTHON = (3, 10)
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 # import name -> distribution name, for the agent's requirements
 MODULES = AGENT_MODULES
@@ -130,7 +130,7 @@ def parse_probe(text: str) -> Probe:
             if m is None:
                 probe.rejected.append(f"{cand}: {answer.strip() or 'no output'}")
             elif (int(m[1]), int(m[2])) < MIN_PYTHON:
-                probe.rejected.append(f"{cand}: Python {m[1]}.{m[2]}.{m[3]} is older than 3.10")
+                probe.rejected.append(f"{cand}: Python {m[1]}.{m[2]}.{m[3]} is older than {MIN_PYTHON_TEXT}")
             else:
                 probe.python, probe.python_version = m[4].strip(), f"{m[1]}.{m[2]}"
     return probe
@@ -144,7 +144,7 @@ def probe(client: paramiko.SSHClient, python_dir: str | None, tag: str, launch_f
     if result.python is None:
         where = f"pythonPath {python_dir}" if python_dir else "PATH (set pythonPath to choose another Python)"
         raise BootstrapError(
-            f"no Python >= 3.10 found in {where}; tried: {'; '.join(result.rejected)}"
+            f"no Python >= {MIN_PYTHON_TEXT} found in {where}; tried: {'; '.join(result.rejected)}"
         )
     return result
 
