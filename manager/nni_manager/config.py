@@ -97,6 +97,7 @@ class ExperimentConfig:
     trial_grace_period: float = 5.0
     debug: bool = False
     log_level: str = "info"  # NNI's logLevel: the manager's log file and the dispatcher's
+    config_file: Path | None = None  # the YAML it was loaded from: `nni-manager resume ID` loads it again
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)
@@ -493,7 +494,10 @@ def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfi
         base = (base_dir or Path.cwd()).resolve()
     if data is None:
         raise ConfigError("(root)", "the config is empty", "write at least trialCommand, trialConcurrency and trainingService")
-    return _parse(ConfigSection(data, "", base), base)
+    config = _parse(ConfigSection(data, "", base), base)
+    if isinstance(source, (str, Path)):
+        config.config_file = Path(source).expanduser().resolve()
+    return config
 
 
 def _is_nni_config(source: Any) -> bool:
