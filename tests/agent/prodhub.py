@@ -7,7 +7,8 @@ re-registered from the store by a restarted manager), and a `Hub` whose handler 
 `RecordingHandler`: it sees what the hub hands the manager core (only after the hub's token
 and version checks, deduplication and ordering) and stores each batch's progress in the same
 transaction, as the core does. `restart()` is a manager restart: a new `Hub` built from the
-store, on the same port unless asked otherwise.
+store, on the same port unless asked otherwise. With `tls`, the TCP listener serves TLS from
+the experiment's own CA (as a manager's loopback hub does), kept across restarts.
 
 Only `bundles_served` is observation added to the hub (`ObservedHub`); nothing is changed.
 """
@@ -25,7 +26,8 @@ from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import AgentSpec, PlacementHints
-from nni_manager.hub import Hub
+from nni_manager.hub import Hub, TlsMaterial
+from nni_manager.hub.tls import experiment_tls
 from nni_manager.service.agents import Agents
 from nni_manager.store import Store
 
@@ -178,10 +180,13 @@ class ObservedHub(Hub):
 class ProdHub:
     """A production hub on 127.0.0.1 (TCP) plus its Unix socket, with agent subprocesses."""
 
-    def __init__(self, experiment_dir: Path, *, experiment_id: str = "hubexp1", **hub_kwargs: Any) -> None:
+    def __init__(self, experiment_dir: Path, *, experiment_id: str = "hubexp1", tls: bool = False,
+                 **hub_kwargs: Any) -> None:
         self.experiment_dir = experiment_dir
         self.experiment_id = experiment_id
         self.store = Store.open(experiment_dir)
+        self.use_tls = tls
+        self.tls: TlsMaterial | None = None
         self.handler = RecordingHandler(self.store, experiment_dir)
         self.hub_kwargs = hub_kwargs
         self.hub: ObservedHub | None = None
@@ -199,10 +204,12 @@ class ProdHub:
     async def start(self, *, same_port: bool = False) -> ProdHub:
         """Start a hub; its agents come from the store, as in a (re)started manager."""
         tcp = f"127.0.0.1:{self.port if same_port else 0}"
+        if self.use_tls:  # read again from the experiment directory, as a restarted manager does
+            self.tls = experiment_tls(self.experiment_dir / "tls", ["127.0.0.1"], self.experiment_id)
         hub = ObservedHub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=self.store,
-                          handler=self.handler, tcp=tcp, **self.hub_kwargs)
+                          handler=self.handler, tcp=tcp, tls=self.tls, **self.hub_kwargs)
         hub.bundles_served = self.bundles_served
-        self.registry = Agents(self.store, hub, b"")
+        self.registry = Agents(self.store, hub, self.tls.ca_certificate if self.tls else b"")
         await hub.start()
         self.hub = hub
         self.port = int(hub.address.rpartition(":")[2])
@@ -268,6 +275,8 @@ class ProdHub:
         env = dict(os.environ, NNI_AGENT_TOKEN=token if token is not None else self.token(agent_id),
                    **(extra_env or {}))
         where = ["--manager-file", str(manager_file)] if manager_file else ["--manager", address or self.address]
+        if self.tls is not None:
+            where += ["--ca-file", str(self.experiment_dir / "tls" / "ca.crt")]
         proc = subprocess.Popen(
             [sys.executable, "-m", "nni_agent", *where, "--agent-id", agent_id,
              "--work-dir", str(work_dir), "--log-file", str(work_dir.parent / f"{agent_id}.log"), *args],

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ssh
 
 
 def new_hub(short_dir: Path) -> ProdHub:
-    return ProdHub(short_dir / "exp", experiment_id="rt" + secrets.token_hex(4))
+    return ProdHub(short_dir / "exp", experiment_id="rt" + secrets.token_hex(4), tls=True)  # as the loopback hub
 
 
 def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:

@@ -2,7 +2,9 @@
 
 Per machine: connect (host keys checked), find Python >= 3.10, install the agent from a
 wheel the manager builds from itself (reused when already installed), start it detached,
-and forward a worker-side loopback port to the hub over the same SSH connection. If the
+and forward a worker-side loopback port to the hub over the same SSH connection. The agent
+speaks TLS through that forward and trusts only the experiment's CA (uploaded beside its
+token): whoever binds the worker port while the link is down cannot pass as the hub. If the
 link drops, or a restarted manager finds the agent still running, re-open the forward (on
 the same worker port if it is free, else on a new one the agent reads from its manager file
 before redialling), so the running agent simply redials and its trials carry on.
@@ -118,7 +120,7 @@ class _Machine:
 
     def _start_agent(self) -> None:
         assert self.client is not None and self.launch is not None
-        pid = bootstrap.start_agent(self.client, self.launch, self.spec.token)
+        pid = bootstrap.start_agent(self.client, self.launch, self.spec.token, self.spec.ca_certificate)
         log.info("%s: agent %s started (pid %s), hub via worker port %s", self.label, self.spec.agent_id, pid,
                  self.launch.remote_port)
 
@@ -329,6 +331,8 @@ class RemoteBackend(Backend):
                 f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= 3.10 wins)",
                 f"  install (unless present): upload wheel by SFTP, unpack into ~/.nni-agent/{launch.tag}/lib",
                 "  forward: worker 127.0.0.1:<forwarded-port> -> hub over this SSH connection",
+                "  CA: the experiment's CA certificate uploaded by SFTP beside the token; the agent trusts "
+                "only it (TLS through the tunnel)",
                 "  start (token written from stdin to a 0600 file, never on a command line):",
                 *("    " + line for line in bootstrap.start_command(launch).splitlines()),
             ]

@@ -5,7 +5,11 @@ that lets agents on compute nodes reach the manager's hub through that SSH conne
       --> login 127.0.0.1:<forward port> (sshd remote forward) ==SSH==> manager --> hub 127.0.0.1:<hubPort>
 
 The relay only pipes bytes: TLS runs end to end between agent and hub, whose certificate names
-`relayHost`. The relay reads its target from a file for every connection, so after a dropped link or
+`relayHost`. That is what authenticates the hub: the agents (`--ca-file`) trust only the
+experiment's own CA, whose key never leaves the manager, so whoever binds the relay's port or the
+forward port on the login node while the relay or the link is down (any user of a shared login
+node can) fails the handshake and never sees a token nor gets an agent to obey it. Only with
+`hubTls: false` (warned about at start) does this path carry plain text. The relay reads its target from a file for every connection, so after a dropped link or
 a manager restart only that file changes; its own port (what the batch scripts name) stays.
 Files under ~/nni-experiments/<exp>/ on the login node (home is shared with the compute nodes on
 most clusters): slurm/<job>/ (0700: tokens and CA as 0600 files by SFTP, batch.sh, logs),
