@@ -7,8 +7,9 @@ re-registered from the store by a restarted manager), and a `Hub` whose handler 
 `RecordingHandler`: it sees what the hub hands the manager core (only after the hub's token
 and version checks, deduplication and ordering) and stores each batch's progress in the same
 transaction, as the core does. `restart()` is a manager restart: a new `Hub` built from the
-store, on the same port unless asked otherwise. With `tls`, the TCP listener serves TLS from
-the experiment's own CA (as a manager's loopback hub does), kept across restarts.
+store, on the same port unless asked otherwise. With `tls=` (a TlsMaterial, e.g. the
+experiment's own CA from `experiment_tls`, as a manager's loopback hub has) the TCP listener
+serves TLS, the registry hands agents that CA, and `start_agent` gives them `--ca-file`.
 
 Only `bundles_served` is observation added to the hub (`ObservedHub`); nothing is changed.
 """
@@ -27,7 +28,6 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import AgentSpec, PlacementHints
 from nni_manager.hub import Hub, TlsMaterial
-from nni_manager.hub.tls import experiment_tls
 from nni_manager.service.agents import Agents
 from nni_manager.store import Store
 
@@ -180,13 +180,10 @@ class ObservedHub(Hub):
 class ProdHub:
     """A production hub on 127.0.0.1 (TCP) plus its Unix socket, with agent subprocesses."""
 
-    def __init__(self, experiment_dir: Path, *, experiment_id: str = "hubexp1", tls: bool = False,
-                 **hub_kwargs: Any) -> None:
+    def __init__(self, experiment_dir: Path, *, experiment_id: str = "hubexp1", **hub_kwargs: Any) -> None:
         self.experiment_dir = experiment_dir
         self.experiment_id = experiment_id
         self.store = Store.open(experiment_dir)
-        self.use_tls = tls
-        self.tls: TlsMaterial | None = None
         self.handler = RecordingHandler(self.store, experiment_dir)
         self.hub_kwargs = hub_kwargs
         self.hub: ObservedHub | None = None
@@ -197,6 +194,10 @@ class ProdHub:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
+    def tls(self) -> TlsMaterial | None:
+        return self.hub_kwargs.get("tls")
+
+    @property
     def trials(self) -> dict[str, TrialView]:
         return self.handler.trials
 
@@ -204,10 +205,8 @@ class ProdHub:
     async def start(self, *, same_port: bool = False) -> ProdHub:
         """Start a hub; its agents come from the store, as in a (re)started manager."""
         tcp = f"127.0.0.1:{self.port if same_port else 0}"
-        if self.use_tls:  # read again from the experiment directory, as a restarted manager does
-            self.tls = experiment_tls(self.experiment_dir / "tls", ["127.0.0.1"], self.experiment_id)
         hub = ObservedHub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=self.store,
-                          handler=self.handler, tcp=tcp, tls=self.tls, **self.hub_kwargs)
+                          handler=self.handler, tcp=tcp, **self.hub_kwargs)
         hub.bundles_served = self.bundles_served
         self.registry = Agents(self.store, hub, self.tls.ca_certificate if self.tls else b"")
         await hub.start()
@@ -276,7 +275,9 @@ class ProdHub:
                    **(extra_env or {}))
         where = ["--manager-file", str(manager_file)] if manager_file else ["--manager", address or self.address]
         if self.tls is not None:
-            where += ["--ca-file", str(self.experiment_dir / "tls" / "ca.crt")]
+            ca = self.experiment_dir / "agent-ca.crt"
+            ca.write_bytes(self.tls.ca_certificate)
+            where += ["--ca-file", str(ca)]
         proc = subprocess.Popen(
             [sys.executable, "-m", "nni_agent", *where, "--agent-id", agent_id,
              "--work-dir", str(work_dir), "--log-file", str(work_dir.parent / f"{agent_id}.log"), *args],
