@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +24,16 @@ import pytest
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
-from nni_manager.backends.remote.backend import RemoteBackend
+from nni_manager.backends.remote import bootstrap
+from nni_manager.backends.remote.backend import RemoteBackend, agent_names
+from nni_manager.backends.remote.bootstrap import AgentLaunch
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.hub import Hub
 from nni_manager.hub.tls import TlsMaterial, experiment_tls
 from nni_manager.service import hub_setup
+from nni_manager.ssh.commands import home_path, run
+from nni_manager.ssh.connection import connect
 from nni_manager.store import Store
 from tests.agent.prodhub import HubContext, ProdHub
 from tests.manager.helpers import until
@@ -206,6 +211,51 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
         assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []
 
     asyncio.run(asyncio.wait_for(scenario(), 240))
+
+
+def test_a_running_agent_that_does_not_verify_the_hub_is_replaced_not_reattached(
+        plain_sshd, short_dir: Path) -> None:  # noqa: F811
+    """An agent an older manager started (no CA: it talks to whoever answers on its port) is not
+    taken back by a manager restarted after the upgrade: it is stopped and one that verifies the
+    hub takes its place."""
+    experiment_id = "sec" + secrets.token_hex(4)
+    exp_dir = short_dir / "exp"
+    machine = plain_sshd.machine
+
+    async def scenario() -> None:
+        backend = RemoteBackend(_remote_config(machine))
+        hub = ProdHub(exp_dir, experiment_id=experiment_id)
+        _, hub.hub_kwargs["tls"] = await hub_setup.listen_address(backend, hub.store, exp_dir, experiment_id)
+        await hub.start()
+        ctx = HubContext(hub)
+        ctx.attach(backend)
+        try:
+            spec = ctx.add_agent(agent_names([machine])[0])
+            with socket.socket() as s:  # where the old agent's tunnel was: nothing listens there now
+                s.bind(("127.0.0.1", 0))
+                gone_port = s.getsockname()[1]
+            launch = AgentLaunch(experiment_id, spec.agent_id, "old", sys.executable, "", None, gone_port, 600.0)
+            old_command = bootstrap.start_command(launch).replace(
+                f" --tls --ca-file {home_path(launch.run_file('ca.crt'))}", "")
+            assert "--ca-file" not in old_command
+            client = connect(machine)
+            try:
+                _, out, err = await asyncio.to_thread(run, client, old_command, stdin=spec.token.encode())
+            finally:
+                client.close()
+            old_pid = int(out.strip())
+            await until(lambda: _agent_pid(experiment_id, spec.agent_id) == old_pid, 10, "the old agent's pid file")
+
+            await backend.start(ctx)
+            await hub.wait_for(lambda: ctx.agent_connected(spec.agent_id), 60, "an agent that verifies the hub")
+            assert _agent_pid(experiment_id, spec.agent_id) != old_pid
+            await until(lambda: not Path(f"/proc/{old_pid}").exists(), 30, "the old agent to be stopped")
+        finally:
+            await backend.stop()
+            await hub.close()
+        assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))
 
 
 def _old_agent_hello(credential: str) -> bytes:

@@ -85,6 +85,12 @@ class _Machine:
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
             self.machine.python_path, 0, self.options.reconnect_window + 60.0, dict(self.options.agent_env),
         )
+        if found.running_pid is not None and not found.running_verifies_hub:
+            log.warning("%s: agent pid %s was started without the experiment's CA (by an older manager) and would "
+                        "talk to whoever answers on its port: stopping it and its trials, starting one that verifies "
+                        "the hub", self.label, found.running_pid)
+            bootstrap.stop_agent(self.client, self.launch, self.grace)
+            found.running_pid = None
         if found.running_pid is not None:  # a restarted manager: re-attach to the running agent
             self._reopen_forward(port)
             log.info("%s: re-attached to running agent pid %s; hub via worker port %s", self.label,

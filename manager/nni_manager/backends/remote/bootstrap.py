@@ -81,6 +81,7 @@ class Probe:
     installed_for: list[str] = field(default_factory=list)  # pythons the install was checked with
     running_pid: int | None = None  # an agent of this id already running (manager restart)
     running_port: int | None = None
+    running_verifies_hub: bool = False  # it was started with --ca-file (older managers started agents without)
     rejected: list[str] = field(default_factory=list)
 
     @property
@@ -110,7 +111,8 @@ def probe_command(python_dir: str | None, tag: str, launch_files: AgentLaunch | 
         pid, where = home_path(launch_files.run_file("pid")), home_path(launch_files.run_file("manager"))
         lines.append(
             f"p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && grep -q nni_agent /proc/$p/cmdline 2>/dev/null "
-            f"&& echo \"RUNNING	$p	$(cat {where} 2>/dev/null)\""
+            f"&& echo \"RUNNING	$p	$(cat {where} 2>/dev/null)	"
+            f"$(tr '\\0' ' ' </proc/$p/cmdline | grep -q -e --ca-file && echo verifies)\""
         )
     lines.append("true")
     return "\n".join(lines)
@@ -125,9 +127,11 @@ def parse_probe(text: str) -> Probe:
         elif kind == "INSTALLED":
             probe.installed_for.append(rest)
         elif kind == "RUNNING":
-            pid, _, where = rest.partition("\t")  # where: 127.0.0.1:<port>
+            pid, _, rest = rest.partition("\t")
+            where, _, verifies = rest.partition("\t")  # where: 127.0.0.1:<port>
             port = where.strip().rpartition(":")[2]
             probe.running_pid, probe.running_port = int(pid), int(port) if port.isdigit() else None
+            probe.running_verifies_hub = verifies.strip() == "verifies"
         elif kind == "PY" and probe.python is None:
             cand, _, answer = rest.partition("\t")
             m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+) (\S.*)", answer.strip())
