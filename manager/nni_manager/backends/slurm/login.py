@@ -46,10 +46,13 @@ class LoginNodeError(RuntimeError):
 class LoginNodeHost:
     """One SSH connection to the login node, re-opened (with its forward) when it drops."""
 
-    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float) -> None:
+    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128) -> None:
         self.node = node
         self.experiment_id = experiment_id
         self.orphan_timeout = orphan_timeout
+        # connections the relay pipes at once: every agent's, twice over (a redial overlaps the stream it
+        # replaces), and some room; beyond that it closes them (a stranger cannot make it start threads forever)
+        self.relay_connections = max(256, 2 * max_agents + 64)
         self.label = machine_label(node)
         self.where = f"on login node {self.label} over SSH"
         self.home = ""
@@ -241,7 +244,7 @@ class LoginNodeHost:
         node = self.node
         start = " ".join([
             shlex.quote(node.python), q(RELAY), shlex.quote(node.relay_address), '"$port"', q("relay.target"),
-            q("relay.port"), f"{self.orphan_timeout:g}"])
+            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections)])
         return "\n".join([
             "umask 077",
             f"cd {q('')} || exit 1",
