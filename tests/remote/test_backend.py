@@ -18,6 +18,7 @@ from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.remote.backend import RemoteBackend
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
+from nni_manager.hub.tls import experiment_tls
 from tests.agent.prodhub import HubContext, ProdHub
 from tests.remote.conftest import processes_with
 
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.ssh
 
 
 def new_hub(short_dir: Path) -> ProdHub:
-    return ProdHub(short_dir / "exp", experiment_id="rt" + secrets.token_hex(4))
+    experiment_id = "rt" + secrets.token_hex(4)  # TLS from the experiment's own CA, as the loopback hub has
+    return ProdHub(short_dir / "exp", experiment_id=experiment_id,
+                   tls=experiment_tls(short_dir / "exp" / "tls", ["127.0.0.1"], experiment_id))
 
 
 def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:

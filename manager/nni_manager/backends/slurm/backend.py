@@ -221,7 +221,8 @@ class SlurmBackend(Backend):
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
         node = self.opts.login_node
-        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60) if node
+        max_agents = self.config.trial_concurrency * self.opts.nodes
+        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60, max_agents) if node
                            else LocalHost(ctx.experiment_dir))
         self._host = host
         try:
