@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 WILDCARDS = ("0.0.0.0", "::", "")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-_SET_COOKIE = "nni_manager_set_token_cookie"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -112,13 +111,15 @@ class Access:
             return None
         return f"a write from another site ({origin!r}) is refused"
 
+    def _token_from_query(self, request: web.Request) -> bool:
+        offered = request.query.get("token")
+        return (self.token is not None and offered is not None
+                and hmac.compare_digest(offered.encode(), self.token.encode()))
+
     def _token_ok(self, request: web.Request) -> bool:
         if self.token is None:
             return False
-        offered = request.query.get("token")
-        from_query = offered is not None and hmac.compare_digest(offered.encode(), self.token.encode())
-        if from_query:
-            request[_SET_COOKIE] = True
+        if self._token_from_query(request):
             return True
         auth = request.headers.get("Authorization", "")
         scheme, _, value = auth.partition(" ")
@@ -162,7 +163,6 @@ class Access:
     # ------------------------------------------------------------------ aiohttp glue
     def install(self, app: web.Application) -> None:
         app.middlewares.insert(0, self._middleware)
-        app.on_response_prepare.append(self._set_cookie)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -170,12 +170,20 @@ class Access:
         if why is not None:
             log.info("refused %s %s: %s", request.method, request.path, why)
             return _refuse(why)
-        if request.get(_SET_COOKIE) and request.method == "GET" and "/api/" not in request.path:
+        if not self._token_from_query(request):
+            return await handler(request)
+        if request.method == "GET" and "/api/" not in request.path:  # a browser: the token leaves the address bar
             query = request.rel_url.query.copy()
             query.popall("token", None)
-            raise web.HTTPFound(request.rel_url.with_query(query))  # the token leaves the address bar
-        return await handler(request)
+            redirect = web.HTTPFound(request.rel_url.with_query(query))
+            self._set_cookie(redirect)
+            raise redirect
+        response = await handler(request)
+        if not response.prepared:
+            self._set_cookie(response)
+        return response
 
-    async def _set_cookie(self, request: web.Request, response: web.StreamResponse) -> None:
-        if request.get(_SET_COOKIE) and self.token is not None:
-            response.set_cookie(self.cookie_name, self.token, httponly=True, samesite="Lax", path="/")
+    def _set_cookie(self, response: web.StreamResponse) -> None:
+        """The token as a cookie: the WebUI's own requests carry it from now on."""
+        assert self.token is not None
+        response.set_cookie(self.cookie_name, self.token, httponly=True, samesite="Lax", path="/")

@@ -16,4 +16,4 @@ def over_limit(field: str, value: float, limit: float, unit: str = "") -> str | 
     """The refusal for `value` of `field`, or None within `limit`."""
     if value <= limit:
         return None
-    return f"Error: {field} may be at most {limit:g}{unit}, got {value:g}{unit}"
+    return f"Error: {field} may be at most {limit:.15g}{unit}, got {value:.15g}{unit}"
