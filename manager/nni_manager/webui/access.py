@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 WILDCARDS = ("0.0.0.0", "::", "")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_LOG_ONCE_MAX = 100
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -80,6 +81,7 @@ class Access:
         else:
             self._hosts.add(_host_name(bind))
         self._owners: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self._logged: set[str] = set()  # refusals already logged: a polling page logs once
 
     def set_port(self, port: int) -> None:
         self.cookie_name = f"nni-manager-token-{port}"  # cookies ignore ports: one per server
@@ -168,7 +170,9 @@ class Access:
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         why = self._host_refusal(request) or self._origin_refusal(request) or self._caller_refusal(request)
         if why is not None:
-            log.info("refused %s %s: %s", request.method, request.path, why)
+            if why not in self._logged and len(self._logged) < _LOG_ONCE_MAX:
+                self._logged.add(why)
+                log.warning("refused %s %s: %s", request.method, request.path, why)
             return _refuse(why)
         if not self._token_from_query(request):
             return await handler(request)
