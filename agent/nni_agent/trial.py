@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -61,7 +62,6 @@ class Trial:
         self.cwd = code_dir or (Path(spec.code_directory) if spec.code_directory else self.sys_dir)
         self._events = events
         self._http = http_channel
-        self._agent_key = agent_key
         self._status = pb.TrialStatus(trial_id=spec.trial_id, working_directory=str(self.sys_dir))
         self._done = asyncio.Event()
         self._started = False
@@ -200,7 +200,8 @@ class Trial:
         if spec.gpus.scheduled:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpus.indices)
         if self._http is not None:
-            env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(self._agent_key, spec.trial_id)
+            # a per-trial secret as the env segment: other local users cannot speak for the trial
+            env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(secrets.token_urlsafe(18), spec.trial_id)
         env.update(spec.env)
         env[MARKER_ENV] = self.marker
         return env

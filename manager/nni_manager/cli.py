@@ -250,9 +250,9 @@ def _web_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"port of NNI's WebUI and REST API (default {DEFAULT_PORT}, as NNI; the next free one "
                              "if taken)")
     parser.add_argument("--bind", default=DEFAULT_BIND, metavar="ADDRESS",
-                        help=f"address to serve on (default {DEFAULT_BIND}). NNI's REST API has no authentication "
-                             "and DELETE /experiment stops the experiment: bind another address only on a trusted "
-                             "network, or reach it with `ssh -L`")
+                        help=f"address to serve on (default {DEFAULT_BIND}: only your own user's processes on this "
+                             "machine are served). Any other address requires the token printed in the WebUI URL "
+                             "(your own processes on this machine still need none); `ssh -L` also works")
     parser.add_argument("--url-prefix", default="", help="serve under /PREFIX/ (NNI's urlPrefix), e.g. behind a proxy")
 
 

@@ -39,7 +39,7 @@ from nni_manager.store import Store
 
 log = logging.getLogger(__name__)
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,255}")  # one file name
 _MAX_UNIX_PATH = 107
 # The store or a log file cannot be written (a full disk, a lost mount): nothing is acknowledged.
 STORAGE_ERRORS = (sqlite3.Error, OSError)
@@ -70,6 +70,12 @@ class HubHandler(Protocol):
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
         """Where this agent's log chunks of the trial go (None: drop them)."""
         ...
+
+
+def safe_id(name: str) -> bool:
+    """Whether a trial id from an agent is one path segment: no separators, no newline (`$`
+    would allow one), not `.` or `..`."""
+    return _SAFE_ID.fullmatch(name) is not None and name.strip(".") != ""
 
 
 def credential_digest(token: str) -> str:
@@ -468,7 +474,7 @@ class Hub(pb_grpc.AgentHubServicer):
             if not r.HasField("log"):
                 continue
             chunk = r.log
-            if not _SAFE_ID.match(chunk.trial_id):
+            if not safe_id(chunk.trial_id):
                 log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
                 continue
             path = self._handler().log_file(agent_id, chunk.trial_id, chunk.stream)

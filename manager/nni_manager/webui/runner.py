@@ -22,12 +22,13 @@ class WebOptions:
 
 
 def _announce(server: WebServer, out: Any = None) -> None:
+    """The one line that shows the token (where one is required): printed, never logged."""
     out = out or sys.stdout
     if server.static_dir is None:
-        print(f"WebUI: {server.url}  (NNI's REST API only: `pip install nni==3.0` for NNI's WebUI)", file=out,
+        print(f"WebUI: {server.login_url}  (NNI's REST API only: `pip install nni==3.0` for NNI's WebUI)", file=out,
               flush=True)
     else:
-        print(f"WebUI: {server.url}", file=out, flush=True)
+        print(f"WebUI: {server.login_url}", file=out, flush=True)
 
 
 class LiveWebUI:
