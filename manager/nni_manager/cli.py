@@ -288,7 +288,7 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
     from nni_manager.dispatcher import DispatcherError
-    from nni_manager.experiment import Experiment, NoWorkerError
+    from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError
     from nni_manager.service.nni_api import new_id
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
@@ -328,7 +328,10 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
                 webui.finish("ERROR", str(exc))
                 if keep_serving:
-                    await webui.serve_until_stopped("has failed")
+                    try:
+                        await webui.serve_until_stopped("has failed")
+                    except asyncio.CancelledError:  # stopped while showing the error: still the error
+                        pass
                 raise
             except Exception as exc:
                 webui.finish("ERROR", str(exc))
@@ -338,18 +341,15 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                 await webui.serve_until_stopped("is done")
         return True
 
-    failure = 0
     with view:
         try:
             finished = asyncio.run(go())
-        except DispatcherError:  # the tuner failed; its trials are cancelled: the summary and the reason follow
-            finished, failure = True, EXIT_TUNER_FAILED
-        except NoWorkerError:  # no trial can ever run: ERROR, never success
-            finished, failure = True, EXIT_NO_WORKER
+        except (DispatcherError, NoWorkerError):  # trials cancelled: the summary and the reason follow
+            finished = True
     print(final_summary(experiment.result()), flush=True)
-    if experiment.error:
+    if experiment.error:  # ERROR, never success, even when stopped while showing it
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
-        return failure or EXIT_TUNER_FAILED
+        return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
 
 

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 class NoWorkerError(RuntimeError):
     """Every worker failed for good (bootstrap failed, machine gone): no trial can run."""
+
+
+NO_WORKER = "no worker could start"  # the stop_reason of a run that ended with NoWorkerError
 _LOG_LEVELS = {"fatal": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
                "debug": logging.DEBUG, "trace": 5}
 _CANCEL_WAIT_S = 10.0  # beyond the trial grace period, for cancelled trials to report their end
@@ -168,7 +171,7 @@ class Experiment:
                 raise
             except (DispatcherError, NoWorkerError) as exc:
                 self.error, self.status = str(exc), "ERROR"
-                self.stop_reason = "the tuner failed" if isinstance(exc, DispatcherError) else "no worker could start"
+                self.stop_reason = "the tuner failed" if isinstance(exc, DispatcherError) else NO_WORKER
                 log.error("%s", exc)
                 await asyncio.shield(self._cancel_all(ts))
                 raise

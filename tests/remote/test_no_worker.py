@@ -68,7 +68,10 @@ def test_only_worker_cannot_start_exits_3_with_the_reason_and_rest_says_error(ne
         with urllib.request.urlopen(api + "/check-status", timeout=5) as response:
             errors = json.loads(response.read())["errors"]
         assert any("agent's dependencies" in e or "dependenc" in e for e in errors), errors
-        proc.send_signal(signal.SIGINT)  # it keeps serving the WebUI after the end, as NNI does
+        for line in proc.stdout:  # it keeps serving the WebUI after the end, as NNI does
+            if "the WebUI stays" in line:
+                break
+        proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
