@@ -4,8 +4,10 @@
 The manager is the real one (`create_training_service`, Hub, Core, SQLite store) with a
 backend (`simscale`, registered through the `nni_manager.backends` entry-point group like any
 third-party platform) that only registers N agents. The agents are simulated in a few worker
-processes, but each is a real gRPC client on its own TCP connection speaking the real protocol:
-Hello with its token, Welcome, sequenced RecordBatches and cumulative Acks, CommandAcks,
+processes, but each is a real gRPC client on its own TCP connection (TLS, trusting the
+experiment's CA, as agents behind a tunnel do) speaking the real protocol: Hello with its token
+(dialled again after a while when the hub admits no more unauthenticated streams from
+127.0.0.1 just then, as a real agent redials), Welcome, sequenced RecordBatches and cumulative Acks, CommandAcks,
 heartbeats at the Welcome's interval unless a RecordBatch went out meanwhile, GPU reports at
 its GPU interval or --gpu-every, whichever is longer (two artificial GPUs whose utilisation
 changes, the worst case for the manager) and resource reports. A StartTrial runs a fake trial that
@@ -69,8 +71,10 @@ PLATFORM = "simscale"
 class SimAgent:
     """One agent: one channel (its own TCP connection), one stream, the real message flow."""
 
-    def __init__(self, agent_id: str, token: str, target: str, gpu_every: float) -> None:
+    def __init__(self, agent_id: str, token: str, target: str, gpu_every: float, ca: bytes) -> None:
         self.agent_id, self.token, self.target, self.gpu_every = agent_id, token, target, gpu_every
+        self.credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        self.welcomed = False
         self.boot_id = uuid.uuid4().hex
         self.seq = 0
         self.unacked: list[pb.Record] = []
@@ -98,8 +102,19 @@ class SimAgent:
         return pb.GpuReport(time_ms=int(time.time() * 1000), gpus=gpus, provider="artificial")
 
     async def run(self) -> None:
+        """Dial until welcomed (a fleet dialling at once is admitted some at a time), then serve."""
+        for attempt in range(30):
+            try:
+                return await self._run()
+            except grpc.aio.AioRpcError as e:
+                if self.welcomed or e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+            await asyncio.sleep(random.uniform(0, min(5.0, 0.05 * 2 ** attempt)))  # the agent's backoff
+        raise RuntimeError(f"{self.agent_id}: never admitted")
+
+    async def _run(self) -> None:
         options = [("grpc.enable_http_proxy", 0), ("grpc.use_local_subchannel_pool", 1)]
-        async with grpc.aio.insecure_channel(self.target, options=options) as channel:
+        async with grpc.aio.secure_channel(self.target, self.credentials, options=options) as channel:
             call = channel.stream_stream(CONNECT, request_serializer=pb.AgentMessage.SerializeToString,
                                          response_deserializer=pb.ManagerMessage.FromString)()
             host = pb.HostInfo(hostname=f"sim-{self.agent_id}", os="Linux sim", python=sys.version.split()[0],
@@ -110,6 +125,7 @@ class SimAgent:
             first = await call.read()
             if first is grpc.aio.EOF or not first.HasField("welcome"):
                 raise RuntimeError(f"{self.agent_id}: no Welcome: {first}")
+            self.welcomed = True
             self.heartbeat_s = first.welcome.heartbeat_interval_ms / 1000 or 5.0
             if self.gpu_every:  # as a real agent: never more often than the manager asks
                 self.gpu_every = max(self.gpu_every, first.welcome.gpu_sample_interval_ms / 1000)
@@ -225,7 +241,7 @@ class SimAgent:
 async def worker_main() -> None:
     """Run the agents named on stdin until the manager shuts each of them down."""
     spec = json.loads(sys.stdin.read())
-    agents = [SimAgent(a, t, spec["target"], spec["gpu_every"]) for a, t in spec["agents"]]
+    agents = [SimAgent(a, t, spec["target"], spec["gpu_every"], spec["ca"].encode()) for a, t in spec["agents"]]
     results = await asyncio.gather(*(a.run() for a in agents), return_exceptions=True)
     failed = [f"{a.agent_id}: {r!r}" for a, r in zip(agents, results) if isinstance(r, BaseException)]
     cpu = sum(psutil.Process().cpu_times()[:2])
@@ -256,12 +272,14 @@ class SimBackend(Backend):
     ships_code = False
     count = 0
     specs: list[tuple[str, str, str]] = []  # (agent id, token, hub address)
+    ca = b""  # the experiment's CA certificate (public), which the simulated agents trust
 
     async def start(self, ctx: BackendContext) -> None:
         SimBackend.specs = []
         for i in range(SimBackend.count):
             spec = ctx.add_agent(f"sim{i:05d}")
             SimBackend.specs.append((spec.agent_id, spec.token, spec.hub_address))
+            SimBackend.ca = spec.ca_certificate
 
     async def stop(self) -> None:
         pass
@@ -398,7 +416,7 @@ async def run_one(n: int, args: argparse.Namespace, root: Path) -> Row:
                                  stdout=subprocess.PIPE, text=True)
             assert w.stdin is not None
             w.stdin.write(json.dumps({"target": mine[0][2], "agents": [(a, t) for a, t, _ in mine],
-                                      "gpu_every": args.gpu_every}))
+                                      "gpu_every": args.gpu_every, "ca": SimBackend.ca.decode()}))
             w.stdin.close()
             workers.append(w)
         deadline = time.monotonic() + 300

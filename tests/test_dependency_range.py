@@ -35,7 +35,23 @@ CACHE = ROOT / ".venv" / "deprange"
 # The agent's runtime dependencies that the test pins (nvidia-ml-py is imported only on
 # machines with an NVIDIA driver, so it is not exercised here).
 PINNED = ("grpcio", "protobuf", "psutil")
-PYTHON = os.environ.get("NNI_RANGE_PYTHON", sys.executable)  # e.g. a python3.10 to try the oldest Python
+PYTHON = os.environ.get("NNI_RANGE_PYTHON", sys.executable)  # e.g. a python3.10 to try another Python
+
+
+def oldest_python() -> str | None:
+    """The oldest Python the agent supports that this machine has: NNI_OLDEST_PYTHON, else a
+    python3.8 / python3.9 on PATH or under pyenv (this image ships pyenv's 3.8)."""
+    from nni_agent.compat import MIN_PYTHON
+
+    if os.environ.get("NNI_OLDEST_PYTHON"):
+        return os.environ["NNI_OLDEST_PYTHON"]
+    for minor in range(MIN_PYTHON[1], sys.version_info[1]):
+        candidates = [str(p) for p in sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))]
+        candidates += [p for p in [shutil.which(f"python3.{minor}")] if p]  # (a pyenv shim may not run)
+        for found in candidates:
+            if subprocess.run([found, "-c", "pass"], capture_output=True).returncode == 0:
+                return found
+    return None
 
 TRIAL = r'''
 from nni_agent import get_next_parameter, report_intermediate_result, report_final_result
@@ -110,10 +126,10 @@ def _index_unreachable() -> str | None:
     return None
 
 
-def venv_for(end: str) -> tuple[Path, list[str]]:
-    """The cached venv for this end of the ranges: (its python, the requirements it holds)."""
+def venv_for(end: str, base: str = PYTHON) -> tuple[Path, list[str]]:
+    """The cached venv of `base` for this end of the ranges: (its python, the requirements it holds)."""
     reqs = pins(end)
-    version = subprocess.run([PYTHON, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+    version = subprocess.run([base, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     stamp = time.strftime("%G-W%V") if end == "newest" else ""  # pick up new releases weekly
     key = hashlib.sha256(json.dumps([version, reqs, stamp]).encode()).hexdigest()[:12]
@@ -129,13 +145,17 @@ def venv_for(end: str) -> tuple[Path, list[str]]:
             shutil.rmtree(old, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{end}-", dir=CACHE))
         try:
-            subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
-            # This venv's pip installs into the new one: no ensurepip there, and only wheels,
-            # so a release without a wheel for this Python fails at once instead of compiling.
+            # This venv's pip installs into the new one (no ensurepip there), except for a Python
+            # older than that pip supports, whose own pip does it; only wheels, so a release
+            # without a wheel for this Python fails at once instead of compiling.
+            own_pip = _key(version) < (3, 10)
+            subprocess.run([base, "-m", "venv", *([] if own_pip else ["--without-pip"]), str(tmp)], check=True,
+                           capture_output=True)
+            pip_cmd = ([str(tmp / "bin" / "python"), "-m", "pip"] if own_pip
+                       else [sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python")])
             pip = subprocess.run(
-                [sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python"), "install", "--quiet",
-                 "--disable-pip-version-check", "--no-input", "--only-binary=:all:", *reqs],
-                capture_output=True, text=True)
+                [*pip_cmd, "install", "--quiet", "--disable-pip-version-check", "--no-input", "--only-binary=:all:",
+                 *reqs], capture_output=True, text=True)
             assert pip.returncode == 0, f"pip install {' '.join(reqs)} failed:\n{pip.stdout}{pip.stderr}"
             site = subprocess.run([str(tmp / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                   capture_output=True, text=True, check=True).stdout.strip()
@@ -183,9 +203,15 @@ async def _until(cond, what: str, timeout: float = 30.0):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("interpreter", ["this", "oldest"])
 @pytest.mark.parametrize("end", ["oldest", "newest"])
-def test_agent_across_the_dependency_range(end: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    python, reqs = venv_for(end)
+def test_agent_across_the_dependency_range(end: str, interpreter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each end of the ranges, under this Python and under the oldest one the agent supports
+    (its agent and its trial both run there: Python 3.8 on this image)."""
+    base = PYTHON if interpreter == "this" else oldest_python()
+    if base is None:
+        pytest.skip("no Python 3.8 or 3.9 on this machine (set NNI_OLDEST_PYTHON to one)")
+    python, reqs = venv_for(end, base)
     probe = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, cwd="/")
     assert probe.returncode == 0, probe.stderr
     versions = json.loads(probe.stdout)

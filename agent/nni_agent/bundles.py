@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nni_agent.compat import to_thread
 from nni_agent.v1 import agent_pb2 as pb
 
 
@@ -101,7 +102,7 @@ class BundleCache:
     async def _unpack_for(self, digest: str, archive: Path, hexdigest: str, fut: asyncio.Future[Path]) -> None:
         """Unpack in a worker thread, then resolve the waiters (with the error if it fails)."""
         try:
-            path = await asyncio.to_thread(self._unpack, archive, hexdigest)
+            path = await to_thread(self._unpack, archive, hexdigest)
         except Exception as exc:  # a bad archive fails its trials, never the agent
             if not fut.done():
                 fut.set_exception(BundleError(f"bundle {digest}: {exc}"))
@@ -119,13 +120,15 @@ class BundleCache:
         import shutil
         import tarfile  # only workers that receive code pay for it
 
+        from nni_agent.safe_tar import extract_all
+
         final = self.root / hexdigest
         tmp = self.root / f"{hexdigest}.unpacking"
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")  # refuses absolute paths, .., device files
+                extract_all(tar, tmp)  # refuses absolute paths, .., links out, device files
             tmp.rename(final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,12 @@ Link loss never touches trials: the connection simply redials with exponential b
 and full jitter, and replays every record the manager has not acknowledged. Only a
 refusal (wrong token, incompatible protocol) or a manager silent for longer than the
 orphan timeout ends the agent.
+
+With TLS (`--ca-file`: the experiment's own CA) the Hello, and with it the token, is written
+only on a channel whose hub certificate verified: whoever else answers on the hub's address (a
+local user on a freed tunnel port) fails the handshake, gets no token and no obedience, and the
+agent keeps redialling (the cause logged once). Over a Unix socket the directory's permissions
+authenticate the hub.
 """
 from __future__ import annotations
 

@@ -11,14 +11,13 @@ so a request over its limit is refused at once instead of being cut off halfway.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
+from nni_agent.compat import to_thread
 from nni_agent.v1 import agent_pb2 as pb
 
 if TYPE_CHECKING:
@@ -28,7 +27,7 @@ CHUNK_SIZE = 256 * 1024
 DEFAULT_MAX_BYTES = 1 << 30  # when the request gives no limit
 MAX_FILES = 100_000
 
-Send = Callable[[pb.AgentMessage], Awaitable[None]]
+Send = Callable[[pb.AgentMessage], Awaitable[None]]  # typing.Callable: subscriptable at run time on 3.8
 
 
 class FileRefused(Exception):
@@ -172,14 +171,14 @@ async def serve(request: pb.FileRequest, root: Path | None, send: Send, refusal:
         return
     limit = request.max_bytes or DEFAULT_MAX_BYTES
     try:
-        real_root, files = await asyncio.to_thread(plan, root, request.path, request.recursive, limit)
+        real_root, files = await to_thread(plan, root, request.path, request.recursive, limit)
         for f in files:
-            fd = await asyncio.to_thread(open_confined, real_root, f.path)
+            fd = await to_thread(open_confined, real_root, f.path)
             try:
                 offset = 0
                 while True:
                     want = min(CHUNK_SIZE, f.size - offset)  # what `plan` saw: a growing log is cut there
-                    data = await asyncio.to_thread(_read, fd, want) if want > 0 else b""
+                    data = await to_thread(_read, fd, want) if want > 0 else b""
                     eof = not data or offset + len(data) >= f.size
                     await send(pb.AgentMessage(file_chunk=pb.FileChunk(request_id=rid, path=f.name, offset=offset,
                                                                        data=data, eof=eof)))

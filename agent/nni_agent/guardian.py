@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 
+from nni_agent.compat import to_thread
 from nni_agent.process import MARKER_ENV, child_reaper
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class Guardian:
         if not sys.platform.startswith("linux") or not sys.executable:
             return None
         try:
-            proc, write_fd = await asyncio.to_thread(_spawn, f"{MARKER_ENV}={agent_key}/")
+            proc, write_fd = await to_thread(_spawn, f"{MARKER_ENV}={agent_key}/")
         except OSError as exc:
             log.warning("cannot start the guardian (%s): trials would outlive a killed agent", exc)
             return None

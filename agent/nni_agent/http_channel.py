@@ -5,11 +5,16 @@ and long-polls GET for replies (200 with one queued command, 408 after ~1 s with
 410 once the trial is unregistered or the server closed). The stdlib server runs in a
 daemon thread; commands hop to the asyncio loop of the trial that registered. It starts
 with the first trial that asks for its URL, so an idle agent carries none of it.
+
+Any local user can find the port, and trial ids are short: a request is served only on the
+exact URL handed to that trial (`url(env_id, trial_id)`), so `env_id` should be a per-trial
+secret (Trial passes a random one); any other env segment is answered as an unknown trial.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import re
@@ -43,6 +48,7 @@ class HttpChannelServer:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._trials: dict[str, _Registration] = {}
+        self._env_ids: dict[str, str] = {}  # trial id -> the env segment of the URL it was given (kept)
         self._closed = False
         self._server: ThreadingHTTPServer | None = None
 
@@ -66,7 +72,11 @@ class HttpChannelServer:
         return self._server.server_address[1]
 
     def url(self, env_id: str, trial_id: str) -> str:
-        return f"http://127.0.0.1:{self.port}/env/{env_id}/{trial_id}"
+        """The trial's channel URL; from now on only this URL reaches `trial_id`."""
+        port = self.port
+        with self._cond:
+            self._env_ids[trial_id] = env_id
+        return f"http://127.0.0.1:{port}/env/{env_id}/{trial_id}"
 
     def register(self, trial_id: str, handler: ChannelHandler) -> None:
         """Accept commands for `trial_id`; `handler.on_command` runs on the calling loop."""
@@ -83,7 +93,7 @@ class HttpChannelServer:
 
     def unregister(self, trial_id: str) -> None:
         with self._cond:
-            self._trials.pop(trial_id, None)
+            self._trials.pop(trial_id, None)  # its URL stays known: 410 Gone, as NNI answers, not 404
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -96,6 +106,11 @@ class HttpChannelServer:
             self._server.server_close()
 
     # -- called from server threads
+
+    def _url_given(self, env_id: str, trial_id: str) -> bool:
+        with self._cond:
+            expected = self._env_ids.get(trial_id)
+        return expected is not None and hmac.compare_digest(env_id.encode(), expected.encode())
 
     def _deliver(self, trial_id: str, command: dict[str, Any]) -> bool:
         with self._cond:
@@ -161,6 +176,9 @@ def _handler_class(channel: HttpChannelServer) -> type:
             if match is None:
                 self._reply(HTTPStatus.NOT_FOUND, {"error": "expected /env/<envId>/<trialId>"})
                 return None
+            if not self.server_channel._url_given(match.group(1), match.group(2)):
+                self._reply(HTTPStatus.NOT_FOUND, {"error": "no such trial channel"})
+                return None
             return match.group(2)
 
         def _reply(self, status: int, body: dict[str, Any] | None = None) -> None:
@@ -172,6 +190,6 @@ def _handler_class(channel: HttpChannelServer) -> type:
             self.wfile.write(data)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (stdlib signature)
-            log.debug("http channel: " + format, *args)
+            pass  # request lines carry the trial's secret URL: never logged
 
     return _RequestHandler

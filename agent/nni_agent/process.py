@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from nni_agent.compat import to_thread
+
 log = logging.getLogger(__name__)
 
 MARKER_ENV = "NNI_AGENT_TRIAL_KEY"
@@ -303,7 +305,7 @@ async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float, sent: asyn
     The /proc walks and the signalling run in a worker thread: they grow with the tree and
     the machine's load, and the loop carries every other trial's records meanwhile."""
     try:
-        found = await asyncio.to_thread(_signal_tree, pgid, marker, sig)
+        found = await to_thread(_signal_tree, pgid, marker, sig)
     finally:
         if sent is not None:
             sent.set()
@@ -312,10 +314,10 @@ async def kill_tree(pgid: int, marker: str, sig: int, grace_s: float, sent: asyn
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         await asyncio.sleep(KILL_POLL_S)
-        if not await asyncio.to_thread(tree_members, pgid, marker):
+        if not await to_thread(tree_members, pgid, marker):
             return
     give_up = time.monotonic() + KILL_GIVE_UP_S
-    while members := await asyncio.to_thread(_signal_tree, pgid, marker, signal.SIGKILL):
+    while members := await to_thread(_signal_tree, pgid, marker, signal.SIGKILL):
         if time.monotonic() > give_up:  # e.g. stuck in uninterruptible I/O: do not hang the trial's end
             log.error("trial %s: %d process(es) survive SIGKILL: %s", marker, len(members),
                       ", ".join(str(p.pid) for p in members))

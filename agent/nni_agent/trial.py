@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
 from nni_agent.metrics import route_metric
@@ -60,7 +62,6 @@ class Trial:
         self.cwd = code_dir or (Path(spec.code_directory) if spec.code_directory else self.sys_dir)
         self._events = events
         self._http = http_channel
-        self._agent_key = agent_key
         self._status = pb.TrialStatus(trial_id=spec.trial_id, working_directory=str(self.sys_dir))
         self._done = asyncio.Event()
         self._started = False
@@ -199,7 +200,8 @@ class Trial:
         if spec.gpus.scheduled:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpus.indices)
         if self._http is not None:
-            env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(self._agent_key, spec.trial_id)
+            # a per-trial secret as the env segment: other local users cannot speak for the trial
+            env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(secrets.token_urlsafe(18), spec.trial_id)
         env.update(spec.env)
         env[MARKER_ENV] = self.marker
         return env
@@ -235,7 +237,7 @@ class Trial:
                 self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
                                    f"exceeded the maximum trial duration of {max_s:g}s")
                 wait_status = await exit_status
-            code = os.waitstatus_to_exitcode(wait_status)
+            code = waitstatus_to_exitcode(wait_status)
             if self._stop is None and (-code in _TREE_SIGNALS or code - 128 in _TREE_SIGNALS):  # a shell says 128+N
                 await asyncio.sleep(SIGNAL_SETTLE_S)
             self._exited = True
@@ -257,7 +259,7 @@ class Trial:
             self._finish(state, reason)
 
     def _outcome(self, wait_status: int) -> tuple[int, str]:
-        code = os.waitstatus_to_exitcode(wait_status)
+        code = waitstatus_to_exitcode(wait_status)
         if code >= 0:
             self._status.has_exit_code = True
             self._status.exit_code = code

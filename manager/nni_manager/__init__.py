@@ -8,6 +8,12 @@
 
 __version__ = "0.1.0"
 
+import sys  # noqa: E402
+
+if sys.version_info < (3, 10):  # the package installs on 3.8 for workers: only the agent runs there
+    raise ImportError(f"nni-manager needs Python >= 3.10, this is {sys.version.split()[0]} ({sys.executable}); "
+                      "workers may run nni-agent on Python >= 3.8")
+
 from nni_manager.config import ConfigError, ExperimentConfig  # noqa: E402
 from nni_manager.errors import TrainingServiceError  # noqa: E402
 from nni_manager.types import (  # noqa: E402

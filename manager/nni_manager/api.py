@@ -113,7 +113,7 @@ class Experiment:
 
     def run(self, port: int | None = None, wait_completion: bool = True, debug: bool = False) -> bool | None:
         """NNI's `run()`: start, wait until the experiment is done, stop. True when it ended
-        normally, False when the tuner failed; None with wait_completion=False (then it keeps running)."""
+        normally, False when it ended in ERROR (the tuner failed, or no worker could start); None with wait_completion=False (then it keeps running)."""
         self.start(port, debug)
         if not wait_completion:
             return None
@@ -147,7 +147,7 @@ class Experiment:
 
     @property
     def error(self) -> str:
-        """Why the experiment failed (the tuner's error), or ""."""
+        """Why the experiment failed (the tuner's error, or why no worker is usable), or ""."""
         if self._loop_obj is not None and self._loop_obj.error:
             return self._loop_obj.error
         return "" if self._error is None or isinstance(self._error, asyncio.CancelledError) else repr(self._error)

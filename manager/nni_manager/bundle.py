@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import os
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import pathspec
 MAX_FILES = 2000
 MAX_BYTES = 300 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class BundleError(ValueError):
@@ -57,10 +60,20 @@ def collect(code_dir: Path) -> list[tuple[str, Path]]:
         dirs[:] = kept_dirs
         for f in sorted(files):
             rel = (rel_root / f).as_posix()
-            if not spec.match_file(rel):
-                entries.append((rel, Path(root, f)))
+            if spec.match_file(rel):
+                continue
+            mode = os.lstat(os.path.join(root, f)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):  # as tar does: a socket or FIFO is no data
+                log.warning("trialCodeDirectory: skipping %s: a %s, not a file", rel, _kind(mode))
+                continue
+            entries.append((rel, Path(root, f)))
     entries.sort()
     return entries
+
+
+def _kind(mode: int) -> str:
+    return ("socket" if stat.S_ISSOCK(mode) else "FIFO" if stat.S_ISFIFO(mode)
+            else "device file" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file")
 
 
 def check_limits(code_dir: Path, entries: list[tuple[str, Path]]) -> None:

@@ -1,4 +1,5 @@
-"""`nni-manager`: run an NNI experiment config, list its trials, read a trial's logs."""
+"""`nni-manager`: run an NNI experiment config, list experiments, their trials and logs, stop and
+resume them. Wherever an experiment is named, its id works as with `nnictl` (or its directory)."""
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,17 @@ from nni_manager.config import ConfigError, load_config
 from nni_manager.metric_check import metric_message
 from nni_manager.types import TrialJobDetail
 
-EXIT_FAILED = 1
+EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
+EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+RUN_EXIT_CODES = f"""exit status:
+  0    the experiment is done (maxTrialNumber, maxExperimentDuration or the tuner's end)
+  {EXIT_TUNER_FAILED}    the tuner / assessor / advisor failed (status ERROR)
+  {EXIT_CONFIG}    the config or an argument is wrong (nothing was started)
+  {EXIT_NO_WORKER}    no worker could start, or every worker was lost for good (status ERROR)
+  {EXIT_INTERRUPTED}  stopped by the user (Ctrl-C, SIGTERM, DELETE /experiment)
+On failure the last line on stderr says why."""
 
 
 class UsageError(Exception):
@@ -29,38 +38,49 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (NNI v2 or v1 YAML config)",
                          description="Run an experiment until maxTrialNumber / maxExperimentDuration / the tuner "
-                                     "is done. Ctrl-C cancels the running trials and stops cleanly.")
+                                     "is done. Ctrl-C cancels the running trials and stops cleanly.",
+                         epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("config", type=Path, help="experiment config YAML")
     run.add_argument("--experiment-id", help="resume this experiment (same experimentWorkingDirectory)")
     run.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
     run.add_argument("--dry-run", action="store_true",
                      help="print what would be submitted (the Kubernetes objects as YAML, the SSH commands, ...) "
                           "and exit; nothing is started")
-    _web_arguments(run)
-    run.add_argument("--no-webui", action="store_true", help="serve no WebUI / REST API (open no TCP port)")
-    run.add_argument("--keep-serving", action=argparse.BooleanOptionalAction, default=None,
-                     help="after the experiment ends, keep serving the WebUI until Ctrl-C, as NNI does "
-                          "(default: when the output is a terminal)")
+    _run_arguments(run)
+    resume = sub.add_parser("resume", help="resume a stopped experiment by id (nnictl resume)",
+                            description="Run an experiment again with the config file it was started with: trials "
+                                        "still running are re-attached, ended ones are kept, the tuner goes on.",
+                            epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    resume.add_argument("experiment_id", metavar="EXPERIMENT", help="an experiment id or its directory")
+    resume.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
+    _run_arguments(resume)
+    list_cmd = sub.add_parser("list", help="list experiments (nnictl experiment list)",
+                              description="The running experiments; --all also the stopped ones.")
+    list_cmd.add_argument("--all", action="store_true", help="stopped experiments too")
+    stop_cmd = sub.add_parser("stop", help="stop a running experiment by id (nnictl stop)",
+                              description="Stop the experiment as Ctrl-C in its terminal would: its running trials "
+                                          "are cancelled, its workers cleaned up; waits until that is done.")
+    stop_cmd.add_argument("experiment_id", metavar="EXPERIMENT", help="the id of a running experiment")
     view_cmd = sub.add_parser("view", help="serve a stored experiment's WebUI and REST API, read-only",
                               description="Serve NNI's WebUI and REST API for an experiment directory (also "
                                           "one copied from another machine) until Ctrl-C.")
-    view_cmd.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    view_cmd.add_argument("experiment", metavar="EXPERIMENT", help="an experiment id (as `nni-manager list` shows) or its directory")
     _web_arguments(view_cmd)
     export_cmd = sub.add_parser("export", help="write an experiment in NNI's format (db/nni.sqlite) for NNI's tools",
                                 description="Write NNI 3.0's experiment directory (db/nni.sqlite, trial logs) from our "
                                             "store and register it in ~/nni-experiments/.experiment, so that "
                                             "`nnictl view ID` and NNI's other tools open it.")
-    export_cmd.add_argument("--nni-db", type=Path, required=True, metavar="EXPERIMENT_DIR",
-                            help="<experimentWorkingDirectory>/<experiment id>")
+    export_cmd.add_argument("--nni-db", required=True, metavar="EXPERIMENT",
+                            help="an experiment id or <experimentWorkingDirectory>/<experiment id>")
     export_cmd.add_argument("--out", type=Path, metavar="DIR",
                             help="NNI's experimentWorkingDirectory to write DIR/<experiment id>/ into (default: the "
                                  "one EXPERIMENT_DIR is in, i.e. in place)")
     export_cmd.add_argument("--no-register", action="store_true",
                             help="leave ~/nni-experiments/.experiment alone (nnictl view needs the entry)")
     trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
-    trials.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    trials.add_argument("experiment", metavar="EXPERIMENT", help="an experiment id (as `nni-manager list` shows) or its directory")
     logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
-    logs.add_argument("experiment_dir", type=Path, help="<experimentWorkingDirectory>/<experiment id>")
+    logs.add_argument("experiment", metavar="EXPERIMENT", help="an experiment id (as `nni-manager list` shows) or its directory")
     logs.add_argument("trial_id")
     logs.add_argument("--stderr", action="store_true", help="print trial.stderr instead of trial.stdout")
     logs.add_argument("--trial-log", action="store_true",
@@ -72,19 +92,29 @@ def main(argv: list[str] | None = None) -> int:
                            "(default: every replica's, one after the other)")
     args = parser.parse_args(argv)
     try:
-        if args.command == "run":
+        if args.command in ("run", "resume"):
+            if args.command == "resume":
+                args.config, args.experiment_id = _resumable(args.experiment_id)
+                args.dry_run = False
             if args.dry_run:
                 return _dry_run(args.config)
+            if args.detach:
+                return _detach(args)
             keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
             return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args),
                         keep)
+        if args.command == "list":
+            return _list(args.all)
+        if args.command == "stop":
+            return _stop(args.experiment_id)
         if args.command == "view":
-            return _view(args.experiment_dir, _web_options(args))
+            return _view(_experiment_dir(args.experiment), _web_options(args))
         if args.command == "export":
-            return _export(args.nni_db, args.out, not args.no_register)
+            return _export(_experiment_dir(args.nni_db), args.out, not args.no_register)
         if args.command == "trials":
-            return _trials(args.experiment_dir)
-        return _logs(args.experiment_dir, args.trial_id, args.stderr, args.follow, args.replica, args.trial_log)
+            return _trials(_experiment_dir(args.experiment))
+        return _logs(_experiment_dir(args.experiment), args.trial_id, args.stderr, args.follow, args.replica,
+                     args.trial_log)
     except (ConfigError, UsageError) as exc:
         print(f"nni-manager: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -100,6 +130,121 @@ def _dry_run(config_path: Path) -> int:
     return 0
 
 
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    _web_arguments(parser)
+    parser.add_argument("--no-webui", action="store_true", help="serve no WebUI / REST API (open no TCP port)")
+    parser.add_argument("--keep-serving", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the experiment ends, keep serving the WebUI until Ctrl-C or `nni-manager stop "
+                             "ID`, as NNI does. Default: when the output is a terminal; --detach always keeps "
+                             "serving. Without a terminal (nohup, a CI job) pass --keep-serving to keep it")
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background: print the id and the WebUI's URL and return; the WebUI stays "
+                             "after the end until `nni-manager stop ID` (output in <experimentWorkingDirectory>/"
+                             "<id>.log)")
+
+
+def _experiment_dir(ref: str) -> Path:
+    from nni_manager.experiments import ExperimentNotFound, resolve
+
+    try:
+        return resolve(ref)
+    except ExperimentNotFound as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _resumable(ref: str) -> tuple[Path, str]:
+    """(the config file, the id) to resume experiment `ref` with."""
+    directory = _experiment_dir(ref)
+    store = _open_store(directory)
+    try:
+        row = store.experiment()
+    finally:
+        store.close()
+    config_file = (row.get("config") or {}).get("config_file")
+    if not config_file:
+        raise UsageError(f"experiment {row.get('id', ref)} was not started from a config file: resume it with "
+                         f"`nni-manager run CONFIG --experiment-id {row.get('id', ref)}`")
+    if not Path(config_file).is_file():
+        raise UsageError(f"experiment {row['id']} was started from {config_file}, which is gone: resume it with "
+                         f"`nni-manager run CONFIG --experiment-id {row['id']}`")
+    return Path(config_file), str(row["id"])
+
+
+def _list(show_all: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from nni_manager.experiments import list_all
+
+    rows = [e for e in list_all() if show_all or e.running]
+    if not rows:
+        print("no running experiment" + ("" if show_all else " (`nni-manager list --all` shows stopped ones)"))
+        return 0
+    table = Table("ID", "Name", "Status", "Platform", "Started", "WebUI / directory", box=None)
+    for e in rows:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.start_time / 1000)) if e.start_time else ""
+        table.add_row(e.id, e.name, e.status + (" (running)" if e.running and e.status in ("DONE", "ERROR") else ""),
+                      e.platform, started, e.url or str(e.directory or ""))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
+def _stop(ref: str) -> int:
+    from nni_manager.experiments import ExperimentNotFound, stop
+
+    try:
+        stopped = stop(ref)
+    except ExperimentNotFound as exc:
+        raise UsageError(str(exc)) from None
+    except (ProcessLookupError, TimeoutError) as exc:
+        print(f"nni-manager: {exc}", file=sys.stderr)
+        return EXIT_TUNER_FAILED
+    print(f"stopped experiment {stopped.id}")
+    return 0
+
+
+def _detach(args: argparse.Namespace) -> int:
+    """Start the same `run` in a new session, wait for its WebUI line (or its end), return."""
+    import subprocess
+
+    from nni_manager.service.nni_api import new_id
+
+    config = load_config(args.config)  # a config error now, in this terminal
+    experiment_id = args.experiment_id or new_id(8)
+    root = Path(config.experiment_working_directory).expanduser()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path = root / f"{experiment_id}.log"
+    argv = [sys.executable, "-m", "nni_manager", "run", str(args.config), "--experiment-id", experiment_id, "--plain",
+            "--keep-serving" if args.keep_serving is not False else "--no-keep-serving",
+            "--port", str(args.port), "--bind", args.bind, "--url-prefix", args.url_prefix]
+    if args.no_webui:
+        argv.append("--no-webui")
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                                close_fds=True)
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 120
+    url = ""
+    while not url and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for line in log_path.read_text(errors="replace").splitlines():
+            if line.startswith("WebUI: "):
+                url = line.split(None, 1)[1].strip()
+        if args.no_webui and (root / experiment_id).is_dir():
+            break
+    if proc.poll() is not None and proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        print(f"nni-manager: the experiment exited at once ({proc.returncode}): {tail[0]}", file=sys.stderr)
+        return proc.returncode
+    print(f"experiment {experiment_id} runs in the background (pid {proc.pid})")
+    if url:
+        print(f"WebUI: {url}")
+    print(f"output: {log_path}\nstop it with: nni-manager stop {experiment_id}")
+    return 0
+
+
 def _web_arguments(parser: argparse.ArgumentParser) -> None:
     from nni_manager.webui.server import DEFAULT_BIND, DEFAULT_PORT
 
@@ -107,9 +252,9 @@ def _web_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"port of NNI's WebUI and REST API (default {DEFAULT_PORT}, as NNI; the next free one "
                              "if taken)")
     parser.add_argument("--bind", default=DEFAULT_BIND, metavar="ADDRESS",
-                        help=f"address to serve on (default {DEFAULT_BIND}). NNI's REST API has no authentication "
-                             "and DELETE /experiment stops the experiment: bind another address only on a trusted "
-                             "network, or reach it with `ssh -L`")
+                        help=f"address to serve on (default {DEFAULT_BIND}: only your own user's processes on this "
+                             "machine are served). Any other address requires the token printed in the WebUI URL "
+                             "(your own processes on this machine still need none); `ssh -L` also works")
     parser.add_argument("--url-prefix", default="", help="serve under /PREFIX/ (NNI's urlPrefix), e.g. behind a proxy")
 
 
@@ -144,7 +289,8 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
-    from nni_manager.experiment import Experiment
+    from nni_manager.dispatcher import DispatcherError
+    from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError
     from nni_manager.service.nni_api import new_id
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
@@ -181,25 +327,31 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             except asyncio.CancelledError:
                 webui.finish("STOPPING")
                 return False
+            except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
+                webui.finish("ERROR", str(exc))
+                if keep_serving:
+                    try:
+                        await webui.serve_until_stopped("has failed")
+                    except asyncio.CancelledError:  # stopped while showing the error: still the error
+                        pass
+                raise
             except Exception as exc:
                 webui.finish("ERROR", str(exc))
                 raise
             webui.finish("DONE")
             if keep_serving:
-                await webui.serve_until_stopped()
+                await webui.serve_until_stopped("is done")
         return True
-
-    from nni_manager.dispatcher import DispatcherError
 
     with view:
         try:
             finished = asyncio.run(go())
-        except DispatcherError:  # the tuner failed; its trials are cancelled: the summary and the reason follow
+        except (DispatcherError, NoWorkerError):  # trials cancelled: the summary and the reason follow
             finished = True
-    print(final_summary(experiment.result()))
-    if experiment.error:
+    print(final_summary(experiment.result()), flush=True)
+    if experiment.error:  # ERROR, never success, even when stopped while showing it
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
 
 

@@ -97,6 +97,7 @@ class ExperimentConfig:
     trial_grace_period: float = 5.0
     debug: bool = False
     log_level: str = "info"  # NNI's logLevel: the manager's log file and the dispatcher's
+    config_file: Path | None = None  # the YAML it was loaded from: `nni-manager resume ID` loads it again
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)
@@ -117,13 +118,22 @@ class ExperimentConfig:
 # and the user needs them to debug a config); `strictHostKeyChecking` holds a switch; `password`,
 # `sshPassphrase`, `token`, `accountKey`, `keyVaultKey`, `AZURE_CLIENT_SECRET`, `WANDB_API_KEY`
 # hold the secret itself. Whole words only: `monkey`, `max_tokens` or `keyboard` are no secret.
+# Tools' own variables count too: `PGPASSWORD` and `DBPASSWORD` (a word ending in a long secret
+# word), `MYSQL_PWD` (`pwd` after another word: `PWD` alone is the working directory), `SSHPASS`,
+# `DB_PASS`, `GITHUB_PAT`, `AZURE_STORAGE_SAS`, `SENTRY_DSN`, and a URL of a data service
+# (`DATABASE_URL`, `REDIS_URL`, `MONGODB_URI`, `CELERY_BROKER_URL`), which carries its password.
 _SECRET_WORDS = frozenset({
     "password", "passwd", "passphrase", "token", "secret", "secrets", "key", "credential", "credentials",
     "connectionstring", "apikey", "accesskey", "secretkey", "privatekey",
+    "pass", "sshpass", "pat", "sas", "dsn",
 })
+_SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey", "credential", "credentials")
+_DATA_SERVICES = frozenset({"database", "db", "redis", "mongo", "mongodb", "postgres", "postgresql", "pg", "mysql",
+                            "amqp", "rabbitmq", "broker", "sqlalchemy", "kafka", "elasticsearch", "celery"})
 # Fields kept as given: a search space maps the user's parameter names (never credentials) to
 # distributions, and view mode shows it from the store.
 _NEVER_SECRET = frozenset({"search_space"})
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 REDACTED = "***"
 
 
@@ -137,7 +147,14 @@ def is_secret(name: str) -> bool:
     """Whether a config field (or a key of a user's mapping) holds a secret, kept out of reprs,
     logs and the store. See the rule above."""
     words = _words(str(name))
-    return bool(words) and (words[-1] in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS)
+    if not words:
+        return False
+    last = words[-1]
+    if last in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS or last.endswith(_SECRET_SUFFIXES):
+        return True
+    if last == "pwd":
+        return len(words) > 1
+    return last in ("url", "uri") and any(w in _DATA_SERVICES for w in words[:-1])
 
 
 def redacted(value: Any, name: str = "") -> Any:
@@ -477,7 +494,10 @@ def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfi
         base = (base_dir or Path.cwd()).resolve()
     if data is None:
         raise ConfigError("(root)", "the config is empty", "write at least trialCommand, trialConcurrency and trainingService")
-    return _parse(ConfigSection(data, "", base), base)
+    config = _parse(ConfigSection(data, "", base), base)
+    if isinstance(source, (str, Path)):
+        config.config_file = Path(source).expanduser().resolve()
+    return config
 
 
 def _is_nni_config(source: Any) -> bool:
@@ -659,6 +679,10 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     if env is not _MISSING:
         if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
             raise ConfigError(env_path, "must map variable names to values", "e.g. `agentEnv: {CUDA_HOME: /usr/local/cuda}`")
+        for k in env:  # a name goes into `export NAME=...` lines and env lists: only a real variable name
+            if not _ENV_NAME.fullmatch(k):
+                raise ConfigError(f"{env_path}.{k}", "is not an environment variable name",
+                                  "use letters, digits and _ (not starting with a digit), e.g. CUDA_HOME")
         ts_config.agent_env = {k: str(v) for k, v in env.items()}
     port = ts.int_("hubPort", minimum=1)
     if port is not None and port > 65535:
@@ -735,6 +759,9 @@ def _algorithms(root: ConfigSection, base: Path) -> tuple[TunerConfig | None, Tu
             raise ConfigError("assessor", "given together with an advisor, which stops trials itself",
                               "remove the assessor (NNI ignores it with an advisor)")
         tuner = advisor
+    if tuner is None and assessor is not None:  # NNI 3.0: "ExperimentConfig: tuner must be set"
+        raise ConfigError("tuner", "must be set: an assessor only judges the trials a tuner proposes",
+                          "add `tuner: {name: TPE}` (or an advisor such as Hyperband)")
     return tuner, assessor
 
 

@@ -9,7 +9,9 @@ Its "kill trial" verdicts early-stop trials. It stops at maxTrialNumber / maxExp
 / an exhausted tuner, and early-stops trials that pass maxTrialDuration. Like NNI, when
 maxExperimentDuration runs out no new trial starts and running ones finish. Cancelling `run()`
 (Ctrl-C) cancels every live trial USER_CANCELED before the training service cleans up; a failed
-dispatcher does the same and raises `DispatcherError`.
+dispatcher does the same and raises `DispatcherError`. When every worker failed for good (none
+could be bootstrapped, or all were lost) the run ends in NNI's ERROR status and raises
+`NoWorkerError`: a script must never mistake a run where no trial could run for success.
 """
 from __future__ import annotations
 
@@ -36,9 +38,16 @@ from nni_manager.types import (
     TrialJobStatus,
 )
 
-__all__ = ["DispatcherError", "Experiment", "ExperimentResult", "TrialSummary", "metric_number", "parameter_record"]
+__all__ = ["DispatcherError", "Experiment", "NoWorkerError", "ExperimentResult", "TrialSummary", "metric_number", "parameter_record"]
 
 log = logging.getLogger(__name__)
+
+
+class NoWorkerError(RuntimeError):
+    """Every worker failed for good (bootstrap failed, machine gone): no trial can run."""
+
+
+NO_WORKER = "no worker could start"  # the stop_reason of a run that ended with NoWorkerError
 _LOG_LEVELS = {"fatal": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO,
                "debug": logging.DEBUG, "trace": 5}
 _CANCEL_WAIT_S = 10.0  # beyond the trial grace period, for cancelled trials to report their end
@@ -79,7 +88,7 @@ class ExperimentResult:
     stop_reason: str
     trials: list[TrialSummary] = field(default_factory=list)
     best: TrialSummary | None = None
-    error: str = ""  # why the tuner / assessor failed, when it did
+    error: str = ""  # why the experiment failed (the tuner, or no usable worker), when it did
 
 
 def metric_number(value: Any) -> float | None:
@@ -161,9 +170,9 @@ class Experiment:
                 self.stop_reason, self.status = "interrupted", "STOPPED"
                 await asyncio.shield(self._cancel_all(ts))
                 raise
-            except DispatcherError as exc:
+            except (DispatcherError, NoWorkerError) as exc:
                 self.error, self.status = str(exc), "ERROR"
-                self.stop_reason = "the tuner failed"
+                self.stop_reason = "the tuner failed" if isinstance(exc, DispatcherError) else NO_WORKER
                 log.error("%s", exc)
                 await asyncio.shield(self._cancel_all(ts))
                 raise
@@ -237,11 +246,13 @@ class Experiment:
             # experiment's 100,000 ended trials would cost 0.5 s per wake-up to list.
             self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await self._enforce_trial_duration(ts)
-            stop = self._why_no_more_trials() or _no_usable_machine(ts)
+            stop, broken = self._stop_reason(ts)
             while not stop and self.live_count() < self.config.trial_concurrency and self._queue:
                 await self._submit(ts, self._queue.popleft())
-                stop = self._why_no_more_trials() or _no_usable_machine(ts)
+                stop, broken = self._stop_reason(ts)
             if stop and self.live_count() == 0:
+                if broken:
+                    raise NoWorkerError(stop)
                 self.stop_reason = stop
                 return
             if stop and self.status in ("RUNNING", "TUNER_NO_MORE_TRIAL") and not self._exhausted:
@@ -251,6 +262,14 @@ class Experiment:
                 await asyncio.wait_for(self._wake.wait(), self._poll_interval)
             except asyncio.TimeoutError:
                 pass
+
+    def _stop_reason(self, ts: Any) -> tuple[str, bool]:
+        """Why no more trials start, and whether that is a failure (no usable worker left)."""
+        why = self._why_no_more_trials()
+        if why:
+            return why, False
+        why = _no_usable_machine(ts)
+        return why, bool(why)
 
     def _limit_reached(self) -> str:
         if self.config.max_trial_number is not None and len(self.trials) >= self.config.max_trial_number:

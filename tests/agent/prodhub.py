@@ -7,7 +7,9 @@ re-registered from the store by a restarted manager), and a `Hub` whose handler 
 `RecordingHandler`: it sees what the hub hands the manager core (only after the hub's token
 and version checks, deduplication and ordering) and stores each batch's progress in the same
 transaction, as the core does. `restart()` is a manager restart: a new `Hub` built from the
-store, on the same port unless asked otherwise.
+store, on the same port unless asked otherwise. With `tls=` (a TlsMaterial, e.g. the
+experiment's own CA from `experiment_tls`, as a manager's loopback hub has) the TCP listener
+serves TLS, the registry hands agents that CA, and `start_agent` gives them `--ca-file`.
 
 Only `bundles_served` is observation added to the hub (`ObservedHub`); nothing is changed.
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import AgentSpec, PlacementHints
-from nni_manager.hub import Hub
+from nni_manager.hub import Hub, TlsMaterial
 from nni_manager.service.agents import Agents
 from nni_manager.store import Store
 
@@ -192,6 +194,10 @@ class ProdHub:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @property
+    def tls(self) -> TlsMaterial | None:
+        return self.hub_kwargs.get("tls")
+
+    @property
     def trials(self) -> dict[str, TrialView]:
         return self.handler.trials
 
@@ -202,7 +208,7 @@ class ProdHub:
         hub = ObservedHub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=self.store,
                           handler=self.handler, tcp=tcp, **self.hub_kwargs)
         hub.bundles_served = self.bundles_served
-        self.registry = Agents(self.store, hub, b"")
+        self.registry = Agents(self.store, hub, self.tls.ca_certificate if self.tls else b"")
         await hub.start()
         self.hub = hub
         self.port = int(hub.address.rpartition(":")[2])
@@ -268,6 +274,10 @@ class ProdHub:
         env = dict(os.environ, NNI_AGENT_TOKEN=token if token is not None else self.token(agent_id),
                    **(extra_env or {}))
         where = ["--manager-file", str(manager_file)] if manager_file else ["--manager", address or self.address]
+        if self.tls is not None:
+            ca = self.experiment_dir / "agent-ca.crt"
+            ca.write_bytes(self.tls.ca_certificate)
+            where += ["--ca-file", str(ca)]
         proc = subprocess.Popen(
             [sys.executable, "-m", "nni_agent", *where, "--agent-id", agent_id,
              "--work-dir", str(work_dir), "--log-file", str(work_dir.parent / f"{agent_id}.log"), *args],

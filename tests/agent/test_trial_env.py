@@ -72,7 +72,9 @@ def test_http_channel_url_and_forced_legacy(tmp_path: Path) -> None:
     server.start()
     try:
         out, _ = _dump(tmp_path / "a", http=server)
-        assert out["env"]["NNI_TRIAL_COMMAND_CHANNEL"] == f"http://127.0.0.1:{server.port}/env/{AGENT_KEY}/trA01"
+        prefix, env_id, trial_id = out["env"]["NNI_TRIAL_COMMAND_CHANNEL"].rsplit("/", 2)
+        assert (prefix, trial_id) == (f"http://127.0.0.1:{server.port}/env", "trA01")
+        assert env_id != AGENT_KEY and len(env_id) >= 24  # a per-trial secret (tests/security)
         out, _ = _dump(tmp_path / "b", http=server, env={"NNI_TRIAL_COMMAND_CHANNEL": ""})
         assert out["env"]["NNI_TRIAL_COMMAND_CHANNEL"] == ""
     finally:

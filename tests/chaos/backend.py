@@ -22,7 +22,7 @@ from tests.chaos.relay import ChaosRelay
 
 class RelayedBackend(Backend):
     platform = "relayed"
-    hub = "loopback"  # 127.0.0.1 TCP, which only the relay dials
+    hub = "loopback"  # 127.0.0.1 TCP with the experiment's TLS, which only the relay dials
     ships_code = False  # agents read trialCodeDirectory in place
     default_reconnect_window = 60.0
 
@@ -31,6 +31,7 @@ class RelayedBackend(Backend):
     work_root: ClassVar[Path] = Path("/nonexistent")
     heartbeat: ClassVar[float | None] = None
     procs: ClassVar[dict[str, subprocess.Popen[bytes]]] = {}
+    ca_certificate: ClassVar[bytes] = b""  # the hub's CA, as the agents got it (for tests that dial too)
 
     async def start(self, ctx: BackendContext) -> None:
         relay = RelayedBackend.relay
@@ -43,8 +44,11 @@ class RelayedBackend(Backend):
                 await relay.start()
             work = RelayedBackend.work_root / spec.agent_id
             work.mkdir(parents=True, exist_ok=True)
+            ca = work / "ca.crt"  # TLS end to end through the relay, as through a tunnel
+            ca.write_bytes(spec.ca_certificate)
+            RelayedBackend.ca_certificate = spec.ca_certificate
             env = dict(os.environ, NNI_AGENT_TOKEN=spec.token)
-            argv = [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{relay.port}",
+            argv = [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{relay.port}", "--ca-file", str(ca),
                     "--agent-id", spec.agent_id, "--work-dir", str(work),
                     "--orphan-timeout", str(self.reconnect_window), "--log-file", str(work / "agent.log")]
             RelayedBackend.procs[spec.agent_id] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,

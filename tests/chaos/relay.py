@@ -93,6 +93,8 @@ class ChaosRelay:
                 await dst.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
+        except RuntimeError:  # the hub answered after a half-close ended the agent's side (write_eof)
+            pass
         finally:
             self._close(pipe, reset=False)
 

@@ -59,9 +59,11 @@ def _frames(rng: random.Random, agent_id: str, count: int) -> list[bytes]:
 
 
 async def _abuse(target: str, frame: bytes) -> tuple[grpc.StatusCode | None, str]:
-    """Send one frame as the stream's first message; return how the hub ended the stream."""
-    async with grpc.aio.insecure_channel(target, options=[("grpc.enable_http_proxy", 0),
-                                                          ("grpc.max_send_message_length", 80 << 20)]) as ch:
+    """Send one frame as the stream's first message; return how the hub ended the stream (over
+    TLS: the hub does not check who dials, only what they say)."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=RelayedBackend.ca_certificate)
+    async with grpc.aio.secure_channel(target, credentials, options=[("grpc.enable_http_proxy", 0),
+                                                                     ("grpc.max_send_message_length", 80 << 20)]) as ch:
         call = ch.stream_stream(CONNECT, request_serializer=lambda b: b,
                                 response_deserializer=pb.ManagerMessage.FromString)()
         try:

@@ -5,8 +5,10 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from nni_manager.config import load_config
-from nni_manager.experiment import Experiment
+from nni_manager.experiment import Experiment, NoWorkerError
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
 
@@ -108,8 +110,12 @@ def test_stops_when_no_machine_is_usable(make_config) -> None:
     config = load_config(make_config(maxTrialNumber=None, trainingService=ts,
                                      tuner={"name": "Random"},
                                      searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}))
-    result = asyncio.run(asyncio.wait_for(Experiment(config, poll_interval=0.1).run(), 60))
-    assert result.stop_reason.startswith("no machine is usable") and "cannot connect" in result.stop_reason
+    experiment = Experiment(config, poll_interval=0.1)
+    with pytest.raises(NoWorkerError, match="no machine is usable.*cannot connect"):  # a failure, never success
+        asyncio.run(asyncio.wait_for(experiment.run(), 60))
+    result = experiment.result()
+    assert experiment.status == "ERROR" and result.error.startswith("no machine is usable")
+    assert result.stop_reason == "no worker could start"
     assert len(result.trials) <= config.trial_concurrency  # it did not keep submitting doomed trials
     assert all(t.status == TrialJobStatus.FAILED for t in result.trials)
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from nni_manager.config import REDACTED, ExperimentConfig, is_secret, load_config, redacted, secret_values
-from nni_manager.experiment import Experiment, _log_file
+from nni_manager.experiment import Experiment, NoWorkerError, _log_file
 from nni_manager.service import create_training_service
 from nni_manager.service.nni_api import _redacted
 from nni_manager.store import Store
@@ -289,11 +289,14 @@ trainingService:
        strictHostKeyChecking: false}}
 """)
     config = load(path, secrets)
-    result = asyncio.run(asyncio.wait_for(Experiment(config, poll_interval=0.1).run(), 60))
-    assert "cannot connect" in result.stop_reason, result.stop_reason  # no machine is usable
+    experiment = Experiment(config, poll_interval=0.1)
+    with pytest.raises(NoWorkerError):
+        asyncio.run(asyncio.wait_for(experiment.run(), 60))
+    result = experiment.result()
+    assert "cannot connect" in result.error, result.error  # no machine is usable
     stored = assert_no_secret(result.experiment_dir, secrets, ["alice-remote", "bob-remote", str(key_file),
                                                                "/opt/cuda-kept", "max_tokens"],
-                              caplog, capfd, [result.stop_reason])
+                              caplog, capfd, [result.error])
     alice, bob = stored["training_service"]["options"]["machine_list"]
     assert (alice["password"], alice["ssh_passphrase"], bob["password"], bob["ssh_passphrase"]) == \
         (REDACTED, None, None, REDACTED)

@@ -18,6 +18,7 @@ from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.remote.backend import RemoteBackend
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
+from nni_manager.hub.tls import experiment_tls
 from tests.agent.prodhub import HubContext, ProdHub
 from tests.remote.conftest import processes_with
 
@@ -25,7 +26,9 @@ pytestmark = pytest.mark.ssh
 
 
 def new_hub(short_dir: Path) -> ProdHub:
-    return ProdHub(short_dir / "exp", experiment_id="rt" + secrets.token_hex(4))
+    experiment_id = "rt" + secrets.token_hex(4)  # TLS from the experiment's own CA, as the loopback hub has
+    return ProdHub(short_dir / "exp", experiment_id=experiment_id,
+                   tls=experiment_tls(short_dir / "exp" / "tls", ["127.0.0.1"], experiment_id))
 
 
 def config(machines: list[MachineConfig], agent_env: dict[str, str] | None = None) -> ExperimentConfig:
@@ -102,7 +105,7 @@ def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, short
 def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_path):
     fake = tmp_path / "oldpy"
     fake.mkdir()
-    (fake / "python3").write_text("#!/bin/sh\necho 3.8.10 /opt/old/python3\n")
+    (fake / "python3").write_text("#!/bin/sh\necho 3.7.16 /opt/old/python3\n")
     (fake / "python3").chmod(0o755)
 
     async def scenario() -> None:
@@ -116,8 +119,8 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_p
                 await backend.start(ctx)
                 good, old_python, unreachable = ctx.added  # in the machines' order
                 assert set(ctx.failures) == {old_python, unreachable}
-                assert "no Python >= 3.10 found in pythonPath" in ctx.failures[old_python]
-                assert "python3: Python 3.8.10 is older than 3.10" in ctx.failures[old_python]
+                assert "no Python >= 3.8 found in pythonPath" in ctx.failures[old_python]
+                assert "python3: Python 3.7.16 is older than 3.8" in ctx.failures[old_python]
                 assert f"root@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures[unreachable]
                 assert "the proxy command exited with code 1" in ctx.failures[unreachable]
                 await hub.wait_for(lambda: ctx.agent_connected(good), 30, f"{good} to connect")

@@ -24,7 +24,7 @@ def wheel(tmp_path_factory):
 def test_no_usable_python_is_precise(plain_sshd, tmp_path, wheel):
     fake = tmp_path / "fakepy"
     fake.mkdir()
-    (fake / "python3").write_text("#!/bin/sh\necho 3.8.10 /opt/old/python3\n")
+    (fake / "python3").write_text("#!/bin/sh\necho 3.7.16 /opt/old/python3\n")
     (fake / "python").write_text("#!/bin/sh\necho 'Python 2.7.18' >&2\n")
     for f in fake.iterdir():
         f.chmod(0o755)
@@ -35,8 +35,8 @@ def test_no_usable_python_is_precise(plain_sshd, tmp_path, wheel):
     finally:
         client.close()
     msg = str(e.value)
-    assert f"no Python >= 3.10 found in pythonPath {fake}" in msg
-    assert f"{fake}/python3: Python 3.8.10 is older than 3.10" in msg
+    assert f"no Python >= 3.8 found in pythonPath {fake}" in msg
+    assert f"{fake}/python3: Python 3.7.16 is older than 3.8" in msg
     assert f"{fake}/python: Python 2.7.18" in msg
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nni_agent
+from nni_agent.compat import MIN_PYTHON_TEXT
 
 _DIST = "nni_agent"
 # The agent's dependencies by the module each one provides (checked on workers before start).
@@ -66,7 +67,7 @@ def build_agent_wheel(dest_dir: Path) -> AgentWheel:
 
     info = f"{_DIST}-{version}.dist-info"
     meta = "\n".join(
-        ["Metadata-Version: 2.1", "Name: nni-agent", f"Version: {version}", "Requires-Python: >=3.10"]
+        ["Metadata-Version: 2.1", "Name: nni-agent", f"Version: {version}", f"Requires-Python: >={MIN_PYTHON_TEXT}"]
         + [f"Requires-Dist: {r}" for r in requirements]
     ) + "\n"
     extra = [

@@ -21,7 +21,7 @@ travels over the agent stream.
       resourceGroup: ...
       workspaceName: ...
       computeTarget: gpu-cluster
-      dockerImage: msranni/nni:latest   # needs Python >= 3.10 and nni-agent
+      dockerImage: msranni/nni:latest   # needs Python >= 3.8 and nni-agent
       nniManagerIp: 20.1.2.3            # reachable from the compute cluster
       resourceManagerEndpoint: https://management.azure.com   # ours: other Azure clouds
 """

@@ -186,8 +186,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
         lines.append(f'export PYTHONPATH={q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     # one interpreter: a missing package is one line in the job's log, not a traceback
     boot = ("import sys\ntry:\n    from nni_agent.cli import main\nexcept ImportError as e:\n"
-            f"    sys.exit('nni-agent: the image {image} lacks the nni-agent package for %s (%s): "
-            "pip install nni-agent in the image' % (sys.executable, e))\nsys.exit(main(sys.argv[1:]))")
+            "    sys.exit('nni-agent: the image %s lacks the nni-agent package for %s (%s): "
+            f"pip install nni-agent in the image' % ({image!r}, sys.executable, e))\nsys.exit(main(sys.argv[1:]))")
     args = [f"--manager {q(hub_address)}", f'--agent-id "{agent_id}"', '--token-file "$NNI_AGENT_DIR/token"',
             '--work-dir "$NNI_AGENT_DIR/work"', f"--orphan-timeout {orphan_timeout:g}"]
     if tls:
@@ -508,7 +508,7 @@ class RestJobBackend(Backend):
 
     def _check_hint(self, job: Job) -> str:
         return (f"check that the job's nodes can reach {self._hub(job)} (nniManagerIp, hubPort, firewalls) and that "
-                "its image has Python >= 3.10 with nni-agent (the job's log says which)")
+                "its image has Python >= 3.8 with nni-agent (the job's log says which)")
 
     async def _ended(self, job: Job, view: JobView) -> None:
         assert self.ctx is not None

@@ -4,20 +4,29 @@ Started exactly as NNI 3's manager starts it (ts/nni_manager/core/nnimanager.ts 
 common/utils.ts `getMsgDispatcherCommand`): `python -m nni --exp_params <base64 of the
 experiment config without searchSpace>`, with `SDK_PROCESS=dispatcher`, `NNI_MODE`,
 `NNI_CHECKPOINT_DIRECTORY`, `NNI_LOG_DIRECTORY`, `NNI_LOG_LEVEL`,
-`NNI_INCLUDE_INTERMEDIATE_RESULTS` and `NNI_TUNER_COMMAND_CHANNEL=ws://127.0.0.1:<port>/tuner`.
+`NNI_INCLUDE_INTERMEDIATE_RESULTS` and `NNI_TUNER_COMMAND_CHANNEL=ws://127.0.0.1:<port>/tuner/<secret>`.
 The channel (core/tuner_command_channel.ts) is one WebSocket on which every text frame is a
 JSON command `{"type": <2 letters>, "content": <string>}`; `_nop_` frames are ignored and
 `_bye_` closes. Any of NNI's tuners, assessors and advisors, built in or customised, run
 unmodified this way.
+
+Security: any local user can find the port in /proc/net/tcp, and whoever holds the channel
+gets the search space and has its NEW_TRIAL and KILL_TRIAL obeyed. So the URL's path carries
+an unguessable secret (NNI's client connects to the URL exactly as given), any other path is
+refused, and so is every connection after the first. The URL travels in the dispatcher's
+environment, never its argv: /proc/<pid>/environ is readable by its own user (and root) only.
+NNI's client writes the URL to dispatcher.log at debug level only (`logLevel: debug`).
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -59,6 +68,8 @@ class NniDispatcher(Dispatcher):
         self._events: DispatcherEvents | None = None
         self._ws: Any = None
         self._runner: Any = None
+        self._secret = secrets.token_urlsafe(32)  # the channel's URL path: only our child knows it
+        self._claimed = False  # set before the first connection's handshake: a second is refused
         self._connected = asyncio.Event()
         self._initialized = asyncio.Event()
         self._closed = asyncio.Event()
@@ -94,14 +105,14 @@ class NniDispatcher(Dispatcher):
 
         self._events = events
         app = web.Application()
-        app.router.add_get("/tuner", self._handle)
+        app.router.add_get("/tuner/{secret}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))  # loopback only: the dispatcher is our own child process
         port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
-        self._spawn(f"ws://127.0.0.1:{port}/tuner")
+        self._spawn(f"ws://127.0.0.1:{port}/tuner/{self._secret}")
         self._tasks.append(asyncio.create_task(self._watch_process()))
         await self._wait_for(self._connected, CONNECT_TIMEOUT_S, "connect to the manager")
         self._send("IN", json.dumps(search_space))
@@ -149,8 +160,13 @@ class NniDispatcher(Dispatcher):
     async def _handle(self, request: Any) -> Any:
         from aiohttp import WSMsgType, web
 
-        if self._ws is not None:  # one dispatcher per experiment, as in NNI
+        if not hmac.compare_digest(request.match_info["secret"].encode(), self._secret.encode()):
+            log.warning("refused a tuner channel connection on a wrong URL (not our dispatcher)")
+            return web.Response(status=404, text="Not Found")
+        if self._claimed:  # one dispatcher per experiment, as in NNI
+            log.warning("refused a second tuner channel connection")
             return web.Response(status=409, text="a dispatcher is already connected")
+        self._claimed = True
         ws = web.WebSocketResponse(heartbeat=5.0, max_msg_size=0)
         await ws.prepare(request)
         self._ws = ws

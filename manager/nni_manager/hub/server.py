@@ -39,12 +39,13 @@ from nni_manager.store import Store
 
 log = logging.getLogger(__name__)
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,255}")  # one file name
 _MAX_UNIX_PATH = 107
 # The store or a log file cannot be written (a full disk, a lost mount): nothing is acknowledged.
 STORAGE_ERRORS = (sqlite3.Error, OSError)
 _FLEET_RATE = 250.0  # heartbeats (and GPU reports) per second from all agents together, at most
 _STORAGE_PAUSE = 2.0  # before ending a stream whose records cannot be stored: no tight replay loop
+_MAX_MESSAGE = 64 * 1024 * 1024  # gRPC's limit for any one message (a record batch is about 1 MiB)
 
 
 class HubHandler(Protocol):
@@ -69,6 +70,12 @@ class HubHandler(Protocol):
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
         """Where this agent's log chunks of the trial go (None: drop them)."""
         ...
+
+
+def safe_id(name: str) -> bool:
+    """Whether a trial id from an agent is one path segment: no separators, no newline (`$`
+    would allow one), not `.` or `..`."""
+    return _SAFE_ID.fullmatch(name) is not None and name.strip(".") != ""
 
 
 def credential_digest(token: str) -> str:
@@ -124,7 +131,26 @@ def version_mismatch(agent_major: int, agent_minor: int) -> str:
     return f"{head}: upgrade nni-agent on the worker to {nni_manager.__version__} (it speaks {ours})"
 
 
+def _peer_host(peer: str) -> str:
+    """The address part of a gRPC peer ("ipv4:127.0.0.1:5000" -> "127.0.0.1"; "unix:..." -> "unix")."""
+    kind, _, rest = peer.partition(":")
+    return rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else kind
+
+
+def _raw(data: bytes) -> bytes:
+    """Messages reach Connect unparsed, so a Hello's size is checked before it is parsed."""
+    return data
+
+
 class Hub(pb_grpc.AgentHubServicer):
+    # Bounds for streams that have not proven a token yet (a stranger's): their first message
+    # must come within `hello_timeout` s and hold at most `max_hello_bytes`, and one address may
+    # hold at most `max_unauthenticated_per_peer` such streams at once (agents behind a tunnel or
+    # relay share 127.0.0.1; theirs are unauthenticated only for the moment a Hello takes).
+    hello_timeout = 10.0
+    max_hello_bytes = 4 * 1024 * 1024
+    max_unauthenticated_per_peer = 64
+
     def __init__(
         self,
         *,
@@ -158,6 +184,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
         self.files = FileFetches()
         self.log_files = LogFiles()
+        self._unauthenticated: dict[str, int] = {}  # streams still to prove a token, by peer address
 
     def _handler(self) -> HubHandler:
         assert self.handler is not None, "Hub.handler must be set before start()"
@@ -181,11 +208,14 @@ class Hub(pb_grpc.AgentHubServicer):
         self.socket_path.unlink(missing_ok=True)  # a stale one from a killed manager
         options = [
             ("grpc.enable_http_proxy", 0),
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
         ]
         self._server = grpc.aio.server(options=options)
-        pb_grpc.add_AgentHubServicer_to_server(self, self._server)
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("nni_agent.v1.AgentHub", {
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                self.Connect, request_deserializer=_raw, response_serializer=pb.ManagerMessage.SerializeToString),
+        }),))
         self._server.add_insecure_port(f"unix:{self.socket_path}")
         if self.tcp:
             host, _, wanted = self.tcp.rpartition(":")
@@ -266,13 +296,41 @@ class Hub(pb_grpc.AgentHubServicer):
         self.storage_error = str(e)
 
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        peer = _peer_host(context.peer())
+        if self._unauthenticated.get(peer, 0) >= self.max_unauthenticated_per_peer:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "too many streams from this address have not said Hello yet; try again later")
+        self._unauthenticated[peer] = self._unauthenticated.get(peer, 0) + 1
         try:
-            first = await context.read()
+            link, hello, session_token = await self._authenticate(context)
+        finally:
+            self._unauthenticated[peer] -= 1
+            if not self._unauthenticated[peer]:
+                del self._unauthenticated[peer]
+        await self._serve(link, hello, session_token, context)
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> tuple[_Link, pb.Hello, str]:
+        """Read the Hello (bounded in time and size, before any parsing), check the token, then
+        the protocol version, and only then spend a single-use enrolment credential: an agent
+        too old to talk keeps its credential for the upgraded one."""
+        try:
+            first = await asyncio.wait_for(context.read(), self.hello_timeout)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no Hello within {self.hello_timeout:g} s of opening the stream")
+        if first is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+        assert isinstance(first, bytes)
+        if len(first) > self.max_hello_bytes:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"a Hello of {len(first)} bytes: at most {self.max_hello_bytes} are accepted")
+        try:
+            message = pb.AgentMessage.FromString(first)
         except DecodeError:  # garbage from anyone: refused in words, no traceback per bad peer
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message: not an nni_agent.v1.AgentMessage")
-        if first is grpc.aio.EOF or not first.HasField("hello"):
+        if not message.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
-        hello = first.hello
+        hello = message.hello
         link = self._links.get(hello.agent_id)
         if link is not None and link.spent and hmac.compare_digest(link.spent, credential_digest(hello.token)):
             log.warning("agent %s: its single-use enrolment credential was presented again and refused (a copy of "
@@ -282,16 +340,21 @@ class Hub(pb_grpc.AgentHubServicer):
         if link is None or not hmac.compare_digest(link.token.encode(), hello.token.encode()):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {hello.agent_id}: invalid token")
         assert link is not None
+        if hello.protocol_major != PROTOCOL_MAJOR:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, version_mismatch(hello.protocol_major, hello.protocol_minor)
+            )
         session_token = ""
         if link.enrol:  # spend the credential; from now on only the session token works
             session_token = secrets.token_urlsafe(32)
             link.spent, link.token, link.enrol = credential_digest(link.token), session_token, False
             self._store.set_agent_token(link.agent_id, session_token, link.spent)
             log.info("agent %s enrolled (its enrolment credential is spent)", link.agent_id)
-        if hello.protocol_major != PROTOCOL_MAJOR:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, version_mismatch(hello.protocol_major, hello.protocol_minor)
-            )
+        return link, hello, session_token
+
+    async def _serve(self, link: _Link, hello: pb.Hello, session_token: str,
+                     context: grpc.aio.ServicerContext) -> None:
+        """An authenticated stream, until it ends or a newer one replaces it."""
         restarted = bool(link.boot_id) and hello.boot_id != link.boot_id
         if hello.boot_id != link.boot_id:
             link.boot_id, link.applied_seq = hello.boot_id, 0
@@ -349,9 +412,10 @@ class Hub(pb_grpc.AgentHubServicer):
 
     async def _read(self, link: _Link, session: _Session) -> None:
         while True:
-            msg = await session.context.read()
-            if msg is grpc.aio.EOF:
+            raw = await session.context.read()
+            if raw is grpc.aio.EOF:
                 return
+            msg = pb.AgentMessage.FromString(raw)  # DecodeError: the stream ends (logged once)
             session.last_seen = time.monotonic()
             if link.lost_since is not None and link.session is session:
                 link.lost_since, link.expired = None, False
@@ -410,7 +474,7 @@ class Hub(pb_grpc.AgentHubServicer):
             if not r.HasField("log"):
                 continue
             chunk = r.log
-            if not _SAFE_ID.match(chunk.trial_id):
+            if not safe_id(chunk.trial_id):
                 log.warning("log chunk for a bad trial id %r dropped", chunk.trial_id)
                 continue
             path = self._handler().log_file(agent_id, chunk.trial_id, chunk.stream)

@@ -353,12 +353,12 @@ class Core:
         agent = self.agents.by_id[agent_id]
         if agent.url and t.url != agent.url:
             self.trials.change(t, url=agent.url)
-        command, env = cfg.trial_command, {}
+        command, env = cfg.trial_command, self.backend.trial_secret_env(agent_id)
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
             role = next((r for r in self.backend.shape().roles if r.name == agent.role), None)
             command = (role.command if role and role.command else None) or command
-            env = {"NNI_TRIAL_ROLE": agent.role, "NNI_TRIAL_ROLE_INDEX": str(agent.index),
-                   "NNI_TRIAL_ENVIRONMENT": agent.env_id}
+            env.update({"NNI_TRIAL_ROLE": agent.role, "NNI_TRIAL_ROLE_INDEX": str(agent.index),
+                        "NNI_TRIAL_ENVIRONMENT": agent.env_id})
         start = pb.StartTrial(
             trial_id=t.id, sequence_id=t.sequence_id, experiment_id=self.experiment_id,
             platform=self.backend.agent_platform(agent_id), command=command, parameter=t.form.hyper_parameters.value,

@@ -1,9 +1,13 @@
 """Where the hub listens, and with which TLS material, for the backend's kind of agents.
 
-unix: only the socket in the (0700) experiment directory. loopback: also 127.0.0.1 TCP, for
-tunnels. network: `nniManagerIp`:`hubPort` with TLS (the experiment's own CA unless the
-user brings a certificate); the port is kept in the store so a restarted manager listens
-where running agents redial.
+unix: only the socket in the (0700) experiment directory; file permissions authenticate both
+sides (only the experiment's owner can connect to it, or put a socket there), so it needs no TLS.
+loopback: also 127.0.0.1 TCP for tunnels, always with TLS from the experiment's own CA: a worker's
+end of a tunnel is a port any local user may bind once the SSH link drops, and an agent must
+not hand its token to (or obey) whoever does. network: `nniManagerIp`:`hubPort` with TLS (the
+experiment's own CA unless the user brings a certificate); the port is kept in the store so a
+restarted manager listens where running agents redial. The CA stays in the experiment
+directory, so a restarted manager is trusted by the agents already running.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
     if backend.hub == "unix":
         return None, None
     if backend.hub == "loopback":
-        return "127.0.0.1:0", None
+        return "127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id)
     ts = backend.config.training_service
     host = ts.nni_manager_ip or await backend.manager_address()
     if not host:

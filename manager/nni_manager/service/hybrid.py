@@ -75,6 +75,10 @@ class HybridBackend(Backend):
         part = self._owners.get(agent_id)
         return part.agent_platform(agent_id) if part is not None else self.platform
 
+    def trial_secret_env(self, agent_id: str) -> dict[str, str]:
+        part = self._owners.get(agent_id)
+        return part.trial_secret_env(agent_id) if part is not None else {}
+
     def ships_code_to(self, agent_id: str) -> bool:
         part = self._owners.get(agent_id)
         return part.ships_code_to(agent_id) if part is not None else self.ships_code

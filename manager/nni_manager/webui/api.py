@@ -18,6 +18,7 @@ from aiohttp import web
 from nni_manager.local_files import SERVE_LIMIT, open_in, open_trial_log, read_capped
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui import manifest
+from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
@@ -271,10 +272,13 @@ class Api:
         return web.FileResponse(self.static_dir / "index.html", headers={"Cache-Control": "no-cache"})
 
 
-def make_app(api: Api, url_prefix: str = "") -> web.Application:
-    """The application; `url_prefix` without slashes ("" for none), as NNI's urlPrefix."""
+def make_app(api: Api, url_prefix: str = "", access: Access | None = None) -> web.Application:
+    """The application; `url_prefix` without slashes ("" for none), as NNI's urlPrefix;
+    `access` guards every route (WebServer always passes one)."""
     p = f"/{url_prefix}" if url_prefix else ""
     app = web.Application(client_max_size=50 * 1024 * 1024)  # express.json({limit: '50mb'})
+    if access is not None:
+        access.install(app)
     r = app.router
     a = p + API
     get: list[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [

@@ -4,18 +4,21 @@
 STOPPED), `Experiment.connect()` reads our pid through `/experiments-info`. The lock is NNI's
 `SimplePreemptiveLock` (nnictl/common_utils.py) and the TS manager's: create
 `.experiment.lock.<pid>` exclusively, unless another `.experiment.lock.*` younger than 2 s
-exists; read, modify, write; delete the lock.
+exists; read, modify, write; delete the lock. A file that exists but cannot be read or parsed
+is never rewritten (that would drop every other experiment's entry): a warning says why.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 _STALE_S = 2.0
 _TRIES, _WAIT_S = 100, 0.05
 
@@ -52,21 +55,35 @@ def _locked(path: Path) -> Iterator[None]:
                 mine.unlink()
 
 
-def read(path: Path | None = None) -> dict[str, Any]:
-    path = path or manifest_path()
+def _load(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(entries, "") ; ({}, "") for a missing file; (None, why) for one that cannot be used."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
+    if not isinstance(data, dict):
+        return None, f"it holds a {type(data).__name__}, not NNI's mapping of experiments"
+    return data, ""
+
+
+def read(path: Path | None = None) -> dict[str, Any]:
+    data, _ = _load(path or manifest_path())
+    return data or {}
 
 
 def update(change: Callable[[dict[str, Any]], None], path: Path | None = None) -> dict[str, Any]:
-    """Apply `change` to the whole manifest under the lock; returns what was written."""
+    """Apply `change` to the whole manifest under the lock; returns what was written ({} and
+    nothing written when the file exists but cannot be read or parsed)."""
     path = path or manifest_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
-        data = read(path)
+        data, why = _load(path)
+        if data is None:
+            log.warning("not updating %s: cannot read it (%s); rewriting it would drop other experiments' "
+                        "entries (nnictl will not list this experiment until the file is repaired)", path, why)
+            return {}
         change(data)
         tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")

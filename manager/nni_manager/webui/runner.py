@@ -22,12 +22,13 @@ class WebOptions:
 
 
 def _announce(server: WebServer, out: Any = None) -> None:
+    """The one line that shows the token (where one is required): printed, never logged."""
     out = out or sys.stdout
     if server.static_dir is None:
-        print(f"WebUI: {server.url}  (NNI's REST API only: `pip install nni==3.0` for NNI's WebUI)", file=out,
+        print(f"WebUI: {server.login_url}  (NNI's REST API only: `pip install nni==3.0` for NNI's WebUI)", file=out,
               flush=True)
     else:
-        print(f"WebUI: {server.url}", file=out, flush=True)
+        print(f"WebUI: {server.login_url}", file=out, flush=True)
 
 
 class LiveWebUI:
@@ -47,14 +48,14 @@ class LiveWebUI:
         """End `serve_until_stopped` (Ctrl-C, SIGTERM or DELETE /experiment after the end)."""
         self._released.set()
 
-    async def serve_until_stopped(self) -> None:
-        """NNI's manager stays up after its experiment is DONE: so do we, until stopped."""
+    async def serve_until_stopped(self, ended: str = "is done") -> None:
+        """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until stopped."""
         if self.server is None:
             return
         self.serving_after_end = True
         if self.server is not None:
             await self.server.sync_manifest()
-        print(f"nni-manager: the experiment is done; the WebUI stays at {self.server.url} until Ctrl-C "
+        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until Ctrl-C "
               "(or `nnictl stop`)", flush=True)
         await self._released.wait()
 

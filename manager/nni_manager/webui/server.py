@@ -3,7 +3,9 @@
 
 Security: NNI's REST API has no authentication and `DELETE /experiment` stops the
 experiment, so we bind 127.0.0.1 unless the user names another address (`--bind`); from
-another machine, use `ssh -L 8080:127.0.0.1:8080 host`, as NNI's users do.
+another machine, use `ssh -L 8080:127.0.0.1:8080 host`, as NNI's users do. Every request is
+checked by `access.Access`: its Host, then its caller (our own user's processes, or the token
+that exists when `--bind` is not loopback; `login_url` carries it, `url` never does).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from nni_manager.webui import manifest
+from nni_manager.webui import access, manifest
 from nni_manager.webui.api import Api, make_app
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide
@@ -45,9 +47,12 @@ class WebServer:
     """
 
     def __init__(self, side: ExperimentSide, *, port: int = DEFAULT_PORT, bind: str = DEFAULT_BIND,
-                 url_prefix: str | None = None, register: bool = True, experiment_name: str | None = None) -> None:
+                 url_prefix: str | None = None, register: bool = True, experiment_name: str | None = None,
+                 require_token: bool | None = None) -> None:
         self.side = side
         self.bind = bind
+        need_token = access.token_required(bind) if require_token is None else require_token
+        self.access = access.Access(bind, access.new_token() if need_token else None)
         self.url_prefix = normalise_prefix(url_prefix)
         self.port = port
         self.register = register
@@ -68,16 +73,22 @@ class WebServer:
             host = f"[{host}]"
         return f"http://{host}:{self.port}/" + (self.url_prefix + "/" if self.url_prefix else "")
 
+    @property
+    def login_url(self) -> str:
+        """`url` with the token where one is required: for the user's terminal only, never a log."""
+        return self.url if self.access.token is None else f"{self.url}?token={self.access.token}"
+
     def base_url(self) -> str:
         return self.url.rstrip("/")
 
     async def start(self) -> None:
         api = Api(self.side, self.model, self.static_dir, self.entry, self.base_url)
-        app = make_app(api, self.url_prefix)
+        app = make_app(api, self.url_prefix, self.access)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         sock = _listen(self.bind, self.port)
         self.port = sock.getsockname()[1]
+        self.access.set_port(self.port)
         await web.SockSite(self._runner, sock).start()
         self._entry = self._make_entry()
         if self.register:

@@ -12,9 +12,16 @@ from typing import Any
 
 from nni_manager.config import ConfigError, parse_duration
 from nni_manager.types import TrialJobDetail
+from nni_manager.webui import limits
 from nni_manager.webui.views import nni_params
 
 READONLY = "Error: can not update experiment profile in readonly mode!"
+
+
+def _bound(field: str, value: float, limit: float, unit: str = "") -> None:
+    why = limits.over_limit(field, value, limit, unit)
+    if why is not None:
+        raise WebError(why, 400)
 
 
 class WebError(Exception):
@@ -145,6 +152,8 @@ class LiveExperiment(ExperimentSide):
             return own, [error] if error else []
         if self.phase != "RUNNING":
             return self.phase, list(self.errors)
+        if own == "INITIALIZED":  # the training service is still starting (machines being bootstrapped)
+            return "INITIALIZED", []
         why = getattr(self.experiment, "_why_no_more_trials", lambda: "")()
         if why:
             return ("TUNER_NO_MORE_TRIAL" if why.startswith("the tuner") else "NO_MORE_TRIAL"), []
@@ -168,6 +177,7 @@ class LiveExperiment(ExperimentSide):
                 value = params.get("trialConcurrency")
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                     raise WebError(f"Error: trialConcurrency must be a positive integer, got {value!r}")
+                _bound("trialConcurrency", value, limits.MAX_TRIAL_CONCURRENCY)
                 more = value - config.trial_concurrency
                 config.trial_concurrency = value
                 dispatcher = getattr(self.experiment, "dispatcher", None)
@@ -177,10 +187,13 @@ class LiveExperiment(ExperimentSide):
                 value = params.get("maxTrialNumber", params.get("maxTrialNum"))
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                     raise WebError(f"Error: maxTrialNumber must be a positive integer, got {value!r}")
+                _bound("maxTrialNumber", value, limits.MAX_TRIAL_NUMBER)
                 config.max_trial_number = value
             elif update_type == "MAX_EXEC_DURATION":
                 value = params.get("maxExperimentDuration", params.get("maxExecDuration"))
-                config.max_experiment_duration = parse_duration(value, "maxExperimentDuration")
+                seconds = parse_duration(value, "maxExperimentDuration")
+                _bound("maxExperimentDuration", seconds, limits.MAX_EXPERIMENT_DURATION_S, " s")
+                config.max_experiment_duration = seconds
             elif update_type == "SEARCH_SPACE":
                 update_space = getattr(self.experiment, "update_search_space", None)
                 space = params.get("searchSpace")
@@ -188,6 +201,7 @@ class LiveExperiment(ExperimentSide):
                     raise WebError("Error: updating the search space is not supported by this experiment")
                 if not isinstance(space, dict):
                     raise WebError(f"Error: searchSpace must be a mapping, got {type(space).__name__}")
+                _bound("searchSpace parameters", len(space), limits.MAX_SEARCH_SPACE_PARAMETERS)
                 try:
                     update_space(space)
                 except (ValueError, TypeError) as exc:

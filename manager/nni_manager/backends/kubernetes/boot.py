@@ -1,4 +1,4 @@
-"""The container command that starts the agent inside any image with Python >= 3.10.
+"""The container command that starts the agent inside any image with Python >= 3.8.
 
 The manager's own agent wheel arrives as a ConfigMap volume (it is pure Python and small),
 the token and CA as a Secret volume; the command unpacks the wheel into the pod's scratch
@@ -7,6 +7,8 @@ problem ends the container with one line in its termination message, which becom
 trial's `message`. Nothing secret is on the command line.
 """
 from __future__ import annotations
+
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 
 SECRET_DIR = "/var/run/nni/secret"  # ca.crt and one token file per agent (named for its pod)
 WHEEL_DIR = "/var/run/nni/agent"  # the agent wheel (ConfigMap)
@@ -25,8 +27,8 @@ def fail(msg):
         pass
     sys.exit(3)
 ver = "%d.%d.%d" % sys.version_info[:3]
-if sys.version_info < (3, 10):
-    fail("Python %s (%s) is too old: nni-agent needs Python >= 3.10 in the image" % (ver, sys.executable))
+if sys.version_info < MIN_PYTHON:
+    fail("Python %s (%s) is too old: nni-agent needs Python >= MIN_PYTHON_TEXT in the image" % (ver, sys.executable))
 wheel, tag, work = os.environ["NNI_AGENT_WHEEL"], os.environ["NNI_AGENT_TAG"], os.environ["NNI_AGENT_WORK"]
 lib = os.path.join(work, "agent-" + tag)
 if not os.path.isdir(lib):
@@ -47,7 +49,7 @@ if missing:
 os.environ["PYTHONPATH"] = lib + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 agent_id = os.environ["NNI_AGENT_ID"]
 os.execv(sys.executable, [sys.executable, "-m", "nni_agent"] + [a.replace("{agent}", agent_id) for a in sys.argv[1:]])
-'''.strip()
+'''.strip().replace("MIN_PYTHON_TEXT", MIN_PYTHON_TEXT).replace("MIN_PYTHON", repr(MIN_PYTHON))
 
 # "$@" are the agent's arguments.
 SHELL = ('PY=$(command -v python3 || command -v python) || { echo "nni-agent: the image has no python3 or python '

@@ -9,7 +9,7 @@
       trialCpuNumber: 2
       trialMemorySize: 8gb           # or "8192mb", or an integer of MB
       trialGpuNumber: 1
-      dockerImage: msranni/nni:latest  # must have Python >= 3.10 and nni-agent (or see storage below)
+      dockerImage: msranni/nni:latest  # must have Python >= 3.8 and nni-agent (or see storage below)
       virtualCluster: default
       reuseMode: true                # a pool of up to trialConcurrency jobs running trial after trial
       openpaiConfig: {...}           # or openpaiConfigFile: your own job protocol (task roles, ...)

@@ -1,8 +1,10 @@
 """platform: remote — agents on SSH machines that need no route to the manager.
 
-Per machine: connect (host keys checked), find Python >= 3.10, install the agent from a
+Per machine: connect (host keys checked), find Python >= 3.8, install the agent from a
 wheel the manager builds from itself (reused when already installed), start it detached,
-and forward a worker-side loopback port to the hub over the same SSH connection. If the
+and forward a worker-side loopback port to the hub over the same SSH connection. The agent
+speaks TLS through that forward and trusts only the experiment's CA (uploaded beside its
+token): whoever binds the worker port while the link is down cannot pass as the hub. If the
 link drops, or a restarted manager finds the agent still running, re-open the forward (on
 the same worker port if it is free, else on a new one the agent reads from its manager file
 before redialling), so the running agent simply redials and its trials carry on.
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import nni_agent
+from nni_agent.compat import MIN_PYTHON_TEXT
 import paramiko
 
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, PlacementHints
@@ -83,6 +86,12 @@ class _Machine:
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
             self.machine.python_path, 0, self.options.reconnect_window + 60.0, dict(self.options.agent_env),
         )
+        if found.running_pid is not None and not found.running_verifies_hub:
+            log.warning("%s: agent pid %s was started without the experiment's CA (by an older manager) and would "
+                        "talk to whoever answers on its port: stopping it and its trials, starting one that verifies "
+                        "the hub", self.label, found.running_pid)
+            bootstrap.stop_agent(self.client, self.launch, self.grace)
+            found.running_pid = None
         if found.running_pid is not None:  # a restarted manager: re-attach to the running agent
             self._reopen_forward(port)
             log.info("%s: re-attached to running agent pid %s; hub via worker port %s", self.label,
@@ -118,7 +127,7 @@ class _Machine:
 
     def _start_agent(self) -> None:
         assert self.client is not None and self.launch is not None
-        pid = bootstrap.start_agent(self.client, self.launch, self.spec.token)
+        pid = bootstrap.start_agent(self.client, self.launch, self.spec.token, self.spec.ca_certificate)
         log.info("%s: agent %s started (pid %s), hub via worker port %s", self.label, self.spec.agent_id, pid,
                  self.launch.remote_port)
 
@@ -326,9 +335,11 @@ class RemoteBackend(Backend):
             lines += [
                 f"- {name}: ssh {'via proxyCommand `' + proxy + '`' if proxy else 'direct'}, "
                 f"host key {'checked against ' + str(m.known_hosts_file or '~/.ssh/known_hosts') if m.strict_host_key_checking else 'NOT checked'}",
-                f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= 3.10 wins)",
+                f"  python candidates: {', '.join(bootstrap.candidates(m.python_path))} (first >= {MIN_PYTHON_TEXT} wins)",
                 f"  install (unless present): upload wheel by SFTP, unpack into ~/.nni-agent/{launch.tag}/lib",
                 "  forward: worker 127.0.0.1:<forwarded-port> -> hub over this SSH connection",
+                "  CA: the experiment's CA certificate uploaded by SFTP beside the token; the agent trusts "
+                "only it (TLS through the tunnel)",
                 "  start (token written from stdin to a 0600 file, never on a command line):",
                 *("    " + line for line in bootstrap.start_command(launch).splitlines()),
             ]

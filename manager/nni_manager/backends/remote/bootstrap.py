@@ -3,14 +3,18 @@
 Layout on the worker (all under the SSH user's home, umask 077, never /tmp):
   ~/.nni-agent/<version>-<hash>/lib          the agent, unpacked from the manager's wheel
   ~/.nni-agent/<version>-<hash>/deps-<py>    agent dependencies pip had to add (if any)
-  ~/.nni-agent/run/<exp>/<agent>.{token,pid,manager,log,out}
+  ~/.nni-agent/run/<exp>/<agent>.{token,ca.crt,pid,manager,log,out}
       (.manager holds 127.0.0.1:<tunnel port>; the agent re-reads it before every redial, so
-      a new tunnel port needs only a rewrite of that file, never a restart of the trials)
+      a new tunnel port needs only a rewrite of that file, never a restart of the trials;
+      .ca.crt is the experiment's CA: the agent speaks TLS through the tunnel and trusts only
+      a hub with a certificate from it, so a local user who binds the tunnel port while the
+      link is down gets neither its token nor its obedience)
   ~/nni-experiments/<exp>/agents/<agent>     the agent's work dir (trials, bundles, spool)
 The fast path (agent installed, Python known good) is one probe command and one start.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import secrets
@@ -19,11 +23,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 import paramiko
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
 from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
 
-MIN_PYTHON = (3, 10)
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 # import name -> distribution name, for the agent's requirements
 MODULES = AGENT_MODULES
@@ -77,6 +81,7 @@ class Probe:
     installed_for: list[str] = field(default_factory=list)  # pythons the install was checked with
     running_pid: int | None = None  # an agent of this id already running (manager restart)
     running_port: int | None = None
+    running_verifies_hub: bool = False  # it was started with --ca-file (older managers started agents without)
     rejected: list[str] = field(default_factory=list)
 
     @property
@@ -97,16 +102,17 @@ def probe_command(python_dir: str | None, tag: str, launch_files: AgentLaunch | 
     for c in candidates(python_dir):
         q = shlex.quote(c)
         found = f"[ -x {q} ] && [ -f {q} ]" if "/" in c else f"command -v {q} >/dev/null 2>&1"
-        lines.append(
-            f"if {found}; then echo \"PY	{c}	$({q} -c {shlex.quote(version)} 2>&1 | head -c 300 | tr '\\n\\t' '  ')\"; "
-            f"else echo \"PY	{c}	(not found)\"; fi"
+        lines.append(  # the candidate is printed as an argument, never expanded inside a string
+            f"if {found}; then printf 'PY\\t%s\\t%s\\n' {q} \"$({q} -c {shlex.quote(version)} 2>&1 | head -c 300 "
+            f"| tr '\\n\\t' '  ')\"; else printf 'PY\\t%s\\t(not found)\\n' {q}; fi"
         )
     lines.append(f"cat {home_path(f'.nni-agent/{tag}/pythons')} 2>/dev/null | sed 's/^/INSTALLED	/'")
     if launch_files is not None:
         pid, where = home_path(launch_files.run_file("pid")), home_path(launch_files.run_file("manager"))
         lines.append(
             f"p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && grep -q nni_agent /proc/$p/cmdline 2>/dev/null "
-            f"&& echo \"RUNNING	$p	$(cat {where} 2>/dev/null)\""
+            f"&& echo \"RUNNING	$p	$(cat {where} 2>/dev/null)	"
+            f"$(tr '\\0' ' ' </proc/$p/cmdline | grep -q -e --ca-file && echo verifies)\""
         )
     lines.append("true")
     return "\n".join(lines)
@@ -121,16 +127,18 @@ def parse_probe(text: str) -> Probe:
         elif kind == "INSTALLED":
             probe.installed_for.append(rest)
         elif kind == "RUNNING":
-            pid, _, where = rest.partition("\t")  # where: 127.0.0.1:<port>
+            pid, _, rest = rest.partition("\t")
+            where, _, verifies = rest.partition("\t")  # where: 127.0.0.1:<port>
             port = where.strip().rpartition(":")[2]
             probe.running_pid, probe.running_port = int(pid), int(port) if port.isdigit() else None
+            probe.running_verifies_hub = verifies.strip() == "verifies"
         elif kind == "PY" and probe.python is None:
             cand, _, answer = rest.partition("\t")
             m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+) (\S.*)", answer.strip())
             if m is None:
                 probe.rejected.append(f"{cand}: {answer.strip() or 'no output'}")
             elif (int(m[1]), int(m[2])) < MIN_PYTHON:
-                probe.rejected.append(f"{cand}: Python {m[1]}.{m[2]}.{m[3]} is older than 3.10")
+                probe.rejected.append(f"{cand}: Python {m[1]}.{m[2]}.{m[3]} is older than {MIN_PYTHON_TEXT}")
             else:
                 probe.python, probe.python_version = m[4].strip(), f"{m[1]}.{m[2]}"
     return probe
@@ -144,7 +152,7 @@ def probe(client: paramiko.SSHClient, python_dir: str | None, tag: str, launch_f
     if result.python is None:
         where = f"pythonPath {python_dir}" if python_dir else "PATH (set pythonPath to choose another Python)"
         raise BootstrapError(
-            f"no Python >= 3.10 found in {where}; tried: {'; '.join(result.rejected)}"
+            f"no Python >= {MIN_PYTHON_TEXT} found in {where}; tried: {'; '.join(result.rejected)}"
         )
     return result
 
@@ -204,6 +212,7 @@ def start_command(launch: AgentLaunch) -> str:
         "--agent-id", shlex.quote(launch.agent_id),
         "--work-dir", home_path(launch.work_dir),
         "--token-file", home_path(rf("token")),
+        "--tls", "--ca-file", home_path(rf("ca.crt")),
         "--orphan-timeout", f"{launch.orphan_timeout:g}",
         "--log-file", home_path(rf("log")),
     ])
@@ -228,7 +237,30 @@ def point_agent(client: paramiko.SSHClient, launch: AgentLaunch) -> None:
         raise BootstrapError(f"cannot update the agent's manager address: {err.strip()[-300:]}")
 
 
-def start_agent(client: paramiko.SSHClient, launch: AgentLaunch, token: str) -> int:
+def deliver_ca(client: paramiko.SSHClient, launch: AgentLaunch, ca_certificate: bytes) -> None:
+    """Put the experiment's CA certificate (public) beside the token, by SFTP, atomically: the
+    agent verifies the hub with it before it sends anything."""
+    rc, _, err = run(client, f"umask 077 && mkdir -p {home_path(launch.run_dir)}")
+    if rc != 0:
+        raise BootstrapError(f"cannot create ~/{launch.run_dir}: {err.strip()[-300:]}")
+    try:
+        with client.open_sftp() as sftp:
+            home = sftp.normalize(".")
+            final = f"{home}/{launch.run_file('ca.crt')}"
+            tmp = f"{final}.{secrets.token_hex(4)}.tmp"
+            sftp.putfo(io.BytesIO(ca_certificate), tmp)
+            sftp.posix_rename(tmp, final)
+    except (OSError, paramiko.SSHException) as e:
+        raise BootstrapError(f"uploading the experiment's CA certificate to ~/{launch.run_file('ca.crt')} "
+                             f"failed: {e}") from None
+
+
+def start_agent(client: paramiko.SSHClient, launch: AgentLaunch, token: str, ca_certificate: bytes) -> int:
+    """Start the agent; it trusts only a hub whose certificate `ca_certificate` issued."""
+    if not ca_certificate:
+        raise BootstrapError("the hub has no TLS certificate: a remote agent must be able to verify the hub "
+                             "before it sends its token (the loopback hub serves the experiment's CA)")
+    deliver_ca(client, launch, ca_certificate)
     rc, out, err = run(client, start_command(launch), stdin=token.encode())
     if rc != 0 or not out.strip().isdigit():
         raise BootstrapError(f"starting the agent failed (exit {rc}): {err.strip()[-300:] or out.strip()[-300:]}")

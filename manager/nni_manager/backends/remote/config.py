@@ -41,5 +41,8 @@ def _machine(m: ConfigSection, gpu_number: int | None) -> MachineConfig:
         machine.max_trial_number_per_gpu = per_gpu
     machine.gpu_indices = m.gpu_indices()
     machine.python_path = m.str_("pythonPath")
+    if machine.python_path is not None and any(c < " " for c in machine.python_path):
+        raise ConfigError(m.at("pythonPath"), f"{machine.python_path!r} holds a control character (a newline?)",
+                          "write the directory of the worker's Python on one line, e.g. /usr/bin")
     m.finish()
     return machine

@@ -1,4 +1,4 @@
-"""Runs ON THE WORKER (stdlib only, Python >= 3.10), fed to `python -` over SSH.
+"""Runs ON THE WORKER (stdlib only, Python >= 3.8), fed to `python -` over SSH.
 
 argv: <wheel> <install dir> <JSON {module: requirement}>. Unpacks the agent wheel into
 <dir>/lib (a pure-Python wheel installs by unpacking: no pip, no index, no deps), checks

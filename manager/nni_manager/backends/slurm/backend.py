@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
+
 from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, Role, Shape
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
@@ -51,8 +53,8 @@ FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"}
 _DEPENDENCY_CHECK = (
     "import importlib.util as u, sys\n"
     "v = sys.version.split()[0]\n"
-    "sys.version_info < (3, 10) and sys.exit('nni-agent: %s is Python %s: the agent needs Python >= 3.10' "
-    "% (sys.executable, v))\n"
+    f"sys.version_info < {MIN_PYTHON!r} and sys.exit('nni-agent: %s is Python %s: the agent needs Python "
+    f">= {MIN_PYTHON_TEXT}' % (sys.executable, v))\n"
     f"m = [r for k, r in {sorted((k, r) for k, r in AGENT_MODULES.items() if k != 'pynvml')!r} "
     "if u.find_spec(k.split('.')[0]) is None]\n"
     "m and sys.exit('nni-agent: %s (Python %s) lacks the agent dependencies: pip install %s' "
@@ -219,7 +221,8 @@ class SlurmBackend(Backend):
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
         node = self.opts.login_node
-        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60) if node
+        max_agents = self.config.trial_concurrency * self.opts.nodes
+        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60, max_agents) if node
                            else LocalHost(ctx.experiment_dir))
         self._host = host
         try:

@@ -93,14 +93,27 @@ def _lines(value: Any, path: str, what: str) -> list[str]:
     raise ConfigError(path, f"must be a string or a list of strings, got {type(value).__name__}", what)
 
 
+_SLURM_NAME = re.compile(r"[\w.,:@+-]+")
+
+
+def _slurm_name(ts: ConfigSection, key: str) -> str | None:
+    """A partition, account or QOS name (or a comma list): it becomes an `#SBATCH` line, where a
+    newline would add a line of shell to the batch script, so only name characters pass."""
+    value = ts.str_(key)
+    if value is not None and not _SLURM_NAME.fullmatch(value):
+        raise ConfigError(ts.at(key), f"{value!r} is not a Slurm {key} name",
+                          f"use the {key}'s name as `sinfo`/`sacctmgr` show it (letters, digits, _ . , : @ + -)")
+    return value
+
+
 def parse_slurm(ts: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
     out = SlurmConfig()
     login = ts.section("loginNode")
     if login is not None:
         out.login_node = _login_node(login)
-    out.partition = ts.str_("partition")
-    out.account = ts.str_("account")
-    out.qos = ts.str_("qos")
+    out.partition = _slurm_name(ts, "partition")
+    out.account = _slurm_name(ts, "account")
+    out.qos = _slurm_name(ts, "qos")
     value, path = ts.take("timeLimit")
     if value is not MISSING:
         out.time_limit = _time_limit(value, path)

@@ -5,7 +5,11 @@ that lets agents on compute nodes reach the manager's hub through that SSH conne
       --> login 127.0.0.1:<forward port> (sshd remote forward) ==SSH==> manager --> hub 127.0.0.1:<hubPort>
 
 The relay only pipes bytes: TLS runs end to end between agent and hub, whose certificate names
-`relayHost`. The relay reads its target from a file for every connection, so after a dropped link or
+`relayHost`. That is what authenticates the hub: the agents (`--ca-file`) trust only the
+experiment's own CA, whose key never leaves the manager, so whoever binds the relay's port or the
+forward port on the login node while the relay or the link is down (any user of a shared login
+node can) fails the handshake and never sees a token nor gets an agent to obey it. Only with
+`hubTls: false` (warned about at start) does this path carry plain text. The relay reads its target from a file for every connection, so after a dropped link or
 a manager restart only that file changes; its own port (what the batch scripts name) stays.
 Files under ~/nni-experiments/<exp>/ on the login node (home is shared with the compute nodes on
 most clusters): slurm/<job>/ (0700: tokens and CA as 0600 files by SFTP, batch.sh, logs),
@@ -42,10 +46,13 @@ class LoginNodeError(RuntimeError):
 class LoginNodeHost:
     """One SSH connection to the login node, re-opened (with its forward) when it drops."""
 
-    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float) -> None:
+    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128) -> None:
         self.node = node
         self.experiment_id = experiment_id
         self.orphan_timeout = orphan_timeout
+        # connections the relay pipes at once: every agent's, twice over (a redial overlaps the stream it
+        # replaces), and some room; beyond that it closes them (a stranger cannot make it start threads forever)
+        self.relay_connections = max(256, 2 * max_agents + 64)
         self.label = machine_label(node)
         self.where = f"on login node {self.label} over SSH"
         self.home = ""
@@ -237,7 +244,7 @@ class LoginNodeHost:
         node = self.node
         start = " ".join([
             shlex.quote(node.python), q(RELAY), shlex.quote(node.relay_address), '"$port"', q("relay.target"),
-            q("relay.port"), f"{self.orphan_timeout:g}"])
+            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections)])
         return "\n".join([
             "umask 077",
             f"cd {q('')} || exit 1",

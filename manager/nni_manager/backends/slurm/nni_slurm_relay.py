@@ -1,12 +1,14 @@
 """Runs ON THE LOGIN NODE (stdlib only, Python >= 3.8), started detached by the slurm backend.
 
-argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds>
+argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds> [<max connections>]
 Listens on <bind host>:<port> for the agents on compute nodes and pipes each connection's bytes,
 unchanged, to the address in <target file> ("127.0.0.1:<port>": the SSH remote forward back to
 the manager's hub, re-read for every connection, so a reconnected manager only rewrites it). TLS
 stays end to end between agent and hub: this process never sees a clear byte. Writes the port it
 got to <port file>. Exits when <target file> is removed (the experiment ended), or after <idle
 exit> seconds in which the manager's forward never answered (a manager that never came back).
+At most <max connections> (default 256) connections are piped at once, two threads each; more
+are closed at once, so anyone who can reach the port cannot make it start threads without end.
 """
 import os
 import socket
@@ -15,8 +17,9 @@ import threading
 import time
 
 bind, port, target_file, port_file, idle_exit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+MAX_CONNECTIONS = int(sys.argv[6]) if len(sys.argv) > 6 else 256
 PROBE_S = 30.0
-state = {"open": 0, "last_ok": time.monotonic(), "probed": 0.0}
+state = {"open": 0, "accepted": 0, "refused": 0, "last_ok": time.monotonic(), "probed": 0.0}
 lock = threading.Lock()
 
 
@@ -49,6 +52,14 @@ def copy(src, dst):
 
 
 def serve(conn, peer):
+    try:
+        pipe(conn, peer)
+    finally:
+        with lock:
+            state["accepted"] -= 1
+
+
+def pipe(conn, peer):
     try:
         where = target()
         up = socket.create_connection(where, timeout=10)
@@ -113,6 +124,17 @@ def main():
             elif now - state["last_ok"] > idle_exit:
                 log("the manager's forward did not answer for %.0f s: exiting" % idle_exit)
                 return
+            continue
+        with lock:
+            full = state["accepted"] >= MAX_CONNECTIONS
+            if not full:
+                state["accepted"] += 1
+        if full:
+            conn.close()
+            state["refused"] += 1
+            if state["refused"] in (1, 10, 100) or state["refused"] % 1000 == 0:
+                log("%d connection(s) refused so far: %d are open, the most this relay pipes" %
+                    (state["refused"], MAX_CONNECTIONS))
             continue
         threading.Thread(target=serve, args=(conn, peer[:2]), daemon=True).start()
 

@@ -1,0 +1,143 @@
+"""Experiments by id, as `nnictl` users name them: find, list and stop.
+
+An experiment is a directory `<experimentWorkingDirectory>/<id>` holding `experiment.db`. Ids
+are found in NNI's manifest (`~/nni-experiments/.experiment`, whose `logDir` says which working
+directory, and whose `pid` which process serves it) and under the default working directory
+`~/nni-experiments`, so `nni-manager trials ID` works wherever the config put it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nni_manager.store import DB_NAME
+from nni_manager.webui import manifest
+
+DEFAULT_ROOT = Path("~/nni-experiments")
+
+
+class ExperimentNotFound(LookupError):
+    """No experiment answers to that id or directory; the message says where it looked."""
+
+
+@dataclass(frozen=True)
+class ExperimentInfo:
+    id: str
+    directory: Path | None
+    name: str = ""
+    status: str = ""
+    platform: str = ""
+    start_time: int | None = None  # epoch ms
+    url: str = ""
+    pid: int | None = None  # the nni-manager process serving it, while it runs
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+def resolve(ref: str | Path) -> Path:
+    """The experiment directory for a directory path or an experiment id."""
+    path = Path(ref).expanduser()
+    if (path / DB_NAME).is_file():
+        return path
+    if path.is_dir() and ("/" in str(ref) or not _is_id(str(ref))):
+        raise ExperimentNotFound(f"{path} holds no experiment ({DB_NAME} missing); pass an experiment id or "
+                                 "<experimentWorkingDirectory>/<experiment id>, as printed by `nni-manager run`")
+    ref = str(ref)
+    looked = []
+    entry = manifest.read().get(ref)
+    if isinstance(entry, dict) and entry.get("logDir"):
+        candidate = Path(entry["logDir"]).expanduser() / ref
+        if (candidate / DB_NAME).is_file():
+            return candidate
+        looked.append(str(candidate))
+    candidate = DEFAULT_ROOT.expanduser() / ref
+    if "/" not in ref and (candidate / DB_NAME).is_file():
+        return candidate
+    looked.append(str(candidate))
+    raise ExperimentNotFound(
+        f"no experiment {ref!r}: not a directory holding {DB_NAME}, and no such id in {manifest.manifest_path()} "
+        f"or {DEFAULT_ROOT}/ (looked at {', '.join(dict.fromkeys(looked))}); `nni-manager list --all` shows them")
+
+
+def _is_id(ref: str) -> bool:
+    return ref.isalnum()
+
+
+def list_all() -> list[ExperimentInfo]:
+    """Every experiment the manifest knows (pids checked) and every one under ~/nni-experiments."""
+    found: dict[str, ExperimentInfo] = {}
+    for entry in manifest.experiments_info():
+        exp_id = str(entry.get("id", ""))
+        if not exp_id:
+            continue
+        log_dir = entry.get("logDir")
+        directory = Path(log_dir).expanduser() / exp_id if log_dir else None
+        pid = entry.get("pid") if entry.get("status") != "STOPPED" and _is_manager(entry.get("pid")) else None
+        urls = entry.get("webuiUrl") or []
+        found[exp_id] = ExperimentInfo(
+            exp_id, directory if directory and (directory / DB_NAME).is_file() else None,
+            str(entry.get("experimentName") or ""), str(entry.get("status", "")), str(entry.get("platform", "")),
+            entry.get("startTime") if isinstance(entry.get("startTime"), int) else None,
+            str(urls[0]) if urls and pid else "", pid)
+    root = DEFAULT_ROOT.expanduser()
+    if root.is_dir():
+        for db in sorted(root.glob(f"*/{DB_NAME}")):
+            directory = db.parent
+            if directory.name not in found:
+                found[directory.name] = _from_store(directory)
+    return sorted(found.values(), key=lambda e: (e.start_time or 0, e.id))
+
+
+def _from_store(directory: Path) -> ExperimentInfo:
+    """What the store says of an experiment that never registered (run with --no-webui)."""
+    from nni_manager.store import Store
+
+    try:
+        store = Store.open_readonly(directory)
+    except Exception:  # noqa: BLE001 - a foreign or broken directory is listed as such
+        return ExperimentInfo(directory.name, directory, status="UNREADABLE")
+    try:
+        row: dict[str, Any] = store.experiment() or {}
+    finally:
+        store.close()
+    config = row.get("config") or {}
+    status = str(row.get("status", ""))
+    return ExperimentInfo(directory.name, directory, str(config.get("experiment_name") or ""),
+                          "STOPPED" if status == "RUNNING" else status,  # no live process registered it
+                          str((config.get("training_service") or {}).get("platform", "")), row.get("start_time"))
+
+
+def stop(ref: str, timeout: float = 120.0) -> ExperimentInfo:
+    """SIGTERM the process that runs (or serves) experiment `ref`, as Ctrl-C would stop it, and
+    wait until it is gone. Raises ExperimentNotFound, or ProcessLookupError if none runs it."""
+    target = next((e for e in list_all() if e.id == ref), None)
+    if target is None:
+        raise ExperimentNotFound(f"no experiment {ref!r} in {manifest.manifest_path()}; "
+                                 "`nni-manager list --all` shows them")
+    if target.pid is None:
+        raise ProcessLookupError(f"experiment {ref} is not running (status {target.status or 'unknown'})")
+    os.kill(target.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _is_manager(target.pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"experiment {ref}: process {target.pid} still runs {timeout:g} s after SIGTERM")
+        time.sleep(0.1)
+    return target
+
+
+def _is_manager(pid: Any) -> bool:
+    """Whether `pid` is a live nni-manager process (not a process that took a dead one's pid)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and (b"nni_manager" in cmdline or b"nni-manager" in cmdline)

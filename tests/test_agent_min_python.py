@@ -1,0 +1,40 @@
+"""The agent runs on Python 3.8 (workers keep old interpreters: Ubuntu 20.04, `msranni/nni:latest`).
+
+Statically: vermin finds no construct newer than the agent's minimum in `agent/` or in the
+stdlib-only script the remote backend runs on workers. At run time, tests/test_dependency_range.py
+runs the agent and a trial under the oldest Python this machine has."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED = [ROOT / "agent" / "nni_agent", ROOT / "manager" / "nni_manager" / "backends" / "remote" / "worker_install.py"]
+
+
+def test_no_construct_newer_than_the_minimum() -> None:
+    vermin = str(Path(sys.executable).with_name("vermin"))
+    out = subprocess.run([vermin, f"--target={MIN_PYTHON_TEXT}-", "--no-tips", "--violations",
+                          "--no-parse-comments", *map(str, CHECKED)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Minimum required versions" in out.stdout  # it did analyse the files
+
+
+def test_the_minimum_is_one_place() -> None:
+    """The boot steps format the agent's minimum from nni_agent.compat; the wheel says it too."""
+    from nni_manager.backends.agent_wheel import build_agent_wheel
+    from nni_manager.backends.kubernetes.boot import BOOT
+    from nni_manager.backends.slurm.backend import _DEPENDENCY_CHECK
+
+    assert f"sys.version_info < {MIN_PYTHON!r}" in BOOT and f"sys.version_info < {MIN_PYTHON!r}" in _DEPENDENCY_CHECK
+    import tempfile
+    import zipfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_agent_wheel(Path(tmp))
+        with zipfile.ZipFile(wheel.path) as zf:
+            meta = next(zf.read(n).decode() for n in zf.namelist() if n.endswith("METADATA"))
+    assert f"Requires-Python: >={MIN_PYTHON_TEXT}" in meta
