@@ -13,11 +13,13 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.types import TrialJobStatus
+from tests.kube.conftest import kube_factory  # noqa: F401 - the Kubernetes emulator fixture
 from tests.manager.helpers import until
 from tests.security.agentkit import (
     PASSWD_MARK,
@@ -146,3 +148,43 @@ def test_a_symlink_in_a_local_trials_directory_leads_nowhere(short_dir: Path) ->
             assert status == 200 and b"honest output" in text, (status, text[:200])
 
     asyncio.run(view())
+
+
+def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent(
+        kube_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Cluster platforms place a trial on a whole environment: each member's records are its
+    own (a TFJob's two workers here); an agent outside the environment is refused."""
+    from nni_manager.service import create_training_service
+    from tests.kube.test_operator_platforms import experiment, replica_views, role
+    from tests.manager.helpers import form, wait_status
+    from tests.security.agentkit import RawAgent
+
+    caplog.set_level(logging.WARNING)
+    kube = kube_factory(crd_groups=["kubeflow.org"])
+    cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", reuseMode=False,
+                     worker=role(2))
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            heard: list[str] = []
+            ts.add_trial_job_metric_listener(lambda m: heard.append(json.loads(json.loads(m.data)["value"])["replica"]))
+            job = await ts.submit_trial_job(form(0, forever=["worker"]))
+            await wait_status(ts, job.id, "RUNNING", timeout=60)
+            await until(lambda: sorted(heard) == ["worker-0", "worker-1"], 60, "a metric of each member")
+            await replica_views(ts, job.id, ["worker-0", "worker-1"])  # each member's log, apart
+            assert len(ts.trials.get(job.id).agents) == 2
+            spec = ts.core.add_agent("outsider")
+            async with RawAgent(f"unix:{spec.hub_unix_socket}", spec.agent_id, spec.token) as outsider:
+                await outsider.send(
+                    {"status": pb.TrialStatus(trial_id=job.id, state=pb.TRIAL_STATE_FAILED, reason="outsider")},
+                    {"metric": pb.Metric(trial_id=job.id, trial_seq=1,
+                                         data=metric_json(job.id, "FINAL", 0, {"replica": "outsider"}))})
+            await asyncio.sleep(0.2)
+            assert ts.trials.get(job.id).status == TrialJobStatus.RUNNING
+            assert sorted(heard) == ["worker-0", "worker-1"]
+            assert _refusals(caplog, "outsider", job.id)
+            await ts.cancel_trial_job(job.id)
+            done = await wait_status(ts, job.id, "USER_CANCELED", "SYS_CANCELED", timeout=60)
+            assert done.status == TrialJobStatus.USER_CANCELED, done.message
+
+    asyncio.run(asyncio.wait_for(body(), 150))
