@@ -89,6 +89,7 @@ class Core:
         self.stopping = False
         self.elastic = Elastic(self)
         self.scope = AgentScope(trials, agents.name)
+        self._bad_metrics: set[tuple[str, str]] = set()  # (agent, trial) warned about
         self._placer = Placer()
         # Placement's view of each fixed agent, kept between placements and rebuilt only for the
         # agents something happened to (None: failed): placing one trial costs O(1) views, not
@@ -261,9 +262,12 @@ class Core:
         return base / name
 
     def _metric_ok(self, agent_id: str, m: pb.Metric) -> bool:
-        """A metric every reader can show: a malformed one is refused here, once, with a warning."""
+        """A metric every reader can show; a malformed one is refused here (with a warning, the
+        first time per agent and trial), so that no reader ever meets it."""
         problem = metric_problem(m.data)
-        if problem:
+        if problem and (agent_id, m.trial_id) not in self._bad_metrics:
+            if len(self._bad_metrics) < 4096:
+                self._bad_metrics.add((agent_id, m.trial_id))
             log.warning("agent %s sent a malformed metric for trial %s (%s): refused", self.agents.name(agent_id),
                         m.trial_id, problem)
         return not problem

@@ -17,7 +17,6 @@ the trial reported: the WebUI indexes intermediate results by sequence.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
