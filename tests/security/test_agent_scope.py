@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,22 +98,29 @@ def test_records_for_another_agents_trial_are_refused(short_dir: Path, caplog: p
 
 
 def test_a_path_an_agent_reports_for_its_own_trial_is_not_read(short_dir: Path) -> None:
+    """Its own trial: every record is taken, but the directory it names (outside the experiment,
+    on the manager's host) is never read: not by the WebUI, not by `nni-manager logs`."""
+    outside = short_dir / "outside"
+    outside.mkdir()
+    (outside / "passwd").write_bytes(PASSWD_MARK + b"x:0:0 outside secret\n")
+    (outside / "trial.log").write_bytes(b"outside secret log\n")
+
     async def body() -> tuple[Path, str]:
         async with fleet(short_dir) as f:
             own = await f.submit()  # the local agent is busy: placed on evil, the least loaded
             start = await f.evil.started()
             assert start.trial_id == own.id
             await f.evil.send(
-                {"status": pb.TrialStatus(trial_id=own.id, state=pb.TRIAL_STATE_RUNNING, working_directory="/etc",
-                                          start_time_ms=1)},
+                {"status": pb.TrialStatus(trial_id=own.id, state=pb.TRIAL_STATE_RUNNING,
+                                          working_directory=str(outside), start_time_ms=1)},
                 {"log": pb.LogChunk(trial_id=own.id, stream=pb.LOG_STREAM_STDOUT, offset=0, data=b"evil's own line\n")},
                 {"metric": pb.Metric(trial_id=own.id, trial_seq=1, data=metric_json(own.id, "FINAL", 0, 5))},
-                {"status": pb.TrialStatus(trial_id=own.id, state=pb.TRIAL_STATE_SUCCEEDED, working_directory="/etc",
-                                          end_time_ms=2)},
+                {"status": pb.TrialStatus(trial_id=own.id, state=pb.TRIAL_STATE_SUCCEEDED,
+                                          working_directory=str(outside), end_time_ms=2)},
             )
             # its own trial: every record is taken (an honest agent's behaviour is unchanged)
             d = f.detail(own.id)
-            assert d.status == TrialJobStatus.SUCCEEDED and d.working_directory == "/etc"
+            assert d.status == TrialJobStatus.SUCCEEDED and d.working_directory == str(outside)
             assert [m["type"] for m in f.ts.trials.store.metrics(own.id)] == ["FINAL"]
             copy = f.experiment_dir / "trials" / own.id / "trial.stdout"
             assert copy.read_bytes() == b"evil's own line\n"
@@ -122,11 +131,17 @@ def test_a_path_an_agent_reports_for_its_own_trial_is_not_read(short_dir: Path) 
     async def view() -> None:
         async with stored_webui(experiment_dir) as api:
             status, text = await get(f"{api}/trial-file/{own}/passwd")
-            assert PASSWD_MARK not in text and status != 200, (status, text[:200])
-            status, text = await get(f"{api}/trial-file/{own}/stdout")
+            assert b"outside secret" not in text and status != 200, (status, text[:200])
+            status, text = await get(f"{api}/trial-file/{own}/trial.log")  # no trial.log of its own: stdout
             assert (status, text) == (200, b"evil's own line\n")
 
     asyncio.run(view())
+    logs = subprocess.run([sys.executable, "-m", "nni_manager", "logs", str(experiment_dir), own, "--trial-log"],
+                          capture_output=True, timeout=120)
+    assert logs.returncode == 0 and b"outside secret" not in logs.stdout, (logs.stdout, logs.stderr)
+    logs = subprocess.run([sys.executable, "-m", "nni_manager", "logs", str(experiment_dir), own],
+                          capture_output=True, timeout=120)
+    assert logs.returncode == 0 and logs.stdout == b"evil's own line\n", (logs.stdout, logs.stderr)
 
 
 def test_a_symlink_in_a_local_trials_directory_leads_nowhere(short_dir: Path) -> None:
