@@ -21,7 +21,7 @@ from nni_manager.types import TrialJobDetail
 
 log = logging.getLogger(__name__)
 
-SERVE_LIMIT = 16 << 20  # of one file, what the WebUI and `nni-manager logs` show at once
+SERVE_LIMIT = 16 << 20  # of one log, what the WebUI serves at once (its tail beyond)
 _LOCAL_PLATFORMS = ("local", "hybrid")
 _warned: set[str] = set()  # trials whose reported directory was refused (warned once each)
 
