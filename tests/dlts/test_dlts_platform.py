@@ -108,7 +108,9 @@ def test_status_paths_of_nni_v1_config(dlts, base: Path, caplog) -> None:
 
 def test_enrolment_credential_in_the_job_is_single_use(dlts, base: Path, caplog) -> None:
     """Anyone who reads a job's `cmd` in the dashboard sees the agent's credential: once the agent
-    has enrolled it is spent, and running the same command again gets nowhere."""
+    has enrolled it is spent, and running the same command again gets nowhere. Since whoever
+    enrolled first may have been the copy, the session is revoked and the trial's environment
+    fails, loudly, instead of a thief keeping it."""
     caplog.set_level(logging.WARNING, logger="nni_manager.hub.server")
     cfg = load_config(v1_config(dlts, base))
 
@@ -122,10 +124,10 @@ def test_enrolment_credential_in_the_job_is_single_use(dlts, base: Path, caplog)
                 env={k: v for k, v in os.environ.items() if not k.startswith("NNI_")})
             assert copy.returncode == 2, copy.stderr[-2000:]  # refused for good, not retried
             assert "enrolment credential already used" in copy.stderr + copy.stdout
-            assert any("presented again and refused" in r.getMessage() for r in caplog.records)
-            assert (await ts.get_trial_job(t.id)).status == TrialJobStatus.RUNNING  # the real agent is unharmed
-            release(base, "x")
-            await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            assert any(r.levelno == logging.ERROR and "presented a second time" in r.getMessage()
+                       for r in caplog.records)
+            ended = await wait_status(ts, t.id, "SYS_CANCELED", timeout=T)
+            assert "enrolment credential was presented a second time" in ended.message
 
     run(main())
 

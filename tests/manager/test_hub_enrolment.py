@@ -1,7 +1,8 @@
 """Single-use enrolment credentials (platforms whose job definitions others can read: DLTS, AML),
 with real agent processes on a real TLS hub: the credential works once, the enrolled agent
 redials with its session token (also after a hub restart, and as a new agent process reading
-its token file), and a second use of the credential is refused and logged."""
+its token file). A second use of the credential is refused and revokes the session it opened
+(tests/security/test_enrolment.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -62,16 +63,6 @@ def test_credential_works_once_then_the_session_token_everywhere(tmp_path: Path,
             # the agent keeps its session token where its credential was (0600): a restart of it needs it
             await until(lambda: tok.read_text() == session, 10, "the token file to hold the session token")
             assert stat.S_IMODE(tok.stat().st_mode) == 0o600
-
-            # a copy of the job's credential (someone who read the job definition) is refused and logged
-            thief = agent(tmp_path / "w2", hub.address, "--ca-file", str(ca), token=CREDENTIAL)
-            procs.append(thief)
-            out, _ = await asyncio.to_thread(thief.communicate, timeout=40)
-            assert thief.returncode == 2, out.decode()[-2000:]
-            assert "enrolment credential already used" in (tmp_path / "w2" / "agent.log").read_text()
-            assert any("presented again and refused" in r.getMessage() for r in caplog.records)
-            assert CREDENTIAL not in caplog.text and session not in caplog.text
-            assert hub.connected("a1") and rec.hellos == ["a1"]  # the enrolled agent kept its session
 
             # the hub restarts (same port, same store): the agent redials with its session token
             port = int(hub.address.rsplit(":", 1)[1])

@@ -26,6 +26,8 @@ class Recorder:
     def __init__(self, exp_dir: Path) -> None:
         self.exp_dir = exp_dir
         self.hellos: list[str] = []
+        self.revoked: list[tuple[str, str]] = []
+        self.job_runs: bool | None = None  # what the platform says of the agent's job (enrolment_open)
 
     def agent_hello(self, agent_id: str, hello: pb.Hello, restarted: bool) -> None:
         self.hellos.append(agent_id)
@@ -44,6 +46,12 @@ class Recorder:
 
     def agent_expired(self, agent_id: str) -> None:
         pass
+
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        return self.job_runs
+
+    def agent_revoked(self, agent_id: str, reason: str) -> None:
+        self.revoked.append((agent_id, reason))
 
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path:
         return self.exp_dir / "trials" / trial_id / "trial.stdout"

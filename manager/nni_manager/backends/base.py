@@ -223,6 +223,11 @@ class Backend(abc.ABC):
         """NNI_PLATFORM for trials on this agent (hybrid mode: the platform of the agent's part)."""
         return self.platform
 
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        """Whether the platform says this agent's job runs now (True / False), or None when it
+        cannot tell. With single-use credentials the hub accepts enrolment only when not False."""
+        return None
+
     def ships_code_to(self, agent_id: str) -> bool:
         """Whether this agent gets the code over the stream (it is not on this machine)."""
         return self.ships_code

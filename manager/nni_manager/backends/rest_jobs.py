@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import random
 import shlex
@@ -263,6 +264,7 @@ class RestJobBackend(Backend):
         self.jobs: dict[str, Job] = {}  # by env id
         self._poller: asyncio.Task[None] | None = None
         self._opened = False  # the platform answered `open`: there may be jobs to stop
+        self._poked = asyncio.Event()  # an agent dialled before its job was seen running
 
     # ------------------------------------------------------------------ what a platform says
     @abc.abstractmethod
@@ -453,9 +455,24 @@ class RestJobBackend(Backend):
             for m in job.members:
                 self.ctx.agent_url(m, url)
 
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        """True once a listing said the agent's job runs; False before (and then the next
+        listing comes sooner: the agent is dialling)."""
+        job = next((j for j in self.jobs.values() if agent_id in j.members), None)
+        if job is None or job.done:
+            return None
+        if job.running_since is not None:
+            return True
+        self._poked.set()
+        return False
+
     async def _poll_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.poll_interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self.poll_interval)
+            if self._poked.is_set():  # an agent dials before the job was seen running: look now, once a second at most
+                self._poked.clear()
+                await asyncio.sleep(1.0)
             try:
                 await self.poll()
             except asyncio.CancelledError:

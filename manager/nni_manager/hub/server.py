@@ -67,6 +67,15 @@ class HubHandler(Protocol):
 
     def agent_expired(self, agent_id: str) -> None: ...
 
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        """Whether the platform says this agent's job runs (None: it cannot tell). A single-use
+        credential is accepted only then, so one copied from a queued job's definition is useless."""
+        ...
+
+    def agent_revoked(self, agent_id: str, reason: str) -> None:
+        """The hub revoked this agent's session (its enrolment credential was used twice)."""
+        ...
+
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
         """Where this agent's log chunks of the trial go (None: drop them)."""
         ...
@@ -333,10 +342,10 @@ class Hub(pb_grpc.AgentHubServicer):
         hello = message.hello
         link = self._links.get(hello.agent_id)
         if link is not None and link.spent and hmac.compare_digest(link.spent, credential_digest(hello.token)):
-            log.warning("agent %s: its single-use enrolment credential was presented again and refused (a copy of "
-                        "the job's credential? the enrolled agent keeps its own session)", hello.agent_id)
+            self._revoke(link)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                f"agent {hello.agent_id}: enrolment credential already used")
+                                f"agent {hello.agent_id}: enrolment credential already used; the session it opened "
+                                "is revoked")
         if link is None or not hmac.compare_digest(link.token.encode(), hello.token.encode()):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {hello.agent_id}: invalid token")
         assert link is not None
@@ -345,12 +354,32 @@ class Hub(pb_grpc.AgentHubServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, version_mismatch(hello.protocol_major, hello.protocol_minor)
             )
         session_token = ""
+        if link.enrol and self._handler().enrolment_open(link.agent_id) is False:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,  # the agent redials: by then the job may run
+                                f"agent {link.agent_id}: the platform does not report its job running yet; "
+                                "enrolment opens when it does")
         if link.enrol:  # spend the credential; from now on only the session token works
             session_token = secrets.token_urlsafe(32)
             link.spent, link.token, link.enrol = credential_digest(link.token), session_token, False
             self._store.set_agent_token(link.agent_id, session_token, link.spent)
             log.info("agent %s enrolled (its enrolment credential is spent)", link.agent_id)
         return link, hello, session_token
+
+    def _revoke(self, link: _Link) -> None:
+        """A spent enrolment credential came back: two parties hold it (the job's definition was
+        read), and whoever enrolled first may not be the job's agent. Neither keeps a session: the
+        token becomes one nobody has, the stream ends, and the core fails the environment."""
+        reason = (f"agent {link.agent_id}: its single-use enrolment credential was presented a second time (someone "
+                  "has a copy of the job's definition): its session is revoked and its environment failed")
+        log.error("%s", reason)
+        link.token = secrets.token_urlsafe(32)  # never given out: no one can dial as this agent again
+        link.enrol = False
+        self._stored(f"the revocation of agent {link.agent_id}",
+                     lambda: self._store.set_agent_token(link.agent_id, link.token, link.spent))
+        if link.session is not None:
+            link.session.why = "session revoked: the enrolment credential was presented twice"
+            link.session.replaced.set()
+        self._handler().agent_revoked(link.agent_id, reason)
 
     async def _serve(self, link: _Link, hello: pb.Hello, session_token: str,
                      context: grpc.aio.ServicerContext) -> None:

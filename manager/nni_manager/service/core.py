@@ -240,6 +240,13 @@ class Core:
             self.trials.clear_contact_message(t)
         self.wake()
 
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        return self.backend.enrolment_open(agent_id)
+
+    def agent_revoked(self, agent_id: str, reason: str) -> None:
+        """Its session is revoked (HubHandler): the agent is lost for good and so is its environment."""
+        self.agent_failed(agent_id, reason)
+
     def agent_expired(self, agent_id: str) -> None:
         reason = f"agent {self.agents.name(agent_id)} did not reconnect within {self.reconnect_window:g} s"
         self.touch(agent_id)

@@ -75,6 +75,10 @@ class HybridBackend(Backend):
         part = self._owners.get(agent_id)
         return part.agent_platform(agent_id) if part is not None else self.platform
 
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        part = self._owners.get(agent_id)
+        return part.enrolment_open(agent_id) if part is not None else None
+
     def trial_secret_env(self, agent_id: str) -> dict[str, str]:
         part = self._owners.get(agent_id)
         return part.trial_secret_env(agent_id) if part is not None else {}
