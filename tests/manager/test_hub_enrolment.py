@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 from nni_manager.hub import Hub
@@ -36,6 +37,15 @@ async def enrol_hub(exp_dir: Path, port: int = 0) -> tuple[Hub, Recorder, Path, 
     hub.register("a1", a["token"], enrol=bool(a["enrol"]), spent=a["spent"])
     await hub.start()
     return hub, rec, exp_dir / "tls" / "ca.crt", store
+
+
+async def stop_all(procs: list[subprocess.Popen[bytes]], hub: Hub) -> None:
+    """End the agent processes still running, then the hub."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            await asyncio.to_thread(p.wait, 20)
+    await hub.stop()
 
 
 def token_file(path: Path, value: str) -> Path:
@@ -79,10 +89,6 @@ def test_credential_works_once_then_the_session_token_everywhere(tmp_path: Path,
             procs.append(again)
             await until(lambda: hub.connected("a1"), 30, "the restarted agent to connect with its session token")
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    await asyncio.to_thread(p.wait, 20)
-            await hub.stop()
+            await stop_all(procs, hub)
 
     asyncio.run(body())

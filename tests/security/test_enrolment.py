@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from tests.manager.helpers import until
-from tests.manager.test_hub_enrolment import CREDENTIAL, enrol_hub, token_file
+from tests.manager.test_hub_enrolment import CREDENTIAL, enrol_hub, stop_all, token_file
 from tests.manager.test_hub_tls import agent
 
 
@@ -43,11 +43,7 @@ def test_second_presentation_revokes_the_session_it_opened(tmp_path: Path, caplo
             assert first.returncode == 2  # it gave up (UNAUTHENTICATED is final), it did not obey anyone
             assert CREDENTIAL not in caplog.text and session not in caplog.text
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    await asyncio.to_thread(p.wait, 20)
-            await hub.stop()
+            await stop_all(procs, hub)
 
     asyncio.run(body())
 
@@ -66,10 +62,7 @@ def test_enrolment_opens_only_once_the_platform_says_the_job_runs(tmp_path: Path
             await until(lambda: hub.connected("a1"), 40, "the agent to enrol once the job runs")
             assert store.agents()[0]["enrol"] == 0 and store.agents()[0]["token"] != CREDENTIAL
         finally:
-            if early.poll() is None:
-                early.terminate()
-                await asyncio.to_thread(early.wait, 20)
-            await hub.stop()
+            await stop_all([early], hub)
 
     asyncio.run(body())
 

@@ -6,7 +6,6 @@ second local user (created with useradd, its client run with setpriv) for the sa
 """
 from __future__ import annotations
 
-import asyncio
 import http.client
 import io
 import json
@@ -15,7 +14,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,8 @@ from typing import Any
 import pytest
 
 from nni_manager.types import TrialJobStatus
-from tests.webui.conftest import Synthetic
+from tests.webui.conftest import ServerThread as Served  # a stored experiment's server, own loop thread
+from tests.webui.conftest import Synthetic, home  # noqa: F401  (home: the fixture)
 
 API = "/api/v1/nni"
 
@@ -102,56 +101,12 @@ def other_user() -> Iterator[OtherUser]:
         _users_tool("userdel", name)
 
 
-class Served:
-    """A WebServer for a stored experiment on its own loop thread, 127.0.0.1, port chosen by the
-    system; `stopped` is set by an obeyed DELETE /experiment."""
-
-    def __init__(self, experiment_dir: Path, **options: Any) -> None:
-        self.dir, self.options = experiment_dir, options
-        self.loop = asyncio.new_event_loop()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server: Any = None
-
-    def __enter__(self) -> Served:
-        from nni_manager.store import Store
-        from nni_manager.webui.server import WebServer, experiment_end_time
-        from nni_manager.webui.sides import StoredExperiment
-
-        self.thread.start()
-        store = Store.open_readonly(self.dir)
-        stored = store.experiment()
-        store.close()
-        side = StoredExperiment(self.dir, stored, experiment_end_time(self.dir), self.stopped.set)
-        self.server = WebServer(side, port=0, **self.options)
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
-        return self
-
-    @property
-    def port(self) -> int:
-        return int(self.server.port)
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
 @pytest.fixture
 def stored(tmp_path: Path) -> Path:
     exp = Synthetic(tmp_path / "exp")
     exp.trial("tAAAA", TrialJobStatus.SUCCEEDED, {"x": 1}, final=0.5)
     exp.store.close()
     return tmp_path / "exp"
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    h = tmp_path / "home"
-    h.mkdir()
-    monkeypatch.setenv("HOME", str(h))
-    return h
 
 
 # ---------------------------------------------------------------------------- other users

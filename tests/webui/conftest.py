@@ -115,8 +115,8 @@ class ServerThread:
     """A WebServer for a stored experiment on its own event loop thread, port chosen by the
     system, loopback only; `stopped` is set by DELETE /experiment."""
 
-    def __init__(self, experiment_dir: Path, url_prefix: str = "", register: bool = False) -> None:
-        self.dir, self.prefix, self.register = experiment_dir, url_prefix, register
+    def __init__(self, experiment_dir: Path, url_prefix: str = "", register: bool = False, **options: Any) -> None:
+        self.dir, self.prefix, self.register, self.options = experiment_dir, url_prefix, register, options
         self.loop = asyncio.new_event_loop()
         self.stopped = threading.Event()
         self.server: Any = None
@@ -131,7 +131,7 @@ class ServerThread:
         stored = store.experiment()
         store.close()
         side = StoredExperiment(self.dir, stored, experiment_end_time(self.dir), self.stopped.set)
-        self.server = WebServer(side, port=0, url_prefix=self.prefix, register=self.register)
+        self.server = WebServer(side, port=0, url_prefix=self.prefix, register=self.register, **self.options)
         asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(30)
         return self
 
@@ -142,6 +142,10 @@ class ServerThread:
     @property
     def api(self) -> str:
         return self.server.url + "api/v1/nni"
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
 
     def __exit__(self, *exc: object) -> None:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(30)
