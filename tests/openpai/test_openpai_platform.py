@@ -330,6 +330,7 @@ def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_pa
                                            "nniManagerIp": "10.0.0.5"}})  # not dialed: data only
     dry = backend_class("openpai")(cfg).render()
     assert "tok-SECRET-1" not in dry.text and "<masked>" in dry.text
+    assert "secrets, masked here" in dry.text.splitlines()[0]
     job = dry.requests[0]
     schema = json.loads((schemas_dir() / "openpai" / "rest-server-protocol.schema.json").read_text())
     jsonschema.validate(job, schema)  # the rest-server's own validator accepts what we submit

@@ -103,6 +103,7 @@ class AmlBackend(RestJobBackend):
     platform = "aml"
     service = "AML"
     single_use_credentials = True
+    secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)

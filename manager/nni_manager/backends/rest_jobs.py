@@ -255,6 +255,12 @@ class RestJobBackend(Backend):
     service: ClassVar[str] = "REST"  # the platform's name in messages
     # polls in a row a submitted job may be absent from the listing before it counts as gone
     missing_polls: ClassVar[int] = 3
+    # what the dry run's header says of how the agents' credentials reach the job
+    secret_words: ClassVar[str] = "agent tokens and the CA travel as the platform's secrets, masked here"
+    # platforms with no secret store a job can mount (DLTS, AML) say this instead
+    LITERAL_SECRET_WORDS: ClassVar[str] = (
+        "no secret store: each agent's token and the CA are literals in the job's command, which anyone who may "
+        "read the job sees; the token is single-use, spent when the agent enrols; shown here as a placeholder")
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -535,7 +541,7 @@ class RestJobBackend(Backend):
         request = self.job_request(env, name)
         how = "a pool of up to" if self.reuse else "one job per trial, up to"
         text = (f"# {self.platform}: {how} {self.config.trial_concurrency} job(s) like this one "
-                "(agent tokens and the CA travel as secrets, masked here)\n" + self.render_request(request))
+                f"({self.secret_words})\n" + self.render_request(request))
         return DryRun(self.platform, [request], text)
 
 
