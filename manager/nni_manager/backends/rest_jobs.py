@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import json as _json
 import logging
 import random
 import shlex
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
 from nni_manager.config import ConfigSection
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL = 5.0  # NNI polled OpenPAI every 5 s, DLTS every 3 s
 DEFAULT_CONNECT_TIMEOUT = 600.0
+STOP_LIST_TRIES = 3  # listings (each retried by the client) before clean-up says which jobs may still run
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
@@ -69,10 +72,12 @@ class RestClient:
     def __init__(self, base_url: str, service: str, *, auth: Callable[[], Awaitable[dict[str, str]]] | None = None,
                  error_words: ErrorWords = _default_error_words, timeout: float = 30.0, attempts: int = 5,
                  backoff: float = 1.0, max_backoff: float = 30.0, ssl: Any = None,
-                 fix_for: Callable[[int, str], str] | None = None) -> None:
+                 fix_for: Callable[[int, str], str] | None = None,
+                 reauth: Callable[[], Awaitable[None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._auth = auth
+        self._reauth = reauth  # drops a cached credential: a 401 is sent once more with a fresh one
         self._error_words = error_words
         self._fix_for = fix_for or (lambda status, code: "")
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
@@ -100,32 +105,20 @@ class RestClient:
         import aiohttp
 
         retry = method in IDEMPOTENT if retry is None else retry
-        url = self.base_url + path
-        where = f"{self.service} {method} {path}"
+        # an absolute URL (a platform's next-page link, checked by the caller) is sent as given
+        url = path if "://" in path else self.base_url + path
+        where = f"{self.service} {method} {urlsplit(path).path if '://' in path else path}"
         delay = self.backoff
         last = ""
         for attempt in range(1, (self.attempts if retry else 1) + 1):
-            headers = {"Accept": "application/json"}
-            if self._auth is not None:
-                headers.update(await self._auth())
-            if content_type:
-                headers["Content-Type"] = content_type
             wait: float | None = None
             try:
-                session = await self._get_session()
-                self.requests += 1
-                async with session.request(method, url, json=json, data=data, params=params, headers=headers,
-                                           ssl=self._ssl) as resp:
-                    raw = await resp.read()
-                    text = raw.decode("utf-8", errors="replace")
-                    body: Any = text
-                    if "json" in (resp.headers.get("Content-Type") or "") or text[:1] in "{[":
-                        try:
-                            import json as _json
-                            body = _json.loads(text) if text else None
-                        except ValueError:
-                            body = text
-                    reply = Reply(resp.status, dict(resp.headers), body)
+                reply = await self._send(method, url, json=json, data=data, params=params, content_type=content_type)
+                if reply.status == 401 and self._reauth is not None:
+                    # a refused credential did nothing: once more at once with a fresh one (revoked, rotated)
+                    await self._reauth()
+                    reply = await self._send(method, url, json=json, data=data, params=params,
+                                             content_type=content_type)
             except aiohttp.InvalidURL as e:
                 raise RestError(f"{where}: not a valid URL: {e}") from None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -150,6 +143,29 @@ class RestClient:
             await asyncio.sleep(pause)
             delay *= 2
         raise RestError(last)  # not reached
+
+
+    async def _send(self, method: str, url: str, *, json: Any, data: str | bytes | None,
+                    params: dict[str, str] | None, content_type: str | None) -> Reply:
+        """One HTTP exchange; the body parsed as JSON when it is JSON."""
+        headers = {"Accept": "application/json"}
+        if self._auth is not None:
+            headers.update(await self._auth())
+        if content_type:
+            headers["Content-Type"] = content_type
+        session = await self._get_session()
+        self.requests += 1
+        async with session.request(method, url, json=json, data=data, params=params, headers=headers,
+                                   ssl=self._ssl) as resp:
+            raw = await resp.read()
+            text = raw.decode("utf-8", errors="replace")
+            body: Any = text
+            if "json" in (resp.headers.get("Content-Type") or "") or text[:1] in "{[":
+                try:
+                    body = _json.loads(text) if text else None
+                except ValueError:
+                    body = text
+            return Reply(resp.status, dict(resp.headers), body)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -412,24 +428,48 @@ class RestJobBackend(Backend):
             await self.close()
 
     async def _stop_all(self) -> None:
-        """Stop every job of this experiment (found by name prefix: those of an earlier manager
-        too) and wait, bounded, until the platform says they ended."""
+        """Stop every job of this experiment and wait, bounded, until the platform says they ended.
+
+        The jobs this manager knows are asked to stop first, whether or not the platform can list
+        them now; the listing (by name prefix: an earlier manager's jobs too) is retried with
+        backoff; if it never answers, one line says which jobs may still run."""
         deadline = time.monotonic() + self.config.trial_grace_period + 60
         asked: set[str] = set()
+        unsure: set[str] = set()  # asked, but the platform did not take the request
+        for job in list(self.jobs.values()):
+            if job.submitted and not job.done:
+                job.released = True
+                asked.add(job.name)
+                if not await self._cancel_quietly(job):
+                    unsure.add(job.name)
+        failures, pause = 0, 1.0
         while True:
             try:
                 views = await self.list_jobs()
             except RestError as e:
-                log.error("%s: cannot check that the jobs of experiment %s ended: %s", self.service,
-                          self.experiment_id, e)
-                return
+                failures += 1
+                if failures >= STOP_LIST_TRIES or time.monotonic() + pause > deadline:
+                    left = ", ".join(sorted(asked)) or "none known to this manager"
+                    log.error("%s jobs of experiment %s may still run, as the platform could not be listed to "
+                              "stop and check them (%s): %s%s; any other job named %s* (an earlier manager's) too, "
+                              "until it ends or its agents' orphan timeout", self.service, self.experiment_id, e,
+                              left, f" (the stop request failed for {', '.join(sorted(unsure))})" if unsure else "",
+                              self.prefix)
+                    return
+                log.warning("%s: listing the jobs of experiment %s to stop them: %s; again in %.0f s",
+                            self.service, self.experiment_id, e, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 30.0)
+                continue
+            failures = 0
             live = {n: v for n, v in views.items() if v.live}
             for name, view in live.items():
-                if name not in asked:
+                if name not in asked or name in unsure:
                     asked.add(name)
                     job = next((j for j in self.jobs.values() if j.name == name), None) or Job("", name, [], ref=view.ref)
                     job.released = True
-                    await self._cancel_quietly(job)
+                    if await self._cancel_quietly(job):
+                        unsure.discard(name)
             if not live:
                 return
             if time.monotonic() > deadline:
@@ -438,11 +478,14 @@ class RestJobBackend(Backend):
                 return
             await asyncio.sleep(min(self.poll_interval, 1.0))
 
-    async def _cancel_quietly(self, job: Job) -> None:
+    async def _cancel_quietly(self, job: Job) -> bool:
+        """Ask the platform to stop the job; False (logged) when it did not take the request."""
         try:
             await self.cancel(job)
         except RestError as e:
             log.warning("stopping %s job %s: %s", self.service, job.name, e)
+            return False
+        return True
 
     # ------------------------------------------------------------------ watching
     def _say(self, job: Job, words: str) -> None:
