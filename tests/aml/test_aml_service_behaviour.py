@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from nni_manager.backends.aml import derive_audience
 from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
@@ -170,6 +169,8 @@ def test_failed_job_says_where_its_reason_is(aml, base: Path) -> None:
 
 
 def test_other_clouds_token_audience(aml_factory, base: Path, monkeypatch) -> None:
+    from nni_manager.backends.aml import derive_audience
+
     assert derive_audience("https://management.chinacloudapi.cn") == "https://management.core.chinacloudapi.cn/"
     assert derive_audience("https://Management.USGovCloudAPI.net/") == "https://management.core.usgovcloudapi.net/"
     assert derive_audience("https://management.azure.com") == "https://management.azure.com"
