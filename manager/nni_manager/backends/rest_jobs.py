@@ -83,16 +83,20 @@ class RestClient:
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
         self._ssl = ssl
         self._session: Any = None
+        self._closed = False  # closed for good: a late request (a submission still waiting) is refused
         self.requests = 0  # sent, retries included (benchmarks and tests read it)
 
     async def _get_session(self) -> Any:
         import aiohttp
 
+        if self._closed:
+            raise RestError(f"{self.service}: the client is closed (the experiment is stopping)")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -437,6 +441,7 @@ class RestJobBackend(Backend):
         asked: set[str] = set()
         unsure: set[str] = set()  # asked, but the platform did not take the request
         for job in list(self.jobs.values()):
+            job.released = True  # a submission still waiting (a rate limit) is abandoned
             if job.submitted and not job.done:
                 job.released = True
                 asked.add(job.name)

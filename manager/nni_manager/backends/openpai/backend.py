@@ -38,7 +38,7 @@ import yaml
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
-from nni_manager.backends.rest_jobs import Job, JobView, RestClient, RestError, RestJobBackend, agent_boot
+from nni_manager.backends.rest_jobs import Job, JobView, Reply, RestClient, RestError, RestJobBackend, agent_boot
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class OpenpaiBackend(RestJobBackend):
                 return
             await self._rate_limited(job, reply)
 
-    async def _rate_limited(self, job: Job, reply: Any) -> None:
+    async def _rate_limited(self, job: Job, reply: Reply) -> None:
         """PAI's per-user submission limit (60 an hour): the trial waits, saying why and until when,
         and the job is submitted again then (or as soon as it is released, not at all)."""
         wait = _seconds(reply.headers.get("Retry-After")) or SUBMIT_WINDOW
