@@ -183,10 +183,12 @@ class AmlBackend(RestJobBackend):
             raise RestError(f"no Azure credential for {self.opts.audience}: {first} (sign in with `az login`, "
                             "set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or run on a managed identity)")
 
-    async def _drop_token(self) -> None:
-        """ARM refused the token (revoked, rotated, clock skew): the next request fetches one."""
+    async def _drop_token(self, refused: str) -> None:
+        """ARM refused the token (revoked, rotated, clock skew): the next request fetches one,
+        unless another request has already replaced it."""
         async with self._token_lock:
-            self._token = None
+            if self._token is not None and refused == f"Bearer {self._token.token}":
+                self._token = None
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         assert self.client is not None

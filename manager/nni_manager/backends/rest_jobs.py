@@ -53,6 +53,7 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: Any  # parsed JSON when the reply is JSON, else text
+    sent_auth: str = field(default="", repr=False)  # the Authorization header it answered
 
 
 ErrorWords = Callable[[int, Any], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
@@ -73,11 +74,12 @@ class RestClient:
                  error_words: ErrorWords = _default_error_words, timeout: float = 30.0, attempts: int = 5,
                  backoff: float = 1.0, max_backoff: float = 30.0, ssl: Any = None,
                  fix_for: Callable[[int, str], str] | None = None,
-                 reauth: Callable[[], Awaitable[None]] | None = None) -> None:
+                 reauth: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._auth = auth
-        self._reauth = reauth  # drops a cached credential: a 401 is sent once more with a fresh one
+        # drops the refused cached credential (its Authorization header): a 401 is sent once more with a fresh one
+        self._reauth = reauth
         self._error_words = error_words
         self._fix_for = fix_for or (lambda status, code: "")
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
@@ -120,7 +122,7 @@ class RestClient:
                 reply = await self._send(method, url, json=json, data=data, params=params, content_type=content_type)
                 if reply.status == 401 and self._reauth is not None:
                     # a refused credential did nothing: once more at once with a fresh one (revoked, rotated)
-                    await self._reauth()
+                    await self._reauth(reply.sent_auth)
                     reply = await self._send(method, url, json=json, data=data, params=params,
                                              content_type=content_type)
             except aiohttp.InvalidURL as e:
@@ -169,7 +171,7 @@ class RestClient:
                     body = _json.loads(text) if text else None
                 except ValueError:
                     body = text
-            return Reply(resp.status, dict(resp.headers), body)
+            return Reply(resp.status, dict(resp.headers), body, headers.get("Authorization", ""))
 
 
 def _retry_after(value: str | None) -> float | None:
