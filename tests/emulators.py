@@ -133,11 +133,16 @@ class RestControls(EmulatorHandle):
         raise NotImplementedError
 
     def fault(self, status: int | None = 503, count: int = 1, method: str | None = None, path: str | None = None,
-              retry_after: int | None = None, hang: float = 0.0, message: str | None = None) -> None:
+              retry_after: int | None = None, hang: float = 0.0, message: str | None = None,
+              lose_answer: bool = False) -> None:
         """Answer the next `count` API requests matching method/path (regex) with `status` in the
-        platform's own error body, after hanging `hang` seconds; status None = hang only."""
-        self._call("POST", "faults", {"status": status, "count": count, "method": method, "path": path,
-                                      "retry_after": retry_after, "hang": hang, "message": message})
+        platform's own error body, after hanging `hang` seconds; status None = hang only;
+        lose_answer: serve them, then drop the connection (the AML emulator)."""
+        spec = {"status": status, "count": count, "method": method, "path": path,
+                "retry_after": retry_after, "hang": hang, "message": message}
+        if lose_answer:
+            spec["lose_answer"] = True
+        self._call("POST", "faults", spec)
 
     def clear_faults(self) -> None:
         self._call("DELETE", "faults")

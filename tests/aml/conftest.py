@@ -117,6 +117,15 @@ class Aml(RestControls):
     def kill_task(self, name: str, sig: int = signal.SIGKILL) -> None:
         self._call("POST", f"jobs/{name}/kill-task", {"signal": int(sig)})
 
+    def az_invocations(self) -> list[str]:
+        """One line per `az account get-access-token` run so far (its resource)."""
+        log = self.state / "az" / "invocations.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def revoke_tokens(self) -> None:
+        """Every token issued so far is refused from now on with 401 (as ARM refuses a revoked one)."""
+        self._call("POST", "revoke-tokens", {})
+
 
 
 def _write_az(state: Path, key_file: Path, cfg: dict) -> None:
@@ -131,15 +140,18 @@ def _write_az(state: Path, key_file: Path, cfg: dict) -> None:
         d.mkdir(parents=True)
         prof = d / "emulator_profile.json"
         prof.write_text(json.dumps({"tenant": cfg["tenant"], "subscription": cfg["subscription"], "oid": p["oid"],
-                                    "upn": p["upn"], "key_file": str(key_file), "lifetime": p.get("lifetime", 3600)}))
+                                    "upn": p["upn"], "key_file": str(key_file), "lifetime": p.get("lifetime", 3600),
+                                    "delay": cfg["azDelay"], "log_file": str(state / "az" / "invocations.log")}))
         os.chmod(prof, 0o600)
 
 
 def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, computes: list[dict] | None = None,
               images: dict[str, str] | None = None, step: float = 0.05, hold: str | None = None,
-              retry_after: int = 1, page_size: int = 20, audiences: list[str] | None = None) -> Aml:
+              retry_after: int = 1, page_size: int = 20, audiences: list[str] | None = None,
+              az_delay: float = 1.0) -> Aml:
     """principals: name -> built-in roles on the workspace (default {'default': ['Contributor'],
-    'reader': ['Reader'], 'norole': []}); images: image -> bin dir first on PATH ('*' = any)."""
+    'reader': ['Reader'], 'norole': []}); images: image -> bin dir first on PATH ('*' = any);
+    az_delay: seconds each `az account get-access-token` takes (the real one: about a second)."""
     state = base / f"aml-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     key_file = state / "token-signing.key"
@@ -154,7 +166,7 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
            "images": images if images is not None else {
                "msranni/nni:latest": VENV_BIN, "msranni/nni": VENV_BIN, "nni-test/python:3.11": VENV_BIN,
                "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04": VENV_BIN},
-           "step": step, "hold": hold, "retryAfter": retry_after, "pageSize": page_size,
+           "step": step, "hold": hold, "azDelay": az_delay, "retryAfter": retry_after, "pageSize": page_size,
            "audiences": audiences, "principals": {p["oid"]: {"roles": p["roles"], "upn": p["upn"]}
                                                   for p in by_name.values()},
            "principals_by_name": by_name}

@@ -192,6 +192,8 @@ def test_dry_run_shows_the_request_bodies(tmp_path: Path) -> None:
     assert body["environmentId"].split("/environments/")[1].startswith("nni-agent-")
     assert "10.0.0.5:" in body["command"] and "--single-trial" not in body["command"]  # not dialed: data only
     assert "PUT https://management.azure.com/subscriptions/sub/resourceGroups/rg/" in dry.text
+    header = dry.text.splitlines()[0]  # says what happens: literals in the command, not masked secrets
+    assert "masked" not in header and "literals in the job's command" in header, header
     assert json.loads(dry.text.split("\n", 2)[2].split("\n# PUT")[0])["properties"]["image"] == "msranni/nni:latest"
 
 

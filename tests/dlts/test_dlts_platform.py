@@ -67,7 +67,8 @@ def test_status_paths_of_nni_v1_config(dlts, base: Path, caplog) -> None:
             bad = await ts.submit_trial_job(form(1, action="fail", steps=1))
             d = await wait_status(ts, ok.id, "SUCCEEDED", timeout=T)
             job = job_of(dlts, exp, ok.id)
-            assert d.url == f"{dlts.url}job/{dlts.team}/{dlts.cluster}/{job['jobId']}", d.url
+            # the 2020 dashboard's job page route, /jobs/{clusterId}/{jobId} (NNI linked /job/{team}/{cluster}/{id})
+            assert d.url == f"{dlts.url}jobs/{dlts.cluster}/{job['jobId']}", d.url
             assert [json.loads(m)["type"] for m in metrics[ok.id]] == ["PERIODICAL", "PERIODICAL", "FINAL"]
             dlts.wait_status(job["jobId"], "finished", timeout=T)  # the job's state follows the trial
             d = await wait_status(ts, bad.id, "FAILED", timeout=T)
@@ -214,6 +215,8 @@ def test_dry_run_prints_nnis_job_json_without_a_usable_secret(tmp_path: Path) ->
     assert job["jobName"] == "nni_exp_dryrun_trial_dryrun" and job["resourcegpu"] == 1 and job["image"] == "img"
     assert job["preemptionAllowed"] == "False" and job["env"] == [{"name": "TMPDIR", "value": "$HOME/tmp"}]  # NNI's
     assert "--single-trial" in job["cmd"] and "single-use" in dry.text
+    header = dry.text.splitlines()[0]  # says what happens: literals in the command, not masked secrets
+    assert "masked" not in header and "literals in the job's command" in header, header
 
 
 def test_manager_sigkill_and_restart_reattaches_running_jobs(dlts, tmp_path: Path) -> None:

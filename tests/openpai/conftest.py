@@ -90,6 +90,10 @@ class Pai(EmulatorHandle):
         fw = f"{user or self.username}~{job}"
         return self._call("POST", f"/jobs/{fw}/taskRoles/{role}/{index}/kill", {"nodeLost": node_lost})["killed"]
 
+    def storage_dir(self, name: str = "confignfs") -> Path:
+        """The directory backing storage `name` (what a manager-side mount of it shows)."""
+        return self.state_dir / "storages" / name
+
     def requests(self) -> list[dict]:
         """PAI API requests received: method, path, query, contentType, status."""
         return self._call("GET", "/requests")
@@ -103,9 +107,13 @@ class Pai(EmulatorHandle):
 
 
 def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: dict | None = None,
-                   grace: float = 2.0, rate_limits: dict | None = None) -> Pai:
+                   grace: float = 2.0, rate_limits: dict | None = None, rate_windows: dict | None = None,
+                   images: dict | None = None) -> Pai:
     """``users``: {name: {admin, virtualClusters, storages}} (tokens are generated);
-    ``virtual_clusters``: {name: {tasks, cpu, memoryMB, gpu}} (None = unlimited)."""
+    ``virtual_clusters``: {name: {tasks, cpu, memoryMB, gpu}} (None = unlimited); ``rate_limits`` /
+    ``rate_windows``: {api|list|submit: requests / seconds} (the rest-server's: 600/60 s, 60/60 s,
+    60/3600 s). Each storage is backed by ``state/storages/<name>`` (``Pai.storage_dir``).
+    ``images``: {image uri: bin dir put first on PATH}, what that image holds (others: the host's)."""
     state = base / f"pai-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     users = users or {"alice": {"virtualClusters": ["default", "vc2"], "storages": ["confignfs"]}}
@@ -115,13 +123,27 @@ def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: d
     cfg = state / "config.json"
     fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"users": users, "virtualClusters": vcs, "controlToken": control}, f)
+        json.dump({"users": users, "virtualClusters": vcs, "controlToken": control,
+                   "storageServers": _storage_servers(state, users), "images": images or {}}, f)
     args = ["--grace", str(grace)]
     for k, v in (rate_limits or {}).items():
         args += ["--rate-limit", f"{k}={v}"]
+    for k, v in (rate_windows or {}).items():
+        args += ["--rate-window", f"{k}={v}"]
     proc = start_emulator_process("tests.openpai.emulator", state, args, what="OpenPAI emulator",
                                   drop_env=("PAI_EMULATOR_",))
     return Pai(state, proc, users, control)
+
+
+def _storage_servers(state: Path, users: dict) -> dict[str, str]:
+    """A directory per storage name, standing for the storage's server (e.g. an NFS export)."""
+    out = {}
+    for u in users.values():
+        for name in u.get("storages") or []:
+            d = state / "storages" / name
+            d.mkdir(parents=True, exist_ok=True)
+            out[name] = str(d)
+    return out
 
 
 @pytest.fixture

@@ -398,6 +398,31 @@ def test_rate_limit_on_submit(pai_factory):
     assert (st, body) == (429, "Too many requests, please try again later.")
     assert run(c.get("/jobs"))[0] == 200                          # other limits are separate
 
+    async def retry_after() -> str | None:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(pai.api + "/jobs", data=job_yaml("r4", ["true"]).encode(),
+                              headers=c._h({"Content-Type": "text/yaml"})) as r:
+                return r.headers.get("Retry-After")
+    # express-rate-limit 5: Retry-After is the whole window (windowMs / 1000), not the time left
+    assert run(retry_after()) == "3600"
+
+
+def test_storages_mounted_where_the_protocol_says(pai_factory):
+    pai = pai_factory(rate_limits={"list": 0})
+    (pai.storage_dir("confignfs") / "hello.txt").write_text("from the storage")
+    c = Client(pai)
+    for name, entry, where in (("m1", {"name": "confignfs"}, "/mnt/confignfs"),
+                               ("m2", {"name": "confignfs", "mountPath": "/mnt/elsewhere/data"},
+                                "/mnt/elsewhere/data")):
+        text = job_yaml(name, [f"cat {where}/hello.txt > $PAI_WORK_DIR/seen.txt"])
+        doc = yaml.safe_load(text)
+        doc["extras"] = {"storages": [entry]}
+        assert run(c.submit(yaml.safe_dump(doc)))[0] == 202
+        run(c.wait_state(name, "SUCCEEDED", "FAILED"))
+        job = next(j for j in pai.jobs() if j["name"] == name)
+        assert job["state"] == "SUCCEEDED", job["detail"]["jobStatus"].get("appExitDiagnostics")
+    assert not Path("/mnt/elsewhere").exists()  # mount points are made in the task, never on the host
+
 
 def test_emulator_shutdown_kills_tasks(pai):
     c = Client(pai)

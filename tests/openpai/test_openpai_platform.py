@@ -330,11 +330,12 @@ def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_pa
                                            "nniManagerIp": "10.0.0.5"}})  # not dialed: data only
     dry = backend_class("openpai")(cfg).render()
     assert "tok-SECRET-1" not in dry.text and "<masked>" in dry.text
+    assert "secrets, masked here" in dry.text.splitlines()[0]
     job = dry.requests[0]
     schema = json.loads((schemas_dir() / "openpai" / "rest-server-protocol.schema.json").read_text())
     jsonschema.validate(job, schema)  # the rest-server's own validator accepts what we submit
     assert job["name"] == "nni_exp_dryrun_env_1" and job["defaults"]["virtualCluster"] == "vc1"
-    assert job["extras"]["storages"] == [{"name": "confignfs"}]
+    assert job["extras"]["storages"] == [{"name": "confignfs"}]  # no mount point given: PAI's /mnt/confignfs
     commands = "\n".join(job["taskRoles"]["taskrole"]["commands"])
     assert "<% $secrets.nni_agent_token_taskrole_0 %>" in commands and "--token-file" in commands
     assert yaml.safe_load(dry.text.split("\n", 2)[2])["name"] == job["name"]
@@ -363,17 +364,18 @@ def test_clean_up_stops_every_job_including_an_earlier_managers(pai_factory, bas
 def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai_factory, base: Path) -> None:
     """With storageConfigName and both mount points (NNI's shared storage), the manager copies its
     own agent wheel there and the job's agent runs from it: an image needs only Python and the
-    agent's dependencies. Here the "container" sees the storage at the same path as the manager."""
+    agent's dependencies. The emulator mounts the storage as PAI does (at the entry's `mountPath`,
+    else /mnt/<name>), here at a path other than PAI's default."""
     pai = fast_pai(pai_factory)
-    storage = base / "nfs"
-    storage.mkdir()
+    storage = pai.storage_dir("confignfs")  # the manager's own mount of the storage
+    inside = "/mnt/nni-shared"  # where the job's containers see it (PAI's default: /mnt/confignfs)
     code = base / "code"
     code.mkdir(exist_ok=True)
     (code / "where.py").write_text("import nni_agent\nfrom nni_agent import get_next_parameter, report_final_result\n"
                                    "get_next_parameter()\nprint('AGENT', nni_agent.__file__, flush=True)\n"
                                    "report_final_result(1)\n")
     cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
-                             "containerStorageMountPoint": str(storage)}, trialCommand=f"{sys.executable} where.py")
+                             "containerStorageMountPoint": inside}, trialCommand=f"{sys.executable} where.py")
 
     async def main() -> tuple[str, str]:
         async with create_training_service(cfg) as ts:
@@ -385,6 +387,6 @@ def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai
     exp, out = run(main())
     wheels = list((storage / exp).glob("nni_agent-*.whl"))
     assert len(wheels) == 1, wheels
-    assert f"AGENT {wheels[0]}/nni_agent/__init__.py" in out, out
+    assert f"AGENT {inside}/{exp}/{wheels[0].name}/nni_agent/__init__.py" in out, out
     job = next(j for j in ours(pai, exp))
     assert job["detail"]["jobStatus"]["virtualCluster"] == "default"

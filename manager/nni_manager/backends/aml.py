@@ -8,8 +8,14 @@ cancel (`PUT`/`GET`/`POST .../cancel` on `.../workspaces/{ws}/jobs/{name}`), and
 travels over the agent stream.
 
 - Credentials: azure-identity's DefaultAzureCredential (Azure CLI login, environment service
-  principal, managed identity), a token for ARM per request; ARM errors become one line naming
-  the missing permission or resource.
+  principal, managed identity). Its ARM token is kept until shortly before it expires and fetched
+  anew on a 401: AzureCliCredential does not cache, and each fetch is one `az` process (about a
+  second), which per request would make one poll of 8 jobs outlast the poll interval. ARM errors
+  become one line naming the missing permission or resource.
+- Listing: `Jobs_List` filtered by the experiment's own tag key (never a walk of the workspace),
+  following ARM's `nextLink` as given when it names the same host.
+- Failed jobs: JobBase carries only the status (the error lives in the studio), so the trial's
+  message gives the job's studio page and where its logs are.
 - The image is an AML environment (`nni-agent-<hash of the image>`, version 1), created once.
 - AML has no secret store a job can mount and shows the command in the studio: the agent's
   credential there is single-use (the hub accepts it once, then only that agent's session).
@@ -22,26 +28,40 @@ travels over the agent stream.
       workspaceName: ...
       computeTarget: gpu-cluster
       dockerImage: msranni/nni:latest   # needs Python >= 3.8 and nni-agent
-      nniManagerIp: 20.1.2.3            # reachable from the compute cluster
-      resourceManagerEndpoint: https://management.azure.com   # ours: other Azure clouds
+      nniManagerIp: 20.1.2.3            # the compute cluster must reach nniManagerIp:hubPort
+      # ours, other Azure clouds: the endpoint and the audience tokens are requested for
+      # (`az cloud show --query "[endpoints.resourceManager, endpoints.activeDirectoryResourceId]"`);
+      # the audience is derived for Azure China and US Government when only the endpoint is given
+      resourceManagerEndpoint: https://management.chinacloudapi.cn
+      resourceManagerAudience: https://management.core.chinacloudapi.cn/
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import os
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from nni_manager.backends.base import EnvironmentRequest
 from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, agent_boot,
                                              literal_secret_lines, parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
+log = logging.getLogger(__name__)
+
 API_VERSION = "2024-04-01"  # a stable version documented for jobs, environments and computes
 ARM = "https://management.azure.com"
+# ARM endpoint host -> the audience its tokens are for (`az cloud show`: activeDirectoryResourceId)
+CLOUD_AUDIENCES = {"management.azure.com": ARM,
+                   "management.chinacloudapi.cn": "https://management.core.chinacloudapi.cn/",
+                   "management.usgovcloudapi.net": "https://management.core.usgovcloudapi.net/"}
+TOKEN_MARGIN = 300.0  # seconds before expires_on when a cached token is fetched anew
 STATES = {"NotStarted": "waiting", "Starting": "waiting", "Provisioning": "waiting", "Preparing": "waiting",
           "Queued": "waiting", "Scheduled": "waiting", "Running": "running", "Finalizing": "running",
           "NotResponding": "running", "Completed": "succeeded", "Failed": "failed", "CancelRequested": "stopped",
@@ -73,13 +93,24 @@ def parse_aml(ts: ConfigSection, config: ExperimentConfig) -> AmlConfig:
             raise ConfigError(ts.at("resourceManagerEndpoint"), f"must be an https:// URL, got {endpoint!r}",
                               "e.g. https://management.chinacloudapi.cn for Azure China (default: Azure's global ARM)")
         out.endpoint = endpoint.rstrip("/")
-    out.audience = (ts.str_("resourceManagerAudience") or ARM).rstrip("/")
+    audience = ts.str_("resourceManagerAudience")
+    if audience is not None and not audience.startswith("https://"):
+        raise ConfigError(ts.at("resourceManagerAudience"), f"must be an https:// URL, got {audience!r}",
+                          "your cloud's `az cloud show --query endpoints.activeDirectoryResourceId`")
+    out.audience = audience or derive_audience(out.endpoint)
     reuse = ts.bool_("reuseMode")
     if reuse is False:
         raise ConfigError(ts.at("reuseMode"), "must be true on platform aml (AML runs a pool of environments)",
                           "remove reuseMode")
     out.poll_interval, out.connect_timeout = parse_watch_fields(ts)
     return out
+
+
+def derive_audience(endpoint: str) -> str:
+    """The token audience of a known cloud's ARM endpoint; Azure's global ARM for any other
+    (Azure Stack and private clouds give resourceManagerAudience themselves)."""
+    host = (urlsplit(endpoint).hostname or "").lower()
+    return CLOUD_AUDIENCES.get(host, ARM)
 
 
 def _arm_error_words(status: int, body: Any) -> tuple[str, str]:
@@ -90,6 +121,9 @@ def _arm_error_words(status: int, body: Any) -> tuple[str, str]:
 
 
 def _fix_for(status: int, code: str) -> str:
+    if code == "InvalidAuthenticationTokenAudience":
+        return ("set trainingService.resourceManagerAudience to this cloud's audience "
+                "(`az cloud show --query endpoints.activeDirectoryResourceId`)")
     if status == 401:
         return "sign in again (az login) or check the service principal's credentials"
     if status == 403:
@@ -103,11 +137,14 @@ class AmlBackend(RestJobBackend):
     platform = "aml"
     service = "AML"
     single_use_credentials = True
+    secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
         self.client: RestClient | None = None
         self._credential: Any = None
+        self._token: Any = None  # azure-identity's AccessToken (token, expires_on), cached
+        self._token_lock = asyncio.Lock()
         self.studio: dict[str, str] = {}  # job name -> studio URL
 
     @classmethod
@@ -131,13 +168,27 @@ class AmlBackend(RestJobBackend):
 
     # ------------------------------------------------------------------ client
     async def _auth(self) -> dict[str, str]:
+        """The cached ARM token, fetched when there is none or it expires within TOKEN_MARGIN."""
+        async with self._token_lock:
+            if self._token is None or self._token.expires_on - TOKEN_MARGIN <= time.time():
+                self._token = await self._fetch_token()
+            return {"Authorization": f"Bearer {self._token.token}"}
+
+    async def _fetch_token(self) -> Any:
+        scope = self.opts.audience.rstrip("/") + "/.default"
         try:
-            token = await self._credential.get_token(self.opts.audience + "/.default")
+            return await self._credential.get_token(scope)
         except Exception as e:  # azure-identity says which credentials it tried
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RestError(f"no Azure credential for {self.opts.audience}: {first} (sign in with `az login`, "
                             "set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or run on a managed identity)")
-        return {"Authorization": f"Bearer {token.token}"}
+
+    async def _drop_token(self, refused: str) -> None:
+        """ARM refused the token (revoked, rotated, clock skew): the next request fetches one,
+        unless another request has already replaced it."""
+        async with self._token_lock:
+            if self._token is not None and refused == f"Bearer {self._token.token}":
+                self._token = None
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         assert self.client is not None
@@ -152,7 +203,7 @@ class AmlBackend(RestJobBackend):
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE")
         context = ssl.create_default_context(cafile=bundle) if bundle else ssl.create_default_context()
         self.client = RestClient(self.opts.endpoint, self.service, auth=self._auth, error_words=_arm_error_words,
-                                 fix_for=_fix_for, ssl=context)
+                                 fix_for=_fix_for, ssl=context, reauth=self._drop_token)
         o = self.opts
         # the credentials, the workspace and the compute, now: one clear line at start
         await self._call("GET", f"/computes/{quote(o.compute_target, safe='')}")
@@ -182,7 +233,7 @@ class AmlBackend(RestJobBackend):
             "description": f"nni-agent environment {env.env_id} of NNI experiment {self.experiment_id}",
             "resources": {"instanceCount": 1},
             "environmentVariables": {},
-            "tags": {"nni_experiment": self.experiment_id},
+            "tags": {"nni_experiment": self.experiment_id, self.tag_key: ""},
         }}
 
     def render_request(self, request: dict[str, Any]) -> str:
@@ -209,22 +260,27 @@ class AmlBackend(RestJobBackend):
     def job_url(self, job: Job) -> str:
         return self.studio.get(job.name, "")
 
+    @property
+    def tag_key(self) -> str:
+        """A tag key only this experiment's jobs carry: Jobs_List's `tag` filter takes a key."""
+        return f"nni_exp_{self.experiment_id}"
+
     async def list_jobs(self) -> dict[str, JobView]:
         """Each tracked job by name (at most trialConcurrency of them), and on the first call every
-        job of the workspace named for this experiment (re-attaching, cleaning up)."""
+        job of this experiment (re-attaching, cleaning up): Jobs_List filtered by its tag key."""
         out: dict[str, JobView] = {}
         if not self._listed_all:
-            self._listed_all = True
             path: str | None = f"{self.workspace}/jobs"
-            params: dict[str, str] | None = {"api-version": API_VERSION, "listViewType": "ActiveOnly"}
+            params: dict[str, str] | None = {"api-version": API_VERSION, "listViewType": "ActiveOnly",
+                                             "tag": self.tag_key}
             assert self.client is not None
             while path:
                 reply = await self.client.request("GET", path, params=params)
                 for item in (reply.body or {}).get("value", []):
                     if str(item.get("name", "")).startswith(self.prefix):
                         out[item["name"]] = self._view(item)
-                nxt = (reply.body or {}).get("nextLink")
-                path, params = (nxt[len(self.opts.endpoint):], None) if nxt and nxt.startswith(self.opts.endpoint) else (None, None)
+                path, params = self._next_page((reply.body or {}).get("nextLink")), None
+            self._listed_all = True  # only once the listing answered in full
         for job in self.jobs.values():
             if job.submitted and not job.done and job.name not in out:
                 try:
@@ -236,6 +292,19 @@ class AmlBackend(RestJobBackend):
 
     _listed_all = False
 
+    def _next_page(self, link: Any) -> str | None:
+        """ARM's nextLink, followed as given (it carries its own query) when it names the
+        endpoint's host: the token is never sent elsewhere."""
+        if not link:
+            return None
+        mine, theirs = urlsplit(self.opts.endpoint), urlsplit(str(link))
+        if (theirs.scheme.lower(), theirs.hostname, theirs.port or 443) != \
+                (mine.scheme.lower(), mine.hostname, mine.port or 443):
+            log.warning("AML: not following a job listing's nextLink to another host (%s): the listing may be "
+                        "incomplete", theirs.hostname)
+            return None
+        return str(link)
+
     def _view(self, item: dict[str, Any]) -> JobView:
         name = str(item.get("name"))
         self._remember_studio(name, item)
@@ -246,9 +315,10 @@ class AmlBackend(RestJobBackend):
             words = f"AML job {name} was {status} outside this experiment (by a user or an administrator)"
         else:
             words = f"AML job {name} is {status} on compute {self.opts.compute_target}"
-        error = props.get("error") if isinstance(props.get("error"), dict) else None
-        if phase == "failed" and error:
-            words += f": {error.get('code', '')} {error.get('message', '')}".rstrip()
+        if phase == "failed":  # JobBase has no error field: the reason is in the studio
+            where = self.studio.get(name)
+            words += ("; AML gives the reason on the job's page in the studio (Overview, and Outputs + logs: "
+                      f"user_logs/std_log.txt): {where}" if where else "; see the job in Azure ML studio")
         return JobView(name, phase, words, settled=status not in ("CancelRequested", "Finalizing"))
 
     async def _stop_all(self) -> None:

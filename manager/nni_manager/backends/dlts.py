@@ -96,6 +96,7 @@ class DltsBackend(RestJobBackend):
     platform = "dlts"
     service = "DLTS"
     single_use_credentials = True
+    secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
@@ -183,7 +184,9 @@ class DltsBackend(RestJobBackend):
                                   json={"status": "killing"})
 
     def job_url(self, job: Job) -> str:
-        return f"{self.opts.dashboard}job/{self.opts.team}/{self.opts.cluster}/{job.ref}" if job.ref else ""
+        # the 2020 dashboard's route (NNI linked the older /job/{team}/{cluster}/{id})
+        return (f"{self.opts.dashboard}jobs/{quote(self.opts.cluster, safe='')}/{quote(job.ref, safe='')}"
+                if job.ref else "")
 
     async def list_jobs(self) -> dict[str, JobView]:
         o = self.opts

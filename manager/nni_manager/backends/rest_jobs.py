@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json as _json
 import logging
 import random
 import shlex
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
 from nni_manager.config import ConfigSection
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL = 5.0  # NNI polled OpenPAI every 5 s, DLTS every 3 s
 DEFAULT_CONNECT_TIMEOUT = 600.0
+STOP_LIST_TRIES = 3  # listings (each retried by the client) before clean-up says which jobs may still run
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
@@ -51,6 +54,7 @@ class Reply:
     status: int
     headers: dict[str, str]
     body: Any  # parsed JSON when the reply is JSON, else text
+    sent_auth: str = field(default="", repr=False)  # the Authorization header it answered
 
 
 ErrorWords = Callable[[int, Any], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
@@ -70,25 +74,32 @@ class RestClient:
     def __init__(self, base_url: str, service: str, *, auth: Callable[[], Awaitable[dict[str, str]]] | None = None,
                  error_words: ErrorWords = _default_error_words, timeout: float = 30.0, attempts: int = 5,
                  backoff: float = 1.0, max_backoff: float = 30.0, ssl: Any = None,
-                 fix_for: Callable[[int, str], str] | None = None) -> None:
+                 fix_for: Callable[[int, str], str] | None = None,
+                 reauth: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.service = service
         self._auth = auth
+        # drops the refused cached credential (its Authorization header): a 401 is sent once more with a fresh one
+        self._reauth = reauth
         self._error_words = error_words
         self._fix_for = fix_for or (lambda status, code: "")
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
         self._ssl = ssl
         self._session: Any = None
+        self._closed = False  # closed for good: a late request (a submission still waiting) is refused
         self.requests = 0  # sent, retries included (benchmarks and tests read it)
 
     async def _get_session(self) -> Any:
         import aiohttp
 
+        if self._closed:
+            raise RestError(f"{self.service}: the client is closed (the experiment is stopping)")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
     async def close(self) -> None:
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -101,32 +112,20 @@ class RestClient:
         import aiohttp
 
         retry = method in IDEMPOTENT if retry is None else retry
-        url = self.base_url + path
-        where = f"{self.service} {method} {path}"
+        # an absolute URL (a platform's next-page link, checked by the caller) is sent as given
+        url = path if "://" in path else self.base_url + path
+        where = f"{self.service} {method} {urlsplit(path).path if '://' in path else path}"
         delay = self.backoff
         last = ""
         for attempt in range(1, (self.attempts if retry else 1) + 1):
-            headers = {"Accept": "application/json"}
-            if self._auth is not None:
-                headers.update(await self._auth())
-            if content_type:
-                headers["Content-Type"] = content_type
             wait: float | None = None
             try:
-                session = await self._get_session()
-                self.requests += 1
-                async with session.request(method, url, json=json, data=data, params=params, headers=headers,
-                                           ssl=self._ssl) as resp:
-                    raw = await resp.read()
-                    text = raw.decode("utf-8", errors="replace")
-                    body: Any = text
-                    if "json" in (resp.headers.get("Content-Type") or "") or text[:1] in "{[":
-                        try:
-                            import json as _json
-                            body = _json.loads(text) if text else None
-                        except ValueError:
-                            body = text
-                    reply = Reply(resp.status, dict(resp.headers), body)
+                reply = await self._send(method, url, json=json, data=data, params=params, content_type=content_type)
+                if reply.status == 401 and self._reauth is not None:
+                    # a refused credential did nothing: once more at once with a fresh one (revoked, rotated)
+                    await self._reauth(reply.sent_auth)
+                    reply = await self._send(method, url, json=json, data=data, params=params,
+                                             content_type=content_type)
             except aiohttp.InvalidURL as e:
                 raise RestError(f"{where}: not a valid URL: {e}") from None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -151,6 +150,29 @@ class RestClient:
             await asyncio.sleep(pause)
             delay *= 2
         raise RestError(last)  # not reached
+
+
+    async def _send(self, method: str, url: str, *, json: Any, data: str | bytes | None,
+                    params: dict[str, str] | None, content_type: str | None) -> Reply:
+        """One HTTP exchange; the body parsed as JSON when it is JSON."""
+        headers = {"Accept": "application/json"}
+        if self._auth is not None:
+            headers.update(await self._auth())
+        if content_type:
+            headers["Content-Type"] = content_type
+        session = await self._get_session()
+        self.requests += 1
+        async with session.request(method, url, json=json, data=data, params=params, headers=headers,
+                                   ssl=self._ssl) as resp:
+            raw = await resp.read()
+            text = raw.decode("utf-8", errors="replace")
+            body: Any = text
+            if "json" in (resp.headers.get("Content-Type") or "") or text[:1] in "{[":
+                try:
+                    body = _json.loads(text) if text else None
+                except ValueError:
+                    body = text
+            return Reply(resp.status, dict(resp.headers), body, headers.get("Authorization", ""))
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -256,6 +278,12 @@ class RestJobBackend(Backend):
     service: ClassVar[str] = "REST"  # the platform's name in messages
     # polls in a row a submitted job may be absent from the listing before it counts as gone
     missing_polls: ClassVar[int] = 3
+    # what the dry run's header says of how the agents' credentials reach the job
+    secret_words: ClassVar[str] = "agent tokens and the CA travel as the platform's secrets, masked here"
+    # platforms with no secret store a job can mount (DLTS, AML) say this instead
+    LITERAL_SECRET_WORDS: ClassVar[str] = (
+        "no secret store: each agent's token and the CA are literals in the job's command, which anyone who may "
+        "read the job sees; the token is single-use, spent when the agent enrols; shown here as a placeholder")
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -408,24 +436,49 @@ class RestJobBackend(Backend):
             await self.close()
 
     async def _stop_all(self) -> None:
-        """Stop every job of this experiment (found by name prefix: those of an earlier manager
-        too) and wait, bounded, until the platform says they ended."""
+        """Stop every job of this experiment and wait, bounded, until the platform says they ended.
+
+        The jobs this manager knows are asked to stop first, whether or not the platform can list
+        them now; the listing (by name prefix: an earlier manager's jobs too) is retried with
+        backoff; if it never answers, one line says which jobs may still run."""
         deadline = time.monotonic() + self.config.trial_grace_period + 60
         asked: set[str] = set()
+        unsure: set[str] = set()  # asked, but the platform did not take the request
+        for job in list(self.jobs.values()):
+            job.released = True  # a submission still waiting (a rate limit) is abandoned
+            if job.submitted and not job.done:
+                job.released = True
+                asked.add(job.name)
+                if not await self._cancel_quietly(job):
+                    unsure.add(job.name)
+        failures, pause = 0, 1.0
         while True:
             try:
                 views = await self.list_jobs()
             except RestError as e:
-                log.error("%s: cannot check that the jobs of experiment %s ended: %s", self.service,
-                          self.experiment_id, e)
-                return
+                failures += 1
+                if failures >= STOP_LIST_TRIES or time.monotonic() + pause > deadline:
+                    left = ", ".join(sorted(asked)) or "none known to this manager"
+                    log.error("%s jobs of experiment %s may still run, as the platform could not be listed to "
+                              "stop and check them (%s): %s%s; any other job named %s* (an earlier manager's) too, "
+                              "until it ends or its agents' orphan timeout", self.service, self.experiment_id, e,
+                              left, f" (the stop request failed for {', '.join(sorted(unsure))})" if unsure else "",
+                              self.prefix)
+                    return
+                log.warning("%s: listing the jobs of experiment %s to stop them: %s; again in %.0f s",
+                            self.service, self.experiment_id, e, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 30.0)
+                continue
+            failures = 0
             live = {n: v for n, v in views.items() if v.live}
             for name, view in live.items():
-                if name not in asked:
+                if name not in asked or name in unsure:
                     asked.add(name)
                     job = next((j for j in self.jobs.values() if j.name == name), None) or Job("", name, [], ref=view.ref)
                     job.released = True
-                    await self._cancel_quietly(job)
+                    if await self._cancel_quietly(job):
+                        unsure.discard(name)
             if not live:
                 return
             if time.monotonic() > deadline:
@@ -434,11 +487,14 @@ class RestJobBackend(Backend):
                 return
             await asyncio.sleep(min(self.poll_interval, 1.0))
 
-    async def _cancel_quietly(self, job: Job) -> None:
+    async def _cancel_quietly(self, job: Job) -> bool:
+        """Ask the platform to stop the job; False (logged) when it did not take the request."""
         try:
             await self.cancel(job)
         except RestError as e:
             log.warning("stopping %s job %s: %s", self.service, job.name, e)
+            return False
+        return True
 
     # ------------------------------------------------------------------ watching
     def _say(self, job: Job, words: str) -> None:
@@ -552,7 +608,7 @@ class RestJobBackend(Backend):
         request = self.job_request(env, name)
         how = "a pool of up to" if self.reuse else "one job per trial, up to"
         text = (f"# {self.platform}: {how} {self.config.trial_concurrency} job(s) like this one "
-                "(agent tokens and the CA travel as secrets, masked here)\n" + self.render_request(request))
+                f"({self.secret_words})\n" + self.render_request(request))
         return DryRun(self.platform, [request], text)
 
 

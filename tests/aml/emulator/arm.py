@@ -86,6 +86,7 @@ class Gate:
                  audiences: list[str]):
         self.key, self.tenant, self.subscription = key, tenant, subscription
         self.principals, self.audiences = principals, audiences
+        self.revoked_at = 0.0  # tokens issued before this (epoch s) are refused: a revocation
 
     def authenticate(self, request: web.Request) -> dict:
         """The token's claims, or the 401 ARM answers."""
@@ -105,6 +106,9 @@ class Gate:
             raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.",
                            {"WWW-Authenticate": LOGIN.format("The access token is invalid.")})
         now = time.time()
+        if claims.get("iat", 0) + 5 <= int(self.revoked_at):  # mint() back-dates iat by 5 s
+            raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.",
+                           {"WWW-Authenticate": LOGIN.format("The access token is invalid.")})
         if claims.get("exp", 0) <= now:
             exp = dt.datetime.fromtimestamp(claims.get("exp", 0), dt.timezone.utc)
             cur = dt.datetime.now(dt.timezone.utc)

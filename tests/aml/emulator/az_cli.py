@@ -6,6 +6,11 @@ file emulator_profile.json names tenant, subscription, principal and the emulato
 signing key. Output and error texts are the real CLI's, which azure-identity parses: the JSON
 fields accessToken/expiresOn/expires_on/subscription/tenant/tokenType, and "az login" in
 stderr for a missing login. It never touches the network.
+
+Like the real CLI it is slow: each token takes the profile's `delay` (default 1 s, what
+`az account get-access-token` costs in Python start-up and MSAL cache reads), so a client that
+fetches a token per request pays for it; each call appends one line (the resource, never the
+token) to the profile's `log_file`, so tests count invocations instead of timing them.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from tests.aml.emulator.tokens import mint
@@ -50,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
               "tenant ID and are signing into the correct cloud.")
     resource = args.resource or (args.scope[0].removesuffix("/.default") if args.scope else
                                  "https://management.core.windows.net/")
+    if profile.get("log_file"):
+        with open(profile["log_file"], "a") as f:
+            f.write(f"get-access-token {resource}\n")
+    time.sleep(float(profile.get("delay", 1.0)))
     key = Path(profile["key_file"]).read_bytes()
     token, exp = mint(key, audience=resource, tenant=profile["tenant"], oid=profile["oid"],
                       upn=profile.get("upn"), lifetime=float(profile.get("lifetime", 3600)))

@@ -21,8 +21,7 @@ from tests.dlts.emulator.procs import ProcessRunner
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9\-_]{0,254}$")
 TERMINAL = {"Completed", "Failed", "Canceled"}
-IMMUTABLE = ("jobType", "command", "environmentId", "computeId", "codeId", "environmentVariables", "resources",
-             "distribution", "inputs", "experimentName")
+UPDATABLE = {"description", "tags", "displayName", "properties", "isArchived"}
 SERVER_SET = {"status", "services", "isArchived"}
 
 
@@ -151,9 +150,11 @@ class Workspace:
         props = self.validate(name, body)
         existing = self.jobs.get(name)
         if existing is not None:
-            for k in IMMUTABLE:
-                if k in props and props[k] != existing.properties.get(k):
-                    raise user_error(400, f"Property '{k}' of job '{name}' cannot be changed once it is created.")
+            # a job is immutable but for these: a re-PUT after a lost answer must resend the same body
+            for k, v in props.items():
+                if k not in UPDATABLE and k not in SERVER_SET and v != existing.properties.get(k):
+                    raise user_error(400, "Only description, tags, displayName, properties, and isArchived can be "
+                                          f"updated (job '{name}', field '{k}' differs).")
             for k in ("description", "displayName", "tags", "properties"):
                 if k in props:
                     existing.properties[k] = props[k]

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import secrets
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -194,6 +196,9 @@ class Arm:
         jobs = sorted(self.ws.jobs.values(), key=lambda j: j.created_at, reverse=True)
         if view == "ArchivedOnly":
             jobs = []
+        tag = request.query.get("tag")
+        if tag is not None:  # Jobs_List: "Jobs returned will have this tag key."
+            jobs = [j for j in jobs if tag in (j.properties.get("tags") or {})]
         page = jobs[skip:skip + self.page_size]
         out: dict = {"value": [self.ws.job_resource(j) for j in page]}
         if skip + self.page_size < len(jobs):
@@ -254,6 +259,9 @@ class Controls:
         if parts == ["faults"] and m == "DELETE":
             self.arm.faults.clear()
             return web.json_response({"ok": True})
+        if parts == ["revoke-tokens"] and m == "POST":
+            self.arm.gate.revoked_at = time.time()
+            return web.json_response({"ok": True})
         if parts == ["hold"] and m == "POST":
             ws.set_hold(body.get("status"))
             return web.json_response({"ok": True})
@@ -276,6 +284,11 @@ class Controls:
         return web.json_response({"error": "unknown control"}, status=404)
 
 
+def _digest(body: bytes) -> str | None:
+    """A body's sha256 (bodies hold credentials: the log keeps only what compares them)."""
+    return hashlib.sha256(body).hexdigest() if body else None
+
+
 def make_app(arm: Arm) -> web.Application:
     controls = Controls(arm)
 
@@ -285,8 +298,17 @@ def make_app(arm: Arm) -> web.Application:
             return await controls.handle(request)
         fault = arm.faults.take(request.method, request.path)
         route = None
+        body = await request.read() if request.can_read_body else b""
         if fault is not None and fault.hang:
             await asyncio.sleep(fault.hang)
+        if fault is not None and fault.lose_answer:
+            # ARM does the work, then the answer is lost on the way back (a reset connection)
+            resp, route = await arm.handle(request)
+            arm.log.add(request.method, request.path, dict(request.query), resp.status,
+                        kind=route.kind if route else None, body_sha256=_digest(body), answer_lost=True)
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         if fault is not None and fault.status is not None:
             token = request.headers.get("Authorization", "").partition(" ")[2]
             claims = verify(arm.gate.key, token) or {}
@@ -299,7 +321,7 @@ def make_app(arm: Arm) -> web.Application:
         resp.headers["x-ms-correlation-request-id"] = corr
         resp.headers["x-ms-routing-request-id"] = f"EASTUS:{corr}"
         arm.log.add(request.method, request.path, dict(request.query), resp.status,
-                    kind=route.kind if route else None)
+                    kind=route.kind if route else None, body_sha256=_digest(body))
         return resp
 
     app = web.Application(middlewares=[front], client_max_size=8 * 1024 * 1024)

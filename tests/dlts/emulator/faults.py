@@ -23,6 +23,7 @@ class Fault:
     retry_after: int | None = None
     hang: float = 0.0
     message: str | None = None
+    lose_answer: bool = False         # serve the request, then drop the connection before the answer (AML)
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method.upper() == method) and (

@@ -29,6 +29,10 @@ class Cluster:
         self.tokens = {u["token"]: name for name, u in (config.get("users") or {}).items()}
         self.vcs: dict[str, dict] = {n: {k: (c or {}).get(k) for k in RESOURCE_KEYS}
                                      for n, c in (config.get("virtualClusters") or {"default": {}}).items()}
+        # storage name -> the directory that backs it (the NFS export), mounted into tasks
+        self.storage_dirs: dict[str, str] = dict(config.get("storageServers") or {})
+        # docker image -> a bin dir put first on PATH, standing for what the image holds (others: the host's)
+        self.images: dict[str, str] = dict(config.get("images") or {})
         self.jobs: dict[str, Job] = {}
         self._seq = 0
         self._ports: set[int] = set()
@@ -261,7 +265,7 @@ class Cluster:
         t.state = "AttemptRunning"
         t.attempt_launched = now_ms()
         t.launched = t.launched or t.attempt_launched
-        t.proc = await runtime.spawn(script, work, env, base / "logs")
+        t.proc = await runtime.spawn(script, work, env, base / "logs", mounts=self.mounts(job))
         asyncio.ensure_future(self._watch(job, t, t.proc, base / "logs"))
 
     async def _watch(self, job: Job, t: Task, proc: Any, logs: Path) -> None:
@@ -286,6 +290,16 @@ class Cluster:
             t.completion = completion_status(code, diag or "Pod succeeded")
         t.state, t.completed, t.proc = "Completed", now_ms(), None
         self.kick()
+
+    def mounts(self, job: Job) -> list[tuple[str, str]]:
+        """(backing dir, path in the container) of the job's storages, as PAI's storage plugin
+        mounts them: at `mountPath`, else at /mnt/<name>."""
+        out = []
+        for s in ((job.protocol.get("extras") or {}).get("storages") or []):
+            name = s.get("name") if isinstance(s, dict) else None
+            if name in self.storage_dirs:
+                out.append((self.storage_dirs[name], s.get("mountPath") or f"/mnt/{name}"))
+        return out
 
     def task_env(self, job: Job, t: Task, work: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PAI_", "FC_"))}
@@ -343,7 +357,17 @@ class Cluster:
         fw[runtime.INSTANCE_ENV] = self.instance
         fw[runtime.TASK_ENV] = t.key
         env.update({k: str(v) for k, v in fw.items()})
+        image_bin = self.images.get(self.image_of(job, t.role) or "")
+        if image_bin:
+            env["PATH"] = image_bin + os.pathsep + env.get("PATH", "/usr/bin:/bin")
         return env
+
+    @staticmethod
+    def image_of(job: Job, role: str) -> str | None:
+        """The uri of the dockerimage prerequisite the task role names."""
+        ref = job.protocol["taskRoles"][role].get("dockerImage")
+        image = ((job.protocol.get("prerequisites") or {}).get("dockerimage") or {}).get(ref)  # by type, then name
+        return image.get("uri") if isinstance(image, dict) else None
 
     # ------------------------------------------------------------------ test controls
     def find_task(self, framework_name: str, role: str, index: int) -> Task | None:

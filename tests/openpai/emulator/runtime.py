@@ -59,11 +59,41 @@ def write_script(path: Path, command: str) -> None:
         f.write(USER_SH_HEADER + command)
 
 
-async def spawn(script: Path, cwd: Path, env: dict[str, str], log_dir: Path) -> asyncio.subprocess.Process:
+# A container's storages: in the task's own mount namespace, each backing directory bound where
+# the job protocol says. A missing mount point is made on a fresh tmpfs over its nearest existing
+# ancestor (a container's own filesystem), never on the host's.
+MOUNT_SH = r"""set -eu
+script=$1; shift
+fresh=" "
+while [ $# -gt 0 ]; do
+  src=$1; dst=$2; shift 2
+  if [ ! -d "$dst" ]; then
+    a=$(dirname "$dst")
+    while [ ! -d "$a" ]; do a=$(dirname "$a"); done
+    [ "$a" != / ] || { echo "storage: cannot make mount point $dst" >&2; exit 1; }
+    case "$fresh" in *" $a "*) ;; *) mount -t tmpfs pai-storage "$a"; fresh="$fresh$a ";; esac
+    mkdir -p "$dst"
+  fi
+  mount --bind "$src" "$dst"
+done
+exec /bin/bash "$script"
+"""
+
+
+def _argv(script: Path, mounts: list[tuple[str, str]]) -> list[str]:
+    if not mounts:
+        return ["/bin/bash", str(script)]
+    userns = [] if os.geteuid() == 0 else ["--map-root-user"]
+    return ["unshare", "--mount", "--propagation", "private", *userns, "/bin/bash", "-c", MOUNT_SH, "pai-storage",
+            str(script), *[p for pair in mounts for p in pair]]
+
+
+async def spawn(script: Path, cwd: Path, env: dict[str, str], log_dir: Path,
+                mounts: list[tuple[str, str]] | None = None) -> asyncio.subprocess.Process:
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "user.pai.stdout", "ab") as out, open(log_dir / "user.pai.stderr", "ab") as err:
         return await asyncio.create_subprocess_exec(
-            "/bin/bash", str(script), cwd=str(cwd), env=env, stdin=asyncio.subprocess.DEVNULL,
+            *_argv(script, mounts or []), cwd=str(cwd), env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=out, stderr=err, start_new_session=True)
 
 

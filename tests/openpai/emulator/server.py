@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -41,10 +42,12 @@ def pai_error(e: PaiError) -> web.Response:
 
 
 class RateLimiter:
-    """express-rate-limit (MemoryStore): fixed windows, 429 with its default text."""
+    """express-rate-limit 5 (MemoryStore): fixed windows, 429 with its default text and
+    `Retry-After: windowMs / 1000` (the whole window, e.g. 3600 for submissions, not the time left)."""
 
-    def __init__(self, limits: dict[str, int]):
+    def __init__(self, limits: dict[str, int], windows: dict[str, float] | None = None):
         self.limits, self.hits = limits, {}
+        self.windows = {**WINDOWS, **(windows or {})}
 
     def hit(self, name: str, key: str) -> web.Response | None:
         limit = self.limits.get(name)
@@ -52,14 +55,14 @@ class RateLimiter:
             return None
         now = time.monotonic()
         start, n = self.hits.get((name, key), (now, 0))
-        if now - start >= WINDOWS[name]:
+        window = self.windows[name]
+        if now - start >= window:
             start, n = now, 0
         n += 1
         self.hits[(name, key)] = (start, n)
         if n > limit:
             return web.Response(status=429, text="Too many requests, please try again later.",
-                                content_type="text/html",
-                                headers={"Retry-After": str(int(WINDOWS[name] - (now - start)) + 1)})
+                                content_type="text/html", headers={"Retry-After": str(math.ceil(window))})
         return None
 
 
@@ -127,9 +130,10 @@ class Faults:
 
 
 class Server:
-    def __init__(self, cluster: Cluster, control_token: str, limits: dict[str, int]):
+    def __init__(self, cluster: Cluster, control_token: str, limits: dict[str, int],
+                 windows: dict[str, float] | None = None):
         self.cluster, self.control_token = cluster, control_token
-        self.limiter, self.faults = RateLimiter(limits), Faults()
+        self.limiter, self.faults = RateLimiter(limits, windows), Faults()
         self.requests: deque = deque(maxlen=2000)
 
     # ------------------------------------------------------------------ entry
@@ -405,6 +409,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--instance-id", default=None)
     p.add_argument("--rate-limit", action="append", default=[], metavar="NAME=N",
                    help="api|list|submit = N (0 disables); defaults are the rest-server's 600/min, 60/min, 60/h")
+    p.add_argument("--rate-window", action="append", default=[], metavar="NAME=S",
+                   help="api|list|submit = window in seconds (defaults 60, 60, 3600)")
     return p.parse_args(argv)
 
 
@@ -416,9 +422,10 @@ async def amain(args: argparse.Namespace) -> None:
     for item in args.rate_limit:
         k, _, v = item.partition("=")
         limits[k] = int(v)
+    windows = {k: float(v) for k, _, v in (w.partition("=") for w in args.rate_window)}
     instance = args.instance_id or secrets.token_hex(8)
     cluster = Cluster(state, cfg, instance, args.grace)
-    server = Server(cluster, cfg.get("controlToken") or secrets.token_hex(16), limits)
+    server = Server(cluster, cfg.get("controlToken") or secrets.token_hex(16), limits, windows)
     app = web.Application(client_max_size=10 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", server.handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)

@@ -14,14 +14,22 @@ state follows the trial's.
   keeps out of the job config it shows and renders into the command only inside the container;
   the command writes them to 0600 files. The user's PAI token is only ever a request header.
 - Status: one `GET /api/v2/jobs?username=` per poll, mapped as NNI mapped PAI's states; a
-  FAILED job's exit diagnostics come from its detail.
+  FAILED job's exit diagnostics come from its detail, with the agent boot's own one line (image
+  without Python or nni-agent) picked from the runtime's error log.
+- Rate limit: PAI takes 60 job submissions per hour per user and answers more with 429 and
+  `Retry-After: 3600`; the trial then waits (WAITING, saying so and when it is submitted again),
+  it is never failed for that.
+- Storage: `storageConfigName` is mounted at `containerStorageMountPoint` (PAI's default is
+  /mnt/<name>), where the shipped agent wheel is looked for.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
 import logging
 import shutil
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -30,7 +38,7 @@ import yaml
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
-from nni_manager.backends.rest_jobs import Job, JobView, RestClient, RestError, RestJobBackend, agent_boot
+from nni_manager.backends.rest_jobs import Job, JobView, Reply, RestClient, RestError, RestJobBackend, agent_boot
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
@@ -174,7 +182,10 @@ class OpenpaiBackend(RestJobBackend):
         if o.storage_config_name:
             storages = extras.setdefault("storages", [])
             if not any(isinstance(s, dict) and s.get("name") == o.storage_config_name for s in storages):
-                storages.append({"name": o.storage_config_name})
+                storage: dict[str, str] = {"name": o.storage_config_name}
+                if o.container_storage_mount_point:  # else PAI mounts it at /mnt/<name>
+                    storage["mountPath"] = o.container_storage_mount_point
+                storages.append(storage)
         extras.setdefault("submitFrom", "nni-manager")
         if o.virtual_cluster:
             job.setdefault("defaults", {})["virtualCluster"] = o.virtual_cluster
@@ -189,10 +200,28 @@ class OpenpaiBackend(RestJobBackend):
     async def submit(self, job: Job, request: dict[str, Any]) -> None:
         assert self.client is not None
         body = yaml.safe_dump(request, sort_keys=False, width=1000)
-        # retried: the name is unique, so a retry after an unclear failure answers 409, not a second job
-        # (job names carry the experiment id and a fresh environment id: a 409 is this very job)
-        await self.client.request("POST", f"{API}/jobs", data=body, content_type="text/yaml", retry=True,
-                                  accept=(409,))
+        while not job.released:
+            # retried: the name is unique, so a retry after an unclear failure answers 409, not a second job
+            # (job names carry the experiment id and a fresh environment id: a 409 is this very job)
+            reply = await self.client.request("POST", f"{API}/jobs", data=body, content_type="text/yaml",
+                                              retry=True, accept=(409, 429))
+            if reply.status != 429:
+                return
+            await self._rate_limited(job, reply)
+
+    async def _rate_limited(self, job: Job, reply: Reply) -> None:
+        """PAI's per-user submission limit (60 an hour): the trial waits, saying why and until when,
+        and the job is submitted again then (or as soon as it is released, not at all)."""
+        wait = _seconds(reply.headers.get("Retry-After")) or SUBMIT_WINDOW
+        at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=wait)
+        text = _first_line(reply.body if isinstance(reply.body, str) else str(reply.body)) or "429"
+        self._say(job, f"OpenPAI job {job.name} waits for OpenPAI's submission rate limit (60 jobs an hour per "
+                       f"user): \"{text}\"; it is submitted again at {at:%H:%M:%S} UTC (Retry-After {wait:g} s)")
+        log.warning("OpenPAI refused job %s for its rate limit (429, Retry-After %g s): submitting again at "
+                    "%s UTC", job.name, wait, f"{at:%H:%M:%S}")
+        deadline = time.monotonic() + wait
+        while not job.released and time.monotonic() < deadline:
+            await asyncio.sleep(min(1.0, deadline - time.monotonic()))
 
     def _job_path(self, name: str) -> str:
         return f"{API}/jobs/{quote(self.opts.username, safe='')}~{quote(name, safe='')}"
@@ -257,6 +286,9 @@ class OpenpaiBackend(RestJobBackend):
             words += f" with exit code {status['appExitCode']}"
         spec = status.get("appExitSpec") or {}
         reason = spec.get("reason") or spec.get("phrase") or ""
+        boot = _boot_line(status)
+        if boot:  # the image lacks Python or nni-agent: the agent boot's own one line says which
+            return f"OpenPAI job {job.name} FAILED: {boot}"
         diag = _first_line(status.get("appExitDiagnostics") or "")
         for role in (detail.get("taskRoles") or {}).values():
             for task in role.get("taskStatuses") or []:
@@ -267,6 +299,27 @@ class OpenpaiBackend(RestJobBackend):
         if diag:
             words += f" ({diag[:400]})"
         return words
+
+
+SUBMIT_WINDOW = 3600.0  # seconds: the rest-server's submission rate-limit window
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(1.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _boot_line(status: dict[str, Any]) -> str:
+    """The agent boot's report ("nni-agent: ...") in the runtime's error log of a failed job
+    (`appExitMessages.runtime.errorLogs.user`, the tail of the user command's output)."""
+    runtime = ((status.get("appExitMessages") or {}).get("runtime") or {})
+    logs = (runtime.get("errorLogs") or {}) if isinstance(runtime, dict) else {}
+    for line in reversed(str(logs.get("user") or "").splitlines()):
+        if line.strip().startswith("nni-agent: "):
+            return line.strip()[:500]
+    return ""
 
 
 def _first_line(text: str) -> str:
