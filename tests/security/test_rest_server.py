@@ -203,7 +203,7 @@ def test_token_url_cookie_and_header_and_never_logged(stored: Path, home: Path, 
     from nni_manager.webui.runner import _announce
 
     caplog.set_level(logging.DEBUG)
-    with Served(stored, require_token=True) as srv:
+    with Served(stored, require_token=True, register=True) as srv:
         token = srv.server.access.token
         assert token and len(token) >= 40
         assert token not in srv.server.url and srv.server.login_url == f"{srv.server.url}?token={token}"
