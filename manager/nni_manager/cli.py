@@ -10,8 +10,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from nni_manager.config import ConfigError, load_config
+from nni_manager.metric_check import metric_message
 from nni_manager.types import TrialJobDetail
 
 EXIT_TUNER_FAILED = 1
@@ -383,7 +385,7 @@ def _trials(experiment_dir: Path) -> int:
         trial = summaries.get(m["trial_id"])
         if trial is None:
             continue
-        value = _metric_value(m["data"])
+        value = _metric_value(m["data"], m["trial_id"])
         if m["type"] == "FINAL":
             trial.final, trial.metric = value, metric_number(value)
         elif m["type"] == "PERIODICAL":
@@ -395,20 +397,36 @@ def _trials(experiment_dir: Path) -> int:
     return 0
 
 
-def _metric_value(data: str) -> object:
-    value = json.loads(data).get("value")
-    return json.loads(value) if isinstance(value, str) else value
+def _metric_value(data: str, trial_id: str = "") -> object:
+    """A stored metric's value; None for a malformed row (skipped with a warning)."""
+    from nni_manager.experiment import decode_metric_value
+
+    message = metric_message(data, "nni-manager trials", trial_id)
+    return None if message is None else decode_metric_value(message.get("value"))
 
 
-def _log_path(experiment_dir: Path, trial: TrialJobDetail, name: str) -> Path:
-    """The copy streamed to the manager; else the trial's own directory (local agents)."""
-    streamed = experiment_dir / "trials" / trial.id / name
-    local = Path(trial.working_directory) / name if trial.working_directory else streamed
-    return streamed if streamed.exists() or not local.exists() else local
+def _open_log(experiment_dir: Path, trial: TrialJobDetail, name: str, platform: str) -> BinaryIO | None:
+    """The copy streamed to the manager; else a local trial's own directory (never a directory
+    an agent reported elsewhere: see local_files)."""
+    from nni_manager.local_files import open_trial_log
+
+    return open_trial_log(experiment_dir, trial, name, platform)
+
+
+def _copy_out(f: BinaryIO, out: BinaryIO) -> int:
+    """Copy the rest of `f` to `out` in bounded pieces (a log may be larger than memory)."""
+    n = 0
+    while chunk := f.read(1 << 20):
+        out.write(chunk)
+        n += len(chunk)
+    out.flush()
+    return n
 
 
 def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None,
           trial_log: bool = False) -> int:
+    from nni_manager.local_files import open_in
+
     replicas_dir = experiment_dir / "trials" / trial_id / "replicas"
     name = "trial.log" if trial_log else "trial.stderr" if stderr else "trial.stdout"
     replicas = sorted(p.name for p in replicas_dir.iterdir()) if replicas_dir.is_dir() else []
@@ -420,12 +438,16 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
                              f"({', '.join(replicas)})")
         for label in replicas:  # one after the other, each under a header, as `tail` does
             print(f"==> {label} <==", flush=True)
-            path = replicas_dir / label / name
-            sys.stdout.buffer.write(path.read_bytes() if path.exists() else b"")
-            sys.stdout.flush()
+            f = open_in(experiment_dir, replicas_dir / label, name)
+            if f is not None:
+                with f:
+                    _copy_out(f, sys.stdout.buffer)
         return 0
     store = _open_store(experiment_dir)
     try:
+        platform = str(((store.experiment().get("config") or {}).get("training_service") or {}).get("platform")
+                       or "local")
+
         def trial() -> TrialJobDetail:
             for t in store.trials():
                 if t.id == trial_id:
@@ -436,24 +458,23 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
         out = sys.stdout.buffer
         while True:
             ended = trial().status.is_terminal  # read before the file, so no tail bytes are missed
-            path = replicas_dir / replica / name if replica else _log_path(experiment_dir, trial(), name)
-            if path.exists():
-                with path.open("rb") as f:
+            f = (open_in(experiment_dir, replicas_dir / replica, name) if replica
+                 else _open_log(experiment_dir, trial(), name, platform))
+            if f is not None:
+                with f:
                     f.seek(offset)
-                    data = f.read()
-                offset += len(data)
-                out.write(data)
-                out.flush()
+                    offset += _copy_out(f, out)
             if not follow or ended:
                 break
             time.sleep(0.2)
         if name == "trial.stdout" and not follow and not replica:
             # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): show it too
-            extra = _log_path(experiment_dir, trial(), "trial.log")
-            data = extra.read_bytes() if extra.is_file() else b""
-            if data:
-                out.write(b"==> trial.log <==\n" + data)
-                out.flush()
+            extra = _open_log(experiment_dir, trial(), "trial.log", platform)
+            if extra is not None:
+                with extra:
+                    if os.fstat(extra.fileno()).st_size:
+                        out.write(b"==> trial.log <==\n")
+                        _copy_out(extra, out)
         return 0
     finally:
         store.close()

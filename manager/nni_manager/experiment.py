@@ -29,6 +29,7 @@ from typing import Any
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
 from nni_manager.dispatcher.base import parameter_record
+from nni_manager.metric_check import metric_message
 from nni_manager.types import (
     HyperParameters,
     TrialJobApplicationForm,
@@ -362,7 +363,7 @@ class Experiment:
         try:
             for m in store.metrics():
                 if m["type"] == "FINAL":
-                    finals[m["trial_id"]] = _metric_value(m["data"])
+                    finals[m["trial_id"]] = _metric_value(m["data"], m["trial_id"])
         finally:
             store.close()
         history = []
@@ -456,13 +457,10 @@ def _no_usable_machine(ts: Any) -> str:
     return ts.unusable_reason()
 
 
-def _metric_value(data: str) -> Any:
-    """The value of a stored NNI metric message (its JSON), decoded."""
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return None
-    return decode_metric_value(message.get("value")) if isinstance(message, dict) else None
+def _metric_value(data: str, trial_id: str = "") -> Any:
+    """The value of a stored NNI metric message (its JSON), decoded; None for a malformed row."""
+    message = metric_message(data, "resuming the experiment", trial_id)
+    return None if message is None else decode_metric_value(message.get("value"))
 
 
 def decode_metric_value(value: Any) -> Any:

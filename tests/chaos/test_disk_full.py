@@ -140,6 +140,8 @@ def test_a_batch_that_cannot_be_stored_changes_nothing_in_memory(
         config = make_config("relayed", experiment_working_directory=small_disk)
         async with create_training_service(config) as ts:
             job = await ts.submit_trial_job(form(0))
+            ts.core.add_agent("ghost")  # the trial is placed on it (an agent reports only its own trials)
+            ts.trials.change(ts.trials.get(job.id), agents=["ghost"])
             running = pb.Record(seq=1, status=pb.TrialStatus(trial_id=job.id, state=pb.TRIAL_STATE_RUNNING, pid=42))
 
             def big(seq: int) -> pb.Record:
@@ -154,7 +156,7 @@ def test_a_batch_that_cannot_be_stored_changes_nothing_in_memory(
             with pytest.raises(sqlite3.Error):
                 ts.core.apply_records("ghost", "boot", 1000, [running, big(1000), big(1001)])
             assert ts.trials.get(job.id).status == TrialJobStatus.WAITING
-            assert [t.id for t in ts.trials.waiting()] == [job.id]
+            assert [t.id for t in ts.trials.live_on("ghost")] == [job.id]
             filler.unlink()
             ts.core.apply_records("ghost", "boot", 2, [running])  # the replay, with space again
             assert ts.trials.get(job.id).status == TrialJobStatus.RUNNING

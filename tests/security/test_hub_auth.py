@@ -185,7 +185,8 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
                 assert not fake.hellos, "the agent said Hello (with its token) to a squatter"
                 assert token.encode() not in squatter.received, "the agent's token crossed to the squatter"
                 await server.stop(None)
-            assert all(o.startswith(b"\x16\x03") for o in squatter.openings), squatter.openings  # TLS, never h2
+            spoke = [o for o in squatter.openings if o]  # (a dial may close before its first byte)
+            assert spoke and all(o.startswith(b"\x16\x03") for o in spoke), squatter.openings  # TLS, never h2
             assert not evidence.exists(), "the agent ran the squatter's StartTrial"
             os.kill(pid, 0)  # still alive and redialling: trials would live on
 

@@ -23,9 +23,11 @@ from nni_manager.backends.base import AgentSpec, Backend, Completion, Environmen
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
+from nni_manager.metric_check import metric_problem
 from nni_manager.placement import AgentView, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
+from nni_manager.service.scope import AgentScope
 from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
 
@@ -86,6 +88,8 @@ class Core:
         self.resources: dict[str, pb.TrialResources] = {}
         self.stopping = False
         self.elastic = Elastic(self)
+        self.scope = AgentScope(trials, agents.name)
+        self._bad_metrics: set[tuple[str, str]] = set()  # (agent, trial) warned about
         self._placer = Placer()
         # Placement's view of each fixed agent, kept between placements and rebuilt only for the
         # agents something happened to (None: failed): placing one trial costs O(1) views, not
@@ -188,13 +192,17 @@ class Core:
             for r in records:
                 kind = r.WhichOneof("body")
                 if kind == "status":
-                    self.apply_status(agent_id, r.status, notes)
+                    if self.scope.allows(agent_id, r.status.trial_id, "a status"):
+                        self.apply_status(agent_id, r.status, notes)
                 elif kind == "metric":
                     m = r.metric
+                    if not self.scope.allows(agent_id, m.trial_id, "a metric") or not self._metric_ok(agent_id, m):
+                        continue
                     store.add_metric(m.trial_id, agent_id, boot_id, r.seq, m.trial_seq, m.data, m.time_ms or now_ms())
                     if m.trial_id in trials.by_id:
                         notes.append(("metric", TrialJobMetric(id=m.trial_id, data=m.data)))
-                elif kind == "parameter_request":
+                elif kind == "parameter_request" and self.scope.allows(
+                        agent_id, r.parameter_request.trial_id, "a parameter request"):
                     notes.append(("parameter", (r.parameter_request.trial_id, r.parameter_request.parameter_index)))
             store.set_agent_progress(agent_id, boot_id, last_seq)
         for what, payload in notes:
@@ -212,7 +220,8 @@ class Core:
             self.wake()
         else:
             for r in report.trials:
-                self.resources[r.trial_id] = r
+                if self.scope.allows(agent_id, r.trial_id, "resource use"):
+                    self.resources[r.trial_id] = r
 
     def agent_lost(self, agent_id: str, since: float) -> None:
         name = self.agents.name(agent_id)
@@ -250,12 +259,25 @@ class Core:
         self.wake()
 
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
+        if not self.scope.allows(agent_id, trial_id, "log output"):
+            return None
         name = {pb.LOG_STREAM_STDERR: "trial.stderr", pb.LOG_STREAM_TRIAL_LOG: "trial.log"}.get(stream, "trial.stdout")
         t = self.trials.by_id.get(trial_id)
         base = self.experiment_dir / "trials" / trial_id
         if t is not None and len(t.agents) > 1:  # one file per replica, named for its role and index
             return base / "replicas" / self.agents.by_id[agent_id].member.label / name
         return base / name
+
+    def _metric_ok(self, agent_id: str, m: pb.Metric) -> bool:
+        """A metric every reader can show; a malformed one is refused here (with a warning, the
+        first time per agent and trial), so that no reader ever meets it."""
+        problem = metric_problem(m.data)
+        if problem and (agent_id, m.trial_id) not in self._bad_metrics:
+            if len(self._bad_metrics) < 4096:
+                self._bad_metrics.add((agent_id, m.trial_id))
+            log.warning("agent %s sent a malformed metric for trial %s (%s): refused", self.agents.name(agent_id),
+                        m.trial_id, problem)
+        return not problem
 
     # ------------------------------------------------------------------ trials
     def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:

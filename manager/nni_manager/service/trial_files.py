@@ -22,6 +22,7 @@ from nni_manager.errors import (
     TrialFileTooLargeError,
     TrialNotFoundError,
 )
+from nni_manager.local_files import open_in, read_capped
 from nni_manager.types import TrialJobDetail
 
 if TYPE_CHECKING:
@@ -69,10 +70,10 @@ class TrialFiles:
         t = self._trial(trial_id)
         wanted = NNI_NAMES.get(name, name)
         rel = _relative(wanted)
-        copy = self.core.experiment_dir / "trials" / t.id / rel
         if not t.agents:
-            if copy.is_file():
-                return copy.read_bytes()
+            copy = self._own_copy(t, rel, max_bytes)
+            if copy is not None:
+                return copy
             raise TrialFileNotFoundError(f"trial {t.id} has not started on any agent yet ({t.status.value}): "
                                          "it has no files")
         agent_id = t.agents[0]
@@ -82,9 +83,10 @@ class TrialFiles:
                 if chunk.data:
                     data[chunk.offset:chunk.offset + len(chunk.data)] = chunk.data
         except (AgentUnavailableError, TrialFileNotFoundError) as exc:
-            if copy.is_file():  # the manager's own copy of a streamed log
+            copy = self._own_copy(t, rel, max_bytes)
+            if copy is not None:  # the manager's own copy of a streamed log
                 log.debug("trial %s: %s from the manager's copy (%s)", t.id, wanted, exc)
-                return copy.read_bytes()
+                return copy
             raise
         return bytes(data)
 
@@ -120,6 +122,19 @@ class TrialFiles:
         return written
 
     # ------------------------------------------------------------------ plumbing
+    def _own_copy(self, t: TrialJobDetail, rel: PurePosixPath, max_bytes: int) -> bytes | None:
+        """The manager's streamed copy of a log (no symlink followed), bounded as the agent
+        bounds its answers; None when there is none."""
+        own = self.core.experiment_dir / "trials" / t.id
+        f = open_in(own, own.joinpath(*rel.parts).parent, rel.name)
+        if f is None:
+            return None
+        data = read_capped(f, max_bytes, tail=False)
+        if data is None:
+            raise TrialFileTooLargeError(f"trial {t.id}: the manager's copy of {rel} is larger than {max_bytes} "
+                                         "bytes (max_bytes)")
+        return data
+
     def _trial(self, trial_id: str) -> TrialJobDetail:
         t = self.core.trials.by_id.get(trial_id)
         if t is None:

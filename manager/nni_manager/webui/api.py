@@ -15,13 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
+from nni_manager.local_files import SERVE_LIMIT, open_in, open_trial_log, read_capped
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui import manifest
 from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
-from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job, trial_log_file
+from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job
 
 API = "/api/v1/nni"
 _CORS = {"Access-Control-Allow-Headers": "Origin, X-Requested-With, Content-Type, Accept",
@@ -32,6 +33,7 @@ _TRIAL_FILES = {"trial.log": ("trial.log", "trial.stdout"), "stdout": ("trial.st
                 "stderr": ("trial.stderr",)}
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}")
 _MANAGER_LOGS = ("nnimanager.log", "dispatcher.log")
+_TOO_LARGE = f"[not shown: larger than {SERVE_LIMIT} bytes]\n".encode()
 
 
 def _json(obj: Any) -> web.Response:
@@ -205,38 +207,47 @@ class Api:
             candidates = (name,)
         else:
             return _error(f"Error: {name!r} is not a trial file name (trial.log, stdout, stderr or a plain file name)")
-        data = await asyncio.to_thread(self._read_trial_file, t, candidates)
+        data = await asyncio.to_thread(self._read_trial_file, t, candidates, name in _TRIAL_FILES)
         if data is None:
             return _error(f"ENOENT: no {name} for trial {trial_id}")
+        if data is _TOO_LARGE:
+            return _error(f"Error: {name} of trial {trial_id} is larger than {SERVE_LIMIT} bytes, too large to show")
         if name not in _TRIAL_FILES:
             return web.Response(body=data, content_type="application/octet-stream", headers=_CORS)
         text = data.decode("utf-8", "replace") or f"{name} is empty."
         return web.Response(text=text, content_type="text/plain", headers=_CORS)
 
-    def _read_trial_file(self, t: TrialJobDetail, candidates: tuple[str, ...]) -> bytes | None:
-        replicas = self.side.experiment_dir / "trials" / t.id / "replicas"
+    def _read_trial_file(self, t: TrialJobDetail, candidates: tuple[str, ...], tail: bool) -> bytes | None:
+        """The file from the manager's copies (or a local trial's own directory), never from a
+        path an agent reported elsewhere; capped (a log's tail beyond SERVE_LIMIT)."""
+        experiment_dir = self.side.experiment_dir
+        replicas = experiment_dir / "trials" / t.id / "replicas"
         if replicas.is_dir():  # a trial on several agents: each replica's file, with a header
+            labels = sorted(p.name for p in replicas.iterdir())
             parts = []
-            for label in sorted(p.name for p in replicas.iterdir()):
+            for label in labels:
                 for name in candidates:
-                    path = replicas / label / name
-                    if path.is_file():
-                        parts.append(f"==> {label} <==\n".encode() + path.read_bytes())
+                    f = open_in(experiment_dir, replicas / label, name)
+                    if f is not None:
+                        data = read_capped(f, SERVE_LIMIT // max(1, len(labels)), tail)
+                        parts.append(f"==> {label} <==\n".encode() + (data if data is not None else _TOO_LARGE))
                         break
             return b"".join(parts) if parts else None
         for name in candidates:
-            path = trial_log_file(self.side.experiment_dir, t, name)
-            if path.name == name and path.is_file():
-                return path.read_bytes()
+            f = open_trial_log(experiment_dir, t, name, self.side.platform)
+            if f is not None:
+                data = read_capped(f, SERVE_LIMIT, tail)
+                return data if data is not None else _TOO_LARGE
         return None
 
     async def manager_log(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in _MANAGER_LOGS:
             return web.Response(status=404, text="Not Found")
-        path = self.side.experiment_dir / "log" / name
-        if path.is_file():
-            return web.Response(body=await asyncio.to_thread(path.read_bytes), content_type="text/plain")
+        log_dir = self.side.experiment_dir / "log"
+        f = open_in(self.side.experiment_dir, log_dir, name)
+        if f is not None:
+            return web.Response(body=await asyncio.to_thread(read_capped, f), content_type="text/plain")
         return web.Response(text=f"nni-manager writes no {name}: its messages are in the terminal running it\n",
                             content_type="text/plain")
 

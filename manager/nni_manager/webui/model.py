@@ -17,13 +17,13 @@ the trial reported: the WebUI indexes intermediate results by sequence.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from nni_manager.metric_check import metric_message
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui.views import dumps, metric_record
@@ -141,8 +141,10 @@ class DataModel:
 
     def _take(self, trial_id: str, kind: str, data: str, timestamp: int, rowid: int) -> None:
         self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
-        message = _message(data)
-        if message is None or kind == "REQUEST_PARAMETER":
+        if kind == "REQUEST_PARAMETER":
+            return
+        message = _message(data, trial_id)
+        if message is None:
             return
         if kind == "PERIODICAL":
             n = self.periodical.get(trial_id, 0)
@@ -174,7 +176,7 @@ class DataModel:
             for rowid, data, timestamp in conn.execute(
                     f"SELECT rowid, data, timestamp FROM metrics WHERE rowid IN ({marks})", chunk):
                 trial_id, count = latest[rowid]
-                message = _message(data)
+                message = _message(data, trial_id)
                 if message is not None:
                     self.periodical[trial_id] = count
                     self.latest[trial_id] = metric_record(trial_id, message, timestamp, count - 1)
@@ -200,7 +202,7 @@ class DataModel:
         for _, trial_id, row_kind, data, timestamp in rows:
             if row_kind == "REQUEST_PARAMETER":
                 continue
-            message = _message(data)
+            message = _message(data, trial_id)
             if message is None:
                 continue
             if row_kind == "PERIODICAL":
@@ -213,9 +215,6 @@ class DataModel:
         return out
 
 
-def _message(data: str) -> dict[str, Any] | None:
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
+def _message(data: str, trial_id: str = "", where: str = "the WebUI") -> dict[str, Any] | None:
+    """A stored metric's message, or None for a malformed row (skipped with a warning)."""
+    return metric_message(data, where, trial_id)

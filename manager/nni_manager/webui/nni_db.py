@@ -140,8 +140,9 @@ def export_nni_db(experiment_dir: Path, out: Path | None = None, register: bool 
         result.trials, result.events, result.metrics = len(trials), len(events), counter[0]
     finally:
         source.close()
+    platform = str(((stored["config"] or {}).get("training_service") or {}).get("platform") or "local")
     for t in trials:
-        _trial_files(experiment_dir, t, target, in_place)
+        _trial_files(experiment_dir, t, target, in_place, platform)
     if not in_place:
         for name in _MANAGER_LOGS:
             src = experiment_dir / "log" / name
@@ -203,7 +204,7 @@ def _metrics(source: sqlite3.Connection, counter: list[int]) -> Iterator[tuple[A
             "SELECT trial_id, type, data, timestamp FROM metrics ORDER BY rowid"):
         if kind == "REQUEST_PARAMETER":
             continue
-        message = _message(data)
+        message = _message(data, trial_id, "the NNI export")
         if message is None:
             continue
         if kind == "PERIODICAL":
@@ -216,12 +217,12 @@ def _metrics(source: sqlite3.Connection, counter: list[int]) -> Iterator[tuple[A
         yield r["timestamp"], r["trialJobId"], r["parameterId"], r["type"], r["sequence"], r["data"]
 
 
-def _trial_files(experiment_dir: Path, t: TrialJobDetail, target: Path, in_place: bool) -> None:
+def _trial_files(experiment_dir: Path, t: TrialJobDetail, target: Path, in_place: bool, platform: str) -> None:
     """The trial's logs where NNI's local training service reads them: relative links in place
     (the directory stays movable), copies elsewhere."""
     dest = target / "environments" / ENV_ID / "trials" / t.id
     for name, candidates in _LOG_FILES.items():
-        src = next((p for p in (trial_log_file(experiment_dir, t, c) for c in candidates) if p.is_file()), None)
+        src = next((p for p in (trial_log_file(experiment_dir, t, c, platform) for c in candidates) if p), None)
         if src is None:
             continue
         dest.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nni_manager.local_files import trial_log_path
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 
 # What NNI's TrialHyperParameters accepts (nni/experiment/data.py); anything else raises there.
@@ -179,9 +180,7 @@ def nni_params(config: Any) -> dict[str, Any]:
     return params
 
 
-def trial_log_file(experiment_dir: Path, t: TrialJobDetail, name: str) -> Path:
-    """The copy streamed to the manager (every platform), else the trial's own directory
-    (local agents write there and stream too)."""
-    streamed = experiment_dir / "trials" / t.id / name
-    local = Path(t.working_directory) / name if t.working_directory else streamed
-    return streamed if streamed.exists() or not local.exists() else local
+def trial_log_file(experiment_dir: Path, t: TrialJobDetail, name: str, platform: str) -> Path | None:
+    """The copy streamed to the manager (every platform), else a local trial's own directory
+    (local agents write there and stream too); never a directory an agent reported elsewhere."""
+    return trial_log_path(experiment_dir, t, name, platform)
