@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 HubKind = Literal["unix", "loopback", "network"]
 
 
+class BackendError(RuntimeError):
+    """The platform refused something, or cannot be reached: the message is one line for the
+    user, in the platform's words. Every backend's own error derives from this; anything else a
+    backend raises is a bug of ours, reported as an internal error with its traceback."""
+
+
 @dataclass(frozen=True)
 class PlacementHints:
     """Per-agent GPU knobs (NNI's `gpuIndices`, `maxTrialNumberPerGpu`, `useActiveGpu`)."""

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
+from nni_manager.backends.base import (
+    AgentSpec,
+    Backend,
+    BackendContext,
+    BackendError,
+    DryRun,
+    EnvironmentRequest,
+)
 from nni_manager.config import ConfigSection
 
 log = logging.getLogger(__name__)
@@ -41,7 +48,7 @@ STOP_LIST_TRIES = 3  # listings (each retried by the client) before clean-up say
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
-class RestError(RuntimeError):
+class RestError(BackendError):
     """A platform's REST API refused a request or could not be reached: one line, no secret."""
 
     def __init__(self, message: str, status: int = 0, code: str = "") -> None:

@@ -12,9 +12,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from nni_agent.v1 import agent_pb2 as pb
-from nni_manager.backends.base import EnvironmentRequest, PlacementHints
+from nni_manager.backends.base import BackendError, EnvironmentRequest, PlacementHints
+from nni_manager.config import ConfigError
 from nni_manager.service import capacity
-from nni_manager.service.agents import FAILED, PROVISIONING, READY, RELEASED, Environment
+from nni_manager.service.agents import (
+    FAILED,
+    PROVISIONING,
+    READY,
+    RELEASED,
+    Environment,
+)
 from nni_manager.service.trials import now_ms
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 
@@ -76,9 +83,13 @@ class Elastic:
     async def _submit(self, env: Environment, request: EnvironmentRequest) -> None:
         try:
             await self.core.backend.provision(request)
-        except Exception as e:  # the platform refused it: one line, on the trials waiting for it
+        except (BackendError, ConfigError) as e:  # the platform refused it: one line, on the trials waiting for it
             log.warning("environment %s: %s", env.env_id, e)
             self.failed(env, str(e) or type(e).__name__, TrialJobStatus.FAILED)
+        except Exception as e:  # a bug of ours, not the platform's word: say so, traceback in nnimanager.log
+            log.exception("environment %s: internal error in the %s backend", env.env_id, self.core.backend.platform)
+            self.failed(env, f"internal error in the {self.core.backend.platform} backend ({type(e).__name__}: {e}); "
+                             "the traceback is in nnimanager.log", TrialJobStatus.FAILED)
 
     def release(self, env: Environment) -> None:
         self.core.agents.set_state(env, RELEASED)

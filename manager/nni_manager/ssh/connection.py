@@ -18,12 +18,13 @@ from select import select
 
 import paramiko
 
+from nni_manager.backends.base import BackendError
 from nni_manager.ssh.machine import SshMachine
 
 CONNECT_TIMEOUT = 15.0
 
 
-class SshError(RuntimeError):
+class SshError(BackendError):
     """A machine could not be reached or logged into; the message is for the user."""
 
 

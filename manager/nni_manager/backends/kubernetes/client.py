@@ -7,10 +7,11 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
+from nni_manager.backends.base import BackendError
 from nni_manager.backends.kubernetes.config import KubeConfig
 
 
-class KubeError(RuntimeError):
+class KubeError(BackendError):
     """One clear line about a Kubernetes API error."""
 
 

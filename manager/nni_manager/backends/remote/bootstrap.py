@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 import paramiko
-from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 
+from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
+from nni_manager.backends.base import BackendError
 from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
 
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
@@ -33,7 +34,7 @@ RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 MODULES = AGENT_MODULES
 
 
-class BootstrapError(RuntimeError):
+class BootstrapError(BackendError):
     """The agent cannot be installed or started on a machine; the message is for the user."""
 
 

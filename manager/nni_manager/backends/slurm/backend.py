@@ -32,14 +32,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
-
 from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, Role, Shape
+from nni_manager.backends.base import (
+    AgentSpec,
+    Backend,
+    BackendContext,
+    BackendError,
+    DryRun,
+    EnvironmentRequest,
+    Role,
+    Shape,
+)
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
 from nni_manager.config import ConfigSection, ExperimentConfig
-from nni_manager.ssh.connection import known_hosts_path, machine_label, proxy_command_line
+from nni_manager.ssh.connection import (
+    known_hosts_path,
+    machine_label,
+    proxy_command_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +73,7 @@ _DEPENDENCY_CHECK = (
     "% (sys.executable, v, ' '.join(m)))\n")
 
 
-class SlurmError(RuntimeError):
+class SlurmError(BackendError):
     """A Slurm command refused something: one line, in Slurm's words."""
 
 

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import paramiko
 
+from nni_manager.backends.base import BackendError
 from nni_manager.backends.slurm.config import LoginNode
 from nni_manager.backends.slurm.hosts import COMMAND_TIMEOUT, LOG_TAIL, command_line
 from nni_manager.ssh.commands import Sftp, run
@@ -39,7 +40,7 @@ RELAY = "nni_slurm_relay.py"
 KEEPALIVE_S = 30
 
 
-class LoginNodeError(RuntimeError):
+class LoginNodeError(BackendError):
     """The login node cannot be used; the message is for the user."""
 
 

@@ -1,0 +1,77 @@
+"""A platform's refusal and a bug of ours are told apart: a backend's own error (any
+`BackendError`) is the platform's one line on the trial; anything else a backend raises is an
+internal error, named so on the trial, with its traceback in nnimanager.log."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from nni_manager.config import load_config
+from nni_manager.service import create_training_service
+from tests.manager.helpers import form, wait_status
+
+PLUGIN = '''
+from nni_manager.backends.base import Backend, BackendError
+
+
+class FlakyBackend(Backend):
+    """Elastic: every environment it is asked for fails the way `fails` says."""
+    platform = "flaky"
+    elastic = True
+    hub = "unix"
+
+    @classmethod
+    def parse_config(cls, section, config):
+        return {"fails": section.str_("fails", required=True)}
+
+    async def start(self, ctx):
+        pass
+
+    async def stop(self):
+        pass
+
+    async def provision(self, env):
+        if self.platform_options["fails"] == "refused":
+            raise BackendError("quota exceeded for GPUs in namespace ml (used 8 of 8)")
+        return {}["job-template"]  # a bug: a KeyError deep in building the request
+
+    async def release(self, env_id):
+        pass
+'''
+
+
+@pytest.fixture
+def flaky_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "flaky_platform.py").write_text(PLUGIN)
+    info = tmp_path / "flaky_platform-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flaky-platform\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[nni_manager.backends]\nflaky = flaky_platform:FlakyBackend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("fails", ["refused", "bug"])
+def test_refusal_is_the_platforms_words_and_a_bug_is_an_internal_error(
+        fails: str, flaky_platform: None, short_dir: Path, code_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = load_config({"trialCommand": "python3 trial.py", "trialCodeDirectory": str(code_dir),
+                          "trialConcurrency": 1, "experimentWorkingDirectory": str(short_dir / "exps"),
+                          "trainingService": {"platform": "flaky", "fails": fails}})
+    caplog.set_level(logging.WARNING, logger="nni_manager")
+
+    async def body() -> str:
+        async with create_training_service(config) as ts:
+            job = await ts.submit_trial_job(form(0))
+            return (await wait_status(ts, job.id, "FAILED", timeout=30)).message
+
+    message = asyncio.run(asyncio.wait_for(body(), 60))
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    if fails == "refused":
+        assert "quota exceeded for GPUs in namespace ml" in message and "internal error" not in message
+        assert not errors  # the platform's word: a warning, no traceback
+    else:
+        assert "internal error in the flaky backend (KeyError: 'job-template')" in message, message
+        assert "nnimanager.log" in message
+        assert any(r.exc_info and r.exc_info[0] is KeyError for r in errors)  # the traceback is logged
