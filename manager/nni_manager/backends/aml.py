@@ -221,7 +221,7 @@ class AmlBackend(RestJobBackend):
         m = env.members[0]
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
         command = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
-                             tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.reconnect_window + 60,
+                             tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.orphan_timeout,
                              single_trial=bool(env.trial_id), env=self.agent_env, image=self.opts.docker_image)
         return {"properties": {
             "jobType": "Command",

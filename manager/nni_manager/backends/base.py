@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 HubKind = Literal["unix", "loopback", "network"]
 
 
+ORPHAN_MARGIN_S = 60.0  # an agent outlives the manager's reconnect window by this much
+STOP_MARGIN_S = 60.0  # stop-all waits this much beyond trialGracePeriod for the platform
+
+
 class BackendError(RuntimeError):
     """The platform refused something, or cannot be reached: the message is one line for the
     user, in the platform's words. Every backend's own error derives from this; anything else a
@@ -207,6 +211,18 @@ class Backend(abc.ABC):
     def reconnect_window(self) -> float:
         configured = self.config.training_service.reconnect_window
         return configured if configured is not None else self.default_reconnect_window
+
+    @property
+    def orphan_timeout(self) -> float:
+        """How long an agent keeps its trials once the manager is gone: the reconnect window plus
+        a margin, so the manager always gives up first and its trials end with its reason."""
+        return self.reconnect_window + ORPHAN_MARGIN_S
+
+    @property
+    def stop_deadline(self) -> float:
+        """How long stop-all waits for the platform to end the jobs: the trials' grace period
+        plus a margin for the platform's own teardown."""
+        return self.config.trial_grace_period + STOP_MARGIN_S
 
     @property
     def agent_env(self) -> dict[str, str]:

@@ -145,7 +145,7 @@ class DltsBackend(RestJobBackend):
         m = env.members[0]
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
         cmd = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
-                         tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.reconnect_window + 60,
+                         tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.orphan_timeout,
                          single_trial=bool(env.trial_id), env=self.agent_env, image=o.image)
         return {  # NNI's DLTSJobConfig, field for field
             "team": o.team, "vcName": o.team, "userName": o.email, "gpuType": self.gpu_type,

@@ -448,7 +448,7 @@ class RestJobBackend(Backend):
         The jobs this manager knows are asked to stop first, whether or not the platform can list
         them now; the listing (by name prefix: an earlier manager's jobs too) is retried with
         backoff; if it never answers, one line says which jobs may still run."""
-        deadline = time.monotonic() + self.config.trial_grace_period + 60
+        deadline = time.monotonic() + self.stop_deadline
         asked: set[str] = set()
         unsure: set[str] = set()  # asked, but the platform did not take the request
         for job in list(self.jobs.values()):

@@ -248,7 +248,7 @@ class KubeBackend(Backend):
             await core.delete_collection_namespaced_pod(ns, label_selector=ours)
             await core.delete_collection_namespaced_secret(ns, label_selector=ours)
             await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
-            deadline = time.monotonic() + self.config.trial_grace_period + 60
+            deadline = time.monotonic() + self.stop_deadline
             while time.monotonic() < deadline:  # pods end after their grace period
                 if not (await core.list_namespaced_pod(ns, label_selector=ours)).items:
                     break
@@ -312,7 +312,7 @@ class KubeBackend(Backend):
         hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
                else f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}")
         tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
-        args = boot.agent_args(hub, tls, self.reconnect_window + 60,
+        args = boot.agent_args(hub, tls, self.orphan_timeout,
                                single_trial=bool(env.trial_id) if env else not self.reuse)
         resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
         if role.gpu_number:

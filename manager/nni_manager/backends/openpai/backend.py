@@ -143,7 +143,7 @@ class OpenpaiBackend(RestJobBackend):
         ca_lines = ['printf "%s\\n" \'<% $secrets.nni_ca_crt %>\' > "$NNI_AGENT_DIR/ca.crt"']
         return agent_boot(hub_address=first.hub_address, agent_id=f"{env.env_id}-{role}-{index}" if role else env.env_id,
                           token_lines=token_lines, tls=bool(first.ca_certificate), ca_lines=ca_lines,
-                          orphan_timeout=self.reconnect_window + 60, single_trial=bool(env.trial_id),
+                          orphan_timeout=self.orphan_timeout, single_trial=bool(env.trial_id),
                           env=self.agent_env, image=image, pythonpath=self._wheel_path)
 
     def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:

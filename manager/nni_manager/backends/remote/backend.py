@@ -22,7 +22,7 @@ import nni_agent
 from nni_agent.compat import MIN_PYTHON_TEXT
 import paramiko
 
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, PlacementHints
+from nni_manager.backends.base import ORPHAN_MARGIN_S, AgentSpec, Backend, BackendContext, DryRun, PlacementHints
 from nni_manager.backends.remote import config as remote_config
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.backends.remote import bootstrap
@@ -84,7 +84,7 @@ class _Machine:
         port = found.running_port if found.running_pid is not None else None
         self.launch = AgentLaunch(
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
-            self.machine.python_path, 0, self.options.reconnect_window + 60.0, dict(self.options.agent_env),
+            self.machine.python_path, 0, self.options.reconnect_window + ORPHAN_MARGIN_S, dict(self.options.agent_env),
         )
         if found.running_pid is not None and not found.running_verifies_hub:
             log.warning("%s: agent pid %s was started without the experiment's CA (by an older manager) and would "
@@ -330,7 +330,7 @@ class RemoteBackend(Backend):
         for m, name in zip(self.machine_list, agent_names(self.machine_list)):
             launch = AgentLaunch("<experiment-id>", "<agent-id>", f"{nni_agent.__version__}-<hash>",
                                  "<python found by the probe>", "<py>", m.python_path, 0,
-                                 self.options.reconnect_window + 60.0, dict(self.options.agent_env))
+                                 self.options.reconnect_window + ORPHAN_MARGIN_S, dict(self.options.agent_env))
             proxy = proxy_command_line(m)
             lines += [
                 f"- {name}: ssh {'via proxyCommand `' + proxy + '`' if proxy else 'direct'}, "

@@ -197,7 +197,7 @@ class SlurmBackend(Backend):
         # member names (Backend.member_names): <env> alone, or <env>-<index> with index = SLURM_PROCID
         agent = f"{env.env_id}-$SLURM_PROCID" if o.nodes > 1 else env.members[0].agent_id
         args = [f"--manager {q(hub)}", '--agent-id "$id"', '--token-file "$NNI_SLURM_JOB_DIR/$id.token"',
-                '--work-dir "$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"', f"--orphan-timeout {self.reconnect_window + 60:g}"]
+                '--work-dir "$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"', f"--orphan-timeout {self.orphan_timeout:g}"]
         if tls:
             args.append('--ca-file "$NNI_SLURM_JOB_DIR/ca.crt"')
         if env.trial_id:
@@ -234,7 +234,7 @@ class SlurmBackend(Backend):
         self.experiment_id = ctx.experiment_id
         node = self.opts.login_node
         max_agents = self.config.trial_concurrency * self.opts.nodes
-        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.reconnect_window + 60, max_agents) if node
+        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.orphan_timeout, max_agents) if node
                            else LocalHost(ctx.experiment_dir))
         self._host = host
         try:
@@ -380,7 +380,7 @@ class SlurmBackend(Backend):
         if live:
             self._cancelled.update(live)
             await self._scancel(live)
-        deadline = time.monotonic() + self.config.trial_grace_period + 60
+        deadline = time.monotonic() + self.stop_deadline
         while live and time.monotonic() < deadline:  # the agents end after their grace period
             rows = await self._squeue()
             if rows is not None and not any(r["state"] in LIVE for r in rows):
