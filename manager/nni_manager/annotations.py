@@ -35,10 +35,11 @@ _NUMERIC = ("randint", "uniform", "quniform", "loguniform", "qloguniform", "norm
 _NAS = ("mutable_layers", "training_update")
 
 
-def search_space(code_dir: Path) -> dict[str, Any]:
-    """The search space the annotations under `code_dir` define; writes nothing."""
+def search_space(code_dir: Path, skip: Path | None = None) -> dict[str, Any]:
+    """The search space the annotations under `code_dir` define (leaving out `skip`, the
+    experiments' folder when it lies inside the code); writes nothing."""
     space: dict[str, Any] = {}
-    for path, module in _modules(code_dir):
+    for path, module in _modules(code_dir, skip):
         _expand(path, module, space)
     if not space:
         raise ConfigError(FIELD, f"no `'''@nni.variable(...)'''` or `'''@nni.function_choice(...)'''` "
@@ -47,25 +48,40 @@ def search_space(code_dir: Path) -> dict[str, Any]:
     return space
 
 
-def expand(code_dir: Path, dst: Path) -> dict[str, Any]:
-    """Copy `code_dir` to `dst` (replacing it) with each annotated .py file rewritten; files without
-    annotations are copied as they are. Returns the search space."""
-    if dst.exists():
-        shutil.rmtree(dst)
+def expand(code_dir: Path, dst: Path, skip: Path | None = None) -> dict[str, Any]:
+    """Copy `code_dir` to `dst` with each annotated .py file rewritten; files without annotations
+    are copied as they are, and `skip` (default: `dst`) is left out when inside the code, so a
+    copy never contains itself. An existing `dst` is refreshed in place, not removed: a resumed
+    experiment's running trials keep their working folder. Returns the search space."""
     space: dict[str, Any] = {}
-    shutil.copytree(code_dir, dst, symlinks=True)
-    for path, module in _modules(code_dir):
+    left_out = (skip or dst).resolve()
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if (Path(folder) / n).resolve() == left_out]
+
+    shutil.copytree(code_dir, dst, symlinks=True, dirs_exist_ok=True, copy_function=_replace, ignore=ignore)
+    for path, module in _modules(code_dir, left_out):
         code = _expand(path, module, space)
         if code is not None:
-            (dst / path.relative_to(code_dir)).write_text(code)
+            target = dst / path.relative_to(code_dir)
+            target.unlink()  # the copy of a read-only file is read-only too
+            target.write_text(code)
     return space
+
+
+def _replace(src: str, dst: str) -> None:
+    """copy2 that also replaces a read-only copy left by an earlier run."""
+    Path(dst).unlink(missing_ok=True)
+    shutil.copy2(src, dst)
 
 
 def expand_annotations(config: ExperimentConfig, experiment_dir: Path) -> None:
     """What NNI 2's nnictl did before a run: trials run an expanded copy of the code, with the
     search space found in it; the config then says so (`useAnnotation` false, as nnictl left it)."""
     dst = experiment_dir / EXPANDED_DIR
-    config.search_space = expand(Path(config.trial_code_directory).expanduser(), dst)
+    skip = Path(config.experiment_working_directory).expanduser()
+    config.search_space = expand(Path(config.trial_code_directory).expanduser(), dst,
+                                 skip if dst.resolve().is_relative_to(skip.resolve()) else dst)
     if not config.search_space:
         raise ConfigError(FIELD, f"no annotation left in {config.trial_code_directory}",
                           "annotate the trial code, or remove useAnnotation and give a searchSpace")
@@ -73,11 +89,12 @@ def expand_annotations(config: ExperimentConfig, experiment_dir: Path) -> None:
     config.use_annotation = False
 
 
-def _modules(code_dir: Path) -> list[tuple[Path, str]]:
-    """Every .py file with its module name (`pkg.mod`), in a stable order."""
+def _modules(code_dir: Path, skip: Path | None = None) -> list[tuple[Path, str]]:
+    """Every .py file with its module name (`pkg.mod`), in a stable order, outside `skip`."""
     found = []
+    left_out = skip.resolve() if skip is not None else None
     for root, dirs, files in os.walk(code_dir):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if (Path(root) / d).resolve() != left_out)
         for name in sorted(files):
             if name.endswith(".py"):
                 path = Path(root) / name
@@ -212,7 +229,8 @@ class _Rewriter(ast.NodeVisitor):
             return stmt
         # function_choice: the calls it lists, wherever they appear in the statement, become the chosen one
         if not call.args or not all(isinstance(a, ast.Call) for a in call.args):
-            raise self.error(note, "nni.function_choice lists function calls", "e.g. nni.function_choice(f(x), g(x), name=f)")
+            raise self.error(note, "nni.function_choice lists function calls",
+                             "e.g. nni.function_choice(f(x), g(x), name=f)")
         chosen = self.choice(note, name, "function_choice", call.args,
                              lambda a: ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
                                                                      kw_defaults=[], defaults=[]), body=a))

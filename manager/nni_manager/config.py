@@ -583,8 +583,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         config.experiment_working_directory = working_dir
     config.tuner, config.assessor = _algorithms(root, base)
     config.search_space = _search_space(root, base, custom=bool(config.tuner and config.tuner.class_name))
-    if root.bool_("useAnnotation"):
-        _annotated_search_space(config)
+    use_annotation = root.bool_("useAnnotation")
     config.tuner_gpu_indices = root.gpu_indices("tunerGpuIndices")
     level = root.choice("logLevel", options=LOG_LEVELS)
     config.log_level = level or ("debug" if debug else "info")
@@ -613,6 +612,8 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
             nni_manager_ip)
     else:
         config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
+    if use_annotation:  # after the platform: Kubeflow's roles name the code directory
+        _annotated_search_space(config)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
 
@@ -760,7 +761,7 @@ def _annotated_search_space(config: ExperimentConfig) -> None:
         raise ConfigError("searchSpace", "given together with useAnnotation: true",
                           "remove searchSpace/searchSpaceFile: the annotations in the trial code define the "
                           "search space (NNI refuses both as well)")
-    config.search_space = annotations.search_space(config.trial_code_directory)
+    config.search_space = annotations.search_space(config.trial_code_directory, config.experiment_working_directory)
     validate(config.search_space, "useAnnotation")
     config.use_annotation = True
 

@@ -56,6 +56,8 @@ def annotated(tmp_path: Path) -> Path:
     (code / "trial.py").write_text(textwrap.dedent(ANNOTATED))
     (code / "helpers" / "__init__.py").write_text("SCALE = 10  # no annotation: copied as it is\n")
     (code / "notes.txt").write_text("not code\n")
+    for path in (code / "trial.py", code / "notes.txt"):
+        path.chmod(0o444)  # a read-only checkout: its copies are replaced all the same
     return code
 
 
@@ -100,7 +102,7 @@ def test_a_run_expands_a_copy_and_the_trials_get_the_annotated_values(annotated:
     assert config.trial_code_directory == expanded and not config.use_annotation
     assert "_nni_annotation_param('trial/width/choice')" in (expanded / "trial.py").read_text()
     assert (expanded / "helpers" / "__init__.py").read_bytes() == (annotated / "helpers" / "__init__.py").read_bytes()
-    assert _snapshot(annotated) == before
+    assert _snapshot(annotated) == before and (annotated / "trial.py").stat().st_mode & 0o777 == 0o444
 
 
 def test_the_cli_runs_it_and_dry_run_writes_nothing(annotated: Path, tmp_path: Path) -> None:
@@ -118,6 +120,64 @@ def test_the_cli_runs_it_and_dry_run_writes_nothing(annotated: Path, tmp_path: P
     (exp_dir,) = (tmp_path / "exps").iterdir()
     assert (exp_dir / annotations.EXPANDED_DIR / "trial.py").is_file()
     assert _snapshot(annotated) == before
+
+
+def test_loading_needs_no_nni_on_the_manager(annotated: Path, tmp_path: Path) -> None:
+    """NNI 3.0 has no annotation tool to call: the manager expands the code itself, so a manager
+    where `import nni` fails loads the config (only the trials import nni, where they run)."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(textwrap.dedent("""
+        import sys
+        class _NoNni:
+            def find_spec(self, name, path=None, target=None):
+                if name == "nni" or name.startswith("nni."):
+                    raise ModuleNotFoundError("No module named 'nni' (blocked for this test)")
+        sys.meta_path.insert(0, _NoNni())
+    """))
+    script = textwrap.dedent(f"""
+        import importlib.util, sys
+        from pathlib import Path
+        try:
+            import nni
+        except ModuleNotFoundError:
+            print("nni blocked")
+        from nni_manager.config import load_config
+        from nni_manager.annotations import expand
+        config = load_config({str(_config(tmp_path))!r})
+        print(sorted(config.search_space))
+        expand(config.trial_code_directory, Path({str(tmp_path / 'copy')!r}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "nni blocked\n['trial/rate/choice', 'trial/width/choice']\n"
+    assert "_nni_annotation_param" in (tmp_path / "copy" / "trial.py").read_text()
+
+
+def test_expanding_again_refreshes_the_copy_in_place(annotated: Path, tmp_path: Path) -> None:
+    """As on a resume: files a running trial wrote in its folder stay; the code is rewritten."""
+    out = tmp_path / "out"
+    first = annotations.expand(annotated, out)
+    (out / "checkpoint.bin").write_bytes(b"trial output")
+    (out / "trial.py").chmod(0o644)
+    (out / "trial.py").write_text("stale")
+    assert annotations.expand(annotated, out) == first
+    assert (out / "checkpoint.bin").read_bytes() == b"trial output"
+    assert "_nni_annotation_param" in (out / "trial.py").read_text()
+
+
+def test_experiments_kept_inside_the_code_folder_are_not_copied(tmp_path: Path) -> None:
+    """`trialCodeDirectory: .` with `experimentWorkingDirectory: exps`: each run's copy leaves the
+    experiments out (no copy of itself, no earlier experiment's files)."""
+    (tmp_path / "trial.py").write_text(textwrap.dedent(ANNOTATED))
+    path = _config(tmp_path, trialCodeDirectory=".", maxTrialNumber=1, trialConcurrency=1)
+    for _ in range(2):
+        result = asyncio.run(Experiment(load_config(path), poll_interval=0.2).run())
+        assert [t.status for t in result.trials] == [TrialJobStatus.SUCCEEDED], [t.message for t in result.trials]
+        copy = result.experiment_dir / annotations.EXPANDED_DIR
+        assert sorted(p.name for p in copy.iterdir()) == ["config.yml", "trial.py"]
+    assert len(list((tmp_path / "exps").iterdir())) == 2
 
 
 def test_a_search_space_as_well_is_refused(annotated: Path, tmp_path: Path) -> None:
