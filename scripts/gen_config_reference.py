@@ -61,7 +61,7 @@ RAW_TYPES = {"trainingService": "mapping, or a list of them (hybrid mode)", "sea
              "trialMemorySize": "size (MB as a number, or 8gb / 8192mb / 8Gi)",
              "timeLimit": "minutes, Slurm's format or a duration", "sbatchOptions": "string or list of strings",
              "prologue": "string or list of strings", "openpaiConfig": "mapping (OpenPAI job protocol v2)",
-             "token": "string", "passWord": "refused: use `token`", "useAnnotation": "refused if true",
+             "token": "string", "passWord": "refused: use `token`",
              "sharedStorage": "refused"}
 
 

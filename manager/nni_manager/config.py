@@ -98,6 +98,9 @@ class ExperimentConfig:
     debug: bool = False
     log_level: str = "info"  # NNI's logLevel: the manager's log file and the dispatcher's
     config_file: Path | None = None  # the YAML it was loaded from: `nni-manager resume ID` loads it again
+    # NNI annotations: the search space came from the trial code, and the run expands the code
+    # into the experiment's directory first (then this is false, as NNI 2's nnictl left it)
+    use_annotation: bool = False
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)
@@ -580,6 +583,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         config.experiment_working_directory = working_dir
     config.tuner, config.assessor = _algorithms(root, base)
     config.search_space = _search_space(root, base, custom=bool(config.tuner and config.tuner.class_name))
+    use_annotation = root.bool_("useAnnotation")
     config.tuner_gpu_indices = root.gpu_indices("tunerGpuIndices")
     level = root.choice("logLevel", options=LOG_LEVELS)
     config.log_level = level or ("debug" if debug else "info")
@@ -608,13 +612,14 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
             nni_manager_ip)
     else:
         config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
+    if use_annotation:  # after the platform: Kubeflow's roles name the code directory
+        _annotated_search_space(config)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
 
 
 def _reject_unsupported(root: ConfigSection) -> None:
     fixes = {
-        "useAnnotation": "remove it and call nni.get_next_parameter() in the trial code",
         "sharedStorage": "remove it; trial code is shipped to workers by nni-manager",
     }
     for name, fix in fixes.items():
@@ -744,6 +749,21 @@ def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict
         return inline
     validate(inline, inline_path)
     return inline
+
+
+def _annotated_search_space(config: ExperimentConfig) -> None:
+    """`useAnnotation: true`: the search space is the trial code's annotations (read, not written:
+    the run expands a copy). NNI refuses a search space given as well."""
+    from nni_manager import annotations
+    from nni_manager.search_space import validate
+
+    if config.search_space is not None:
+        raise ConfigError("searchSpace", "given together with useAnnotation: true",
+                          "remove searchSpace/searchSpaceFile: the annotations in the trial code define the "
+                          "search space (NNI refuses both as well)")
+    config.search_space = annotations.search_space(config.trial_code_directory, config.experiment_working_directory)
+    validate(config.search_space, "useAnnotation")
+    config.use_annotation = True
 
 
 def _algorithms(root: ConfigSection, base: Path) -> tuple[TunerConfig | None, TunerConfig | None]:

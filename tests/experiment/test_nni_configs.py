@@ -26,13 +26,23 @@ REFUSED = {
     # `password: 12345` unquoted is a YAML integer; NNI's typeguard check refuses it too
     "examples/trials/mnist-pytorch/config_remote.yml": "machineList[1].password`: must be a non-empty string",
     "examples/trials/mnist-tfv2/config_remote.yml": "machineList[1].password`: must be a non-empty string",
-    # NNI annotations rewrite the trial code with nni's annotation tool before a run
-    "test/training_service/config/tuners/anneal.yml": "useAnnotation",
-    "test/training_service/config/tuners/evolution.yml": "useAnnotation",
-    "test/training_service/config/tuners/random.yml": "useAnnotation",
-    "test/training_service/config/tuners/smac.yml": "useAnnotation",
-    "test/training_service/config/tuners/tpe.yml": "useAnnotation",
 }
+# `useAnnotation: true`: the search space comes from the trial code, so its code folder gets an
+# annotated trial in the style of NNI's examples/trials/mnist-annotation
+ANNOTATED = {
+    "test/training_service/config/tuners/anneal.yml", "test/training_service/config/tuners/evolution.yml",
+    "test/training_service/config/tuners/random.yml", "test/training_service/config/tuners/smac.yml",
+    "test/training_service/config/tuners/tpe.yml",
+}
+ANNOTATED_TRIAL = '''
+def main(batch_num):
+    """@nni.get_next_parameter()"""
+    """@nni.variable(nni.choice(2, 3, 5, 7), name=conv_size)"""
+    conv_size = 5
+    """@nni.variable(nni.uniform(0.0001, 0.1), name=learning_rate)"""
+    learning_rate = 1e-4
+    """@nni.report_final_result(conv_size * learning_rate)"""
+'''
 
 _PLACEHOLDER = re.compile(r"\$?\{(your|replace)[a-z_]*\}")
 
@@ -61,7 +71,10 @@ def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path
             for item in node:
                 make_dirs(item)
 
-    make_dirs(yaml.safe_load(text))
+    data = yaml.safe_load(text)
+    make_dirs(data)
+    if data.get("useAnnotation"):
+        (path.parent / data["trial"]["codeDir"] / "mnist.py").write_text(ANNOTATED_TRIAL)
     return path
 
 
@@ -71,6 +84,10 @@ def test_the_sample_is_representative() -> None:
     for words in ("TPE", "Medianstop", "Curvefitting", "Hyperband", "BOHB", "className", "builtinTunerName",
                   "platform: remote", "kubeflow", "frameworkcontroller"):
         assert words in text, words
+
+
+def test_the_annotated_ones_are_those_using_annotations() -> None:
+    assert {c for c in CONFIGS if (yaml.safe_load((SOURCE / c).read_text()) or {}).get("useAnnotation")} == ANNOTATED
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -84,4 +101,7 @@ def test_nni_config(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     config = load_config(path)
     assert config.tuner is not None and (config.tuner.name or config.tuner.class_name)
     assert config.search_space
+    if name in ANNOTATED:
+        assert config.use_annotation and set(config.search_space) == {
+            "mnist/conv_size/choice", "mnist/learning_rate/uniform"}
     assert config.trial_concurrency >= 1

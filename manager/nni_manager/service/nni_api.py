@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
+from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, redacted
@@ -92,6 +93,8 @@ class TrainingService:
 
     async def _open(self) -> None:
         self._store = store = Store.open(self.experiment_dir)
+        if self.config.use_annotation:
+            await asyncio.to_thread(expand_annotations, self.config, self.experiment_dir)
         with store.transaction():
             store.init_experiment(self.experiment_id, _redacted(dataclasses.asdict(self.config)), now_ms())
             store.set_experiment_status("RUNNING")
