@@ -1,0 +1,156 @@
+"""What restricted and tainted clusters need from the pods, on real runs in the emulator (issue 18):
+an image running as a non-root user reads its token (fsGroup), `podSpec` / `podAnnotations` on
+kubeflow and frameworkcontroller (tolerations, securityContext, the Istio sidecar annotation), and
+NNI v1's FrameworkController `configPath` template (NNI's own mnist-pytorch example)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from nni_manager.config import load_config
+from nni_manager.service import create_training_service
+from tests.kube.harness import code_dir, config, ours, pod_json, pods_service
+from tests.manager.helpers import form, until, wait_status
+
+NON_ROOT = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
+NON_ROOT_IMAGE = "nni-test/non-root:3.11"
+
+
+@pytest.fixture
+def non_root_image() -> Iterator[str]:
+    """An emulated image whose Python uid 1000 can run: the system python3 with the test venv's
+    packages (the venv's own interpreter lives under /root, which only root may enter; pytest's
+    tmp_path is 0700 too). As in an image built with `USER 1000` over a system Python."""
+    d = Path(tempfile.mkdtemp(prefix="nni-nonroot-image-"))
+    os.chmod(d, 0o755)
+    site = sysconfig.get_paths()["purelib"]
+    for name in ("python3", "python"):
+        (d / name).write_text(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\n'
+                              'exec /usr/bin/python3 "$@"\n')
+        os.chmod(d / name, 0o755)
+    yield str(d)
+    shutil.rmtree(d, ignore_errors=True)
+NNI_EXAMPLE = Path(__file__).parents[1] / "experiment/nni_configs/examples/trials/mnist-pytorch"
+
+
+async def _agent_uids(kube: Any, experiment_id: str) -> dict[str, int]:
+    """The real uid of each pod's agent process (the emulator runs containers as host processes)."""
+    def find() -> dict[str, int] | None:
+        out = {}
+        for pod in kube.core().list_namespaced_pod("default", label_selector=ours(experiment_id)).items:
+            for pid in kube.pod_processes("default", pod.metadata.name):
+                try:
+                    proc = psutil.Process(pid)
+                    if "nni_agent" in proc.cmdline():
+                        out[pod.metadata.name] = proc.uids().real
+                except psutil.Error:
+                    pass
+        return out or None
+
+    return await until(find, 60, "the pods' agent processes")
+
+
+@pytest.mark.parametrize("fs_group", ["default", "removed"])
+def test_non_root_image_reads_its_token(kube_factory, non_root_image, tmp_path: Path, fs_group: str) -> None:
+    """runAsUser 1000 + runAsNonRoot: the agent reads the 0400 token through the pod's fsGroup;
+    with the fsGroup taken away (the control) the same pod cannot read it."""
+    kube = kube_factory(images={NON_ROOT_IMAGE: non_root_image})
+    security: dict[str, Any] = dict(NON_ROOT)
+    if fs_group == "removed":
+        security["fsGroup"] = None
+    cfg = config(kube, tmp_path, pods_service(podSpec={"securityContext": security}, reuseMode=False,
+                                                  dockerImage=NON_ROOT_IMAGE))
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0, x=1))
+            if fs_group == "default":
+                uids = await _agent_uids(kube, ts.experiment_id)
+                assert set(uids.values()) == {1000}, uids
+                done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", timeout=90)
+                assert done.status.value == "SUCCEEDED", done.message
+                (pod,) = pod_json(kube)
+                assert pod["spec"]["securityContext"]["fsGroup"] == 1000
+            else:
+                done = await wait_status(ts, job.id, "FAILED", "SUCCEEDED", "SYS_CANCELED", timeout=90)
+                assert done.status.value != "SUCCEEDED"
+                assert "Permission denied" in done.message, done.message
+
+    asyncio.run(asyncio.wait_for(body(), 150))
+
+
+def _operator_config(kube: Any, tmp_path: Path, platform: str, **ts: Any) -> Any:
+    return load_config({
+        "trialCodeDirectory": str(code_dir(tmp_path)), "trialConcurrency": 1, "trialGracePeriod": 2,
+        "experimentWorkingDirectory": str(tmp_path / "exps"),
+        "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig), "reuseMode": False, **ts},
+    })
+
+
+OVERRIDES = {
+    # a tainted GPU pool: only pods tolerating the taint are scheduled there
+    "podSpec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "securityContext": NON_ROOT},  # a restricted namespace: non-root only
+    # a Kubeflow profile namespace: no Istio sidecar (it would keep the pod Running after the agent)
+    "podAnnotations": {"sidecar.istio.io/inject": "false"},
+}
+
+
+@pytest.mark.parametrize("platform", ["kubeflow", "frameworkcontroller"])
+def test_operator_pods_get_the_overrides(kube_factory, non_root_image, tmp_path: Path, platform: str) -> None:
+    kube = kube_factory(nodes=["gpu-pool=4,8192,0"], images={NON_ROOT_IMAGE: non_root_image},
+                        crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    kube.core().patch_node("gpu-pool", {"spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
+                                                               "effect": "NoSchedule"}]}})
+    role = {"command": "python3 trial.py", "cpuNumber": 0.5, "memorySize": "256mb", "dockerImage": NON_ROOT_IMAGE}
+    if platform == "kubeflow":
+        ts = {"operator": "tf-operator", "apiVersion": "v1", "worker": {"replicas": 1, **role}}
+    else:
+        ts = {"taskRoles": [{"name": "worker", "taskNumber": 1, "gpuNumber": 0, **role,
+                             "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}]}
+    cfg = _operator_config(kube, tmp_path, platform, **ts, **OVERRIDES)
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts_:
+            job = await ts_.submit_trial_job(form(0, x=2))
+            uids = await _agent_uids(kube, ts_.experiment_id)
+            assert set(uids.values()) == {1000}, uids
+            done = await wait_status(ts_, job.id, "SUCCEEDED", "FAILED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+            pods = [p for p in pod_json(kube) if p["metadata"]["name"] in uids]
+            assert pods
+            for pod in pods:
+                assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+                assert pod["spec"]["nodeName"] == "gpu-pool"
+                assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+                assert pod["spec"]["securityContext"] == {**NON_ROOT, "fsGroup": 1000}
+
+    asyncio.run(asyncio.wait_for(body(), 150))
+
+
+def test_overrides_mistakes_name_the_field(tmp_path: Path) -> None:
+    from nni_manager.config import ConfigError
+
+    base = {"trialConcurrency": 1, "trainingService": {
+        "platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
+        "worker": {"replicas": 1, "command": "python3 t.py", "cpuNumber": 1, "memorySize": "1gb"}}}
+    for value, field, words in [({"sidecar.istio.io/inject": False}, "trainingService.podAnnotations.sidecar.istio.io/inject",
+                                 '"false"'),
+                                (["a"], "trainingService.podAnnotations", "podAnnotations: {")]:
+        data = {**base, "trainingService": {**base["trainingService"], "podAnnotations": value}}
+        with pytest.raises(ConfigError) as info:
+            load_config(data, base_dir=tmp_path)
+        assert info.value.field == field and words in info.value.fix, str(info.value)
+    data = {**base, "trainingService": {**base["trainingService"], "podSpec": "tolerations"}}
+    with pytest.raises(ConfigError) as info:
+        load_config(data, base_dir=tmp_path)
+    assert info.value.field == "trainingService.podSpec"
