@@ -5,6 +5,7 @@ NNI v1's FrameworkController `configPath` template (NNI's own mnist-pytorch exam
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import shutil
 import sysconfig
@@ -15,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
@@ -154,3 +156,111 @@ def test_overrides_mistakes_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(data, base_dir=tmp_path)
     assert info.value.field == "trainingService.podSpec"
+
+
+# ----------------------------------------------------------------------------- NNI v1 configPath
+
+MNIST_STANDIN = r'''
+import os, sys
+from nni_agent import get_next_parameter, report_final_result
+p = get_next_parameter()
+role, index = os.environ["NNI_TRIAL_ROLE"], os.environ["NNI_TRIAL_ROLE_INDEX"]
+print("replica", role, index, "ps", os.environ.get("FB_PS_IPS"), "workers", os.environ.get("FB_WORKER_IPS"), flush=True)
+if role == "worker" and index == "0":
+    report_final_result(p["x"])
+'''
+
+
+def test_nni_frameworkcontroller_custom_template(kube_factory, tmp_path: Path, monkeypatch) -> None:
+    """NNI's examples/trials/mnist-pytorch/config_frameworkcontroller_custom.yml, unmodified: its
+    fc_template.yml's roles (ps x2, worker x3), volumes, service account and ports, our agent in
+    its container; the Framework passes the CRD schema and the emulated controller runs it."""
+    from kubernetes import client
+
+    kube = kube_factory(crd_groups=["frameworkcontroller.microsoft.com"])
+    example = tmp_path / "mnist-pytorch"
+    example.mkdir()
+    for name in ("config_frameworkcontroller_custom.yml", "fc_template.yml", "search_space.json"):
+        shutil.copy(NNI_EXAMPLE / name, example / name)
+    (example / "mnist.py").write_text(MNIST_STANDIN)  # the trial code NNI's example runs, in small
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))  # the config names no cluster: as `kubectl` finds it
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~/nni-experiments
+    cfg = load_config(example / "config_frameworkcontroller_custom.yml")
+    kube_cfg = cfg.training_service.options
+    assert [(r.name, r.replicas, r.command) for r in kube_cfg.roles] == [
+        ("ps", 2, "python3 mnist.py"), ("worker", 3, "python mnist.py")]
+    assert [(r.min_failed, r.min_succeeded) for r in kube_cfg.roles] == [(1, -1), (1, 3)]
+    api = kube.api_client()
+    client.CoreV1Api(api).create_namespaced_service_account(  # as NNI's docs have users do
+        "default", {"metadata": {"name": "frameworkbarrier"}})
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0, x=7))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", timeout=120)
+            assert done.status.value == "SUCCEEDED", done.message
+            replicas = ts.experiment_dir / "trials" / job.id / "replicas"
+            assert sorted(p.name for p in replicas.iterdir()) == ["ps-0", "ps-1", "worker-0", "worker-1", "worker-2"]
+            out = (replicas / "worker-2" / "trial.stdout").read_text()
+            assert "replica worker 2" in out and out.count(",") >= 3, out  # the barrier's peers: 2 ps, 3 workers
+            (fw,) = client.CustomObjectsApi(api).list_namespaced_custom_object(
+                "frameworkcontroller.microsoft.com", "v1", "default", "frameworks",
+                label_selector=ours(ts.experiment_id))["items"]
+            roles = {r["name"]: r for r in fw["spec"]["taskRoles"]}
+            assert {n: r["taskNumber"] for n, r in roles.items()} == {"ps": 2, "worker": 3}
+            for name, port in (("ps", 4001), ("worker", 5001)):
+                spec = roles[name]["task"]["pod"]["spec"]
+                (container,) = spec["containers"]
+                assert container["name"] == "mnist-pytorch" and container["ports"] == [{"containerPort": port}]
+                assert "FB_PS_PORT=4001 FB_WORKER_PORT=5001" in container["command"][2]
+                assert "--manager" in container["command"]  # the agent runs the role's command
+                assert spec["serviceAccountName"] == "frameworkbarrier"
+                assert [c["name"] for c in spec["initContainers"]] == ["frameworkbarrier"]
+                volumes = {v["name"]: v for v in spec["volumes"]}
+                assert volumes["data-volume"]["persistentVolumeClaim"] == {"claimName": "nni-storage"}
+                assert {"nni-secret", "nni-agent", "nni-work", "frameworkbarrier-volume"} <= set(volumes)
+                assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp/data", "/mnt/frameworkbarrier",
+                                                                               "/var/run/nni/secret"}
+
+    asyncio.run(asyncio.wait_for(body(), 150))
+
+
+def test_configpath_mistakes_name_the_field_and_fix(tmp_path: Path) -> None:
+    from nni_manager.config import ConfigError
+
+    def load(template: Any, **ts: Any) -> Any:
+        (tmp_path / "t.yml").write_text(template if isinstance(template, str) else yaml.safe_dump(template))
+        return load_config({"trialConcurrency": 1, "trainingService": {
+            "platform": "frameworkcontroller", "configPath": "t.yml", **ts}}, base_dir=tmp_path)
+
+    good = yaml.safe_load((NNI_EXAMPLE / "fc_template.yml").read_text())
+    assert [r.name for r in load(good).training_service.options.roles] == ["ps", "worker"]
+    cases = [
+        ({**good, "kind": "Pod"}, {}, "kind: Framework"),
+        ("a: [", {}, "YAML"),
+        (_renamed(good, "param-server"), {}, "name: paramserver"),
+        (_two_containers(good), {}, "one container per task role"),
+        (good, {"taskRoles": [{"name": "w", "command": "x"}]}, "remove taskRoles"),
+    ]
+    for template, ts, fix in cases:
+        with pytest.raises(ConfigError) as info:
+            load(template, **ts)
+        assert info.value.field.startswith(("trainingService.configPath", "trainingService.taskRoles")), str(info.value)
+        assert fix in info.value.fix or fix in str(info.value), str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config({"trialConcurrency": 1, "trainingService": {"platform": "frameworkcontroller",
+                                                               "configPath": "missing.yml"}}, base_dir=tmp_path)
+    assert info.value.field == "trainingService.configPath" and "does not exist" in str(info.value)
+
+
+def _renamed(template: dict[str, Any], name: str) -> dict[str, Any]:
+    out = copy.deepcopy(template)
+    out["spec"]["taskRoles"][0]["name"] = name
+    return out
+
+
+def _two_containers(template: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(template)
+    containers = out["spec"]["taskRoles"][1]["task"]["pod"]["spec"]["containers"]
+    containers.append({**containers[0], "name": "sidecar"})
+    return out
