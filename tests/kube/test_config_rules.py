@@ -1,6 +1,6 @@
 """Config the cluster would reject is refused at load, naming the field and the fix (issue 18);
 IPv6 manager addresses are bracketed wherever an agent dials them or a certificate names them.
-No emulator here except where the API server's own answer is the point."""
+The emulator only where the API server's answer or a real dial (IPv6 loopback) is the point."""
 from __future__ import annotations
 
 import asyncio
@@ -138,3 +138,24 @@ def test_ipv6_hub_address_and_certificate_names(tmp_path):
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("fd00::5") in san.get_values_for_type(x509.IPAddress)
     assert not [n for n in san.get_values_for_type(x509.DNSName) if ":" in n]
+
+
+def test_agents_dial_an_ipv6_manager(kube, tmp_path):
+    """End to end on IPv6 loopback: pods (host network in the emulator) dial `[::1]:<port>` over TLS
+    and verify the hub's certificate for the address ::1."""
+    from nni_manager.service import create_training_service
+    from tests.kube.harness import config, pods_service
+    from tests.manager.helpers import form, wait_status
+
+    cfg = config(kube, tmp_path, pods_service(reuseMode=False), nniManagerIp="::1")
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0, x=1))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+            (pod,) = kube.core().list_namespaced_pod("default", label_selector=f"trialId={job.id}").items
+            args = pod.spec.containers[0].command
+            assert args[args.index("--manager") + 1].startswith("[::1]:")
+
+    asyncio.run(asyncio.wait_for(body(), 120))

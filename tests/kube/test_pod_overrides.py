@@ -147,7 +147,7 @@ def test_overrides_mistakes_name_the_field(tmp_path: Path) -> None:
         "worker": {"replicas": 1, "command": "python3 t.py", "cpuNumber": 1, "memorySize": "1gb"}}}
     for value, field, words in [({"sidecar.istio.io/inject": False}, "trainingService.podAnnotations.sidecar.istio.io/inject",
                                  '"false"'),
-                                (["a"], "trainingService.podAnnotations", "podAnnotations: {")]:
+                                (["a"], "trainingService.podAnnotations", "key: value")]:
         data = {**base, "trainingService": {**base["trainingService"], "podAnnotations": value}}
         with pytest.raises(ConfigError) as info:
             load_config(data, base_dir=tmp_path)
@@ -172,7 +172,7 @@ if role == "worker" and index == "0":
 
 
 def test_nni_frameworkcontroller_custom_template(kube_factory, tmp_path: Path, monkeypatch) -> None:
-    """NNI's examples/trials/mnist-pytorch/config_frameworkcontroller_custom.yml, unmodified: its
+    """NNI's examples/trials/mnist-pytorch/config_frameworkcontroller_custom.yml (only the cluster added): its
     fc_template.yml's roles (ps x2, worker x3), volumes, service account and ports, our agent in
     its container; the Framework passes the CRD schema and the emulated controller runs it."""
     from kubernetes import client
@@ -183,9 +183,12 @@ def test_nni_frameworkcontroller_custom_template(kube_factory, tmp_path: Path, m
     for name in ("config_frameworkcontroller_custom.yml", "fc_template.yml", "search_space.json"):
         shutil.copy(NNI_EXAMPLE / name, example / name)
     (example / "mnist.py").write_text(MNIST_STANDIN)  # the trial code NNI's example runs, in small
-    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))  # the config names no cluster: as `kubectl` finds it
+    path = example / "config_frameworkcontroller_custom.yml"
+    data = yaml.safe_load(path.read_text())
+    data["frameworkcontrollerConfig"]["kubeConfig"] = str(kube.kubeconfig)  # the one change: which cluster
+    path.write_text(yaml.safe_dump(data))
     monkeypatch.setenv("HOME", str(tmp_path))  # ~/nni-experiments
-    cfg = load_config(example / "config_frameworkcontroller_custom.yml")
+    cfg = load_config(path)
     kube_cfg = cfg.training_service.options
     assert [(r.name, r.replicas, r.command) for r in kube_cfg.roles] == [
         ("ps", 2, "python3 mnist.py"), ("worker", 3, "python mnist.py")]

@@ -83,16 +83,11 @@ def _pod_overrides(ts: ConfigSection, kube: KubeConfig) -> None:
     (tolerations for tainted GPU pools, securityContext for restricted namespaces, volumes) and
     `podAnnotations` on every pod (e.g. `sidecar.istio.io/inject: "false"` in Kubeflow profiles)."""
     kube.pod_spec = ts.mapping("podSpec") or {}
-    annotations, path = ts.take("podAnnotations")
-    if annotations is MISSING:
-        return
-    if not isinstance(annotations, dict):
-        raise ConfigError(path, "must be a mapping of annotation names to strings",
-                          'write `podAnnotations: {sidecar.istio.io/inject: "false"}`')
+    annotations = ts.mapping("podAnnotations") or {}
     for key, value in annotations.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise ConfigError(f"{path}.{key}", f"must be a string, got {type(value).__name__} {value!r}",
-                              f'quote it: `{key}: "{str(value).lower() if isinstance(value, bool) else value}"` '
+            raise ConfigError(f"{ts.at('podAnnotations')}.{key}",
+                              f"must be a string, got {type(value).__name__} {value!r}", f'quote it: `{key}: "{str(value).lower() if isinstance(value, bool) else value}"` '
                               "(Kubernetes annotation values are strings)")
     kube.pod_annotations = dict(annotations)
 
