@@ -159,3 +159,16 @@ def test_agents_dial_an_ipv6_manager(kube, tmp_path):
             assert args[args.index("--manager") + 1].startswith("[::1]:")
 
     asyncio.run(asyncio.wait_for(body(), 120))
+
+
+def test_v1_pvc_section_only_with_storage_pvc(tmp_path):
+    """v1's `pvc: {path}` says where a Framework template mounts its claim; anywhere else it is refused."""
+    base = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path)}
+    with pytest.raises(ConfigError) as info:
+        load_config({**base, "trainingService": {"platform": "kubernetes", "pvc": {"path": "/tmp/data"}}})
+    assert info.value.field == "trainingService.pvc" and "storage: pvc" in info.value.fix
+    ok = load_config({**base, "trainingService": {"platform": "kubernetes", "storage": "pvc", "pvc": {"path": "/tmp/data"}}})
+    storage = ok.training_service.options.storage
+    assert (storage.kind, storage.path, storage.claim_name) == ("pvc", "/tmp/data", "")
+    pod = backend_class("kubernetes")(ok).render().requests[-1]
+    assert not [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]  # the template mounts it

@@ -97,10 +97,14 @@ def _storage(ts: ConfigSection) -> Storage | None:
     mounted it, for trials that write outputs there; code never needs it."""
     nfs_v1, pvc_v1 = ts.section("nfs"), ts.section("pvc")
     value, path = ts.take("storage")
+    v1_pvc = isinstance(value, str) and value.lower() == "pvc"
+    if pvc_v1 is not None and not v1_pvc:
+        raise ConfigError(pvc_v1.path, "is only read with v1's `storage: pvc`",
+                          "remove it, or write `storage: pvc` (v2: `storage: {storageType: pvc, claimName: ...}`)")
     if value is MISSING:
         return None
     if isinstance(value, str):
-        kind, section = value, pvc_v1 if value.lower() == "pvc" else nfs_v1
+        kind, section = value, pvc_v1 if v1_pvc else nfs_v1
     elif isinstance(value, dict):
         section = ConfigSection(value, path, ts.base)
         kind = section.str_("storageType", required=True) or ""
