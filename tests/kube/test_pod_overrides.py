@@ -267,3 +267,21 @@ def _two_containers(template: dict[str, Any]) -> dict[str, Any]:
     containers = out["spec"]["taskRoles"][1]["task"]["pod"]["spec"]["containers"]
     containers.append({**containers[0], "name": "sidecar"})
     return out
+
+
+def test_a_template_asking_for_gpus_keeps_them_visible(tmp_path: Path) -> None:
+    """A template's nvidia.com/gpu limit is the role's GPU count: CUDA_VISIBLE_DEVICES is not blanked."""
+    from nni_manager.backends.registry import backend_class
+
+    template = yaml.safe_load((NNI_EXAMPLE / "fc_template.yml").read_text())
+    template["spec"]["taskRoles"][1]["task"]["pod"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": 2, "cpu": "4", "memory": "8Gi"}}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(template))
+    cfg = load_config({"trialConcurrency": 1, "trainingService": {
+        "platform": "frameworkcontroller", "configPath": "t.yml"}}, base_dir=tmp_path)
+    assert [r.gpu_number for r in cfg.training_service.options.roles] == [0, 2]
+    framework = backend_class("frameworkcontroller")(cfg).render().requests[-1]
+    ps, worker = (r["task"]["pod"]["spec"]["containers"][0] for r in framework["spec"]["taskRoles"])
+    assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in ps["env"]
+    assert "CUDA_VISIBLE_DEVICES" not in [e["name"] for e in worker["env"]]
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": 2, "cpu": "4", "memory": "8Gi"}}

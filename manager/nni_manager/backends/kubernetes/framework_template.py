@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -53,12 +54,16 @@ def load(path: Path, field_path: str) -> dict[str, Any]:
 def role_fields(role: dict[str, Any]) -> dict[str, Any]:
     """What NNI reads of one template task role."""
     container = role["task"]["pod"]["spec"]["containers"][0]
+    resources = container.get("resources") or {}
     policy = role.get("frameworkAttemptCompletionPolicy") or role["task"].get("frameworkAttemptCompletionPolicy") or {}
     return {
         "name": role.get("name", ""),
         "replicas": int(role.get("taskNumber") or 1),
         "command": " ".join(str(a) for a in [*container["command"], *(container.get("args") or [])]),
         "docker_image": str(container["image"]),
+        # GPUs the template asks for: the agent then leaves CUDA_VISIBLE_DEVICES to the device plugin
+        "gpu_number": int(str(resources.get("limits", {}).get("nvidia.com/gpu")
+                              or resources.get("requests", {}).get("nvidia.com/gpu") or 0)),
         "min_failed": int(policy.get("minFailedTaskCount", 1)),
         "min_succeeded": int(policy.get("minSucceededTaskCount", -1)),
     }
@@ -74,7 +79,8 @@ def port(template: dict[str, Any], index: int) -> int | None:
     return int(ports[0]["containerPort"]) if ports and isinstance(ports[0], dict) and ports[0].get("containerPort") else None
 
 
-def merge_pod(template_pod: dict[str, Any], ours: dict[str, Any], merge: Any) -> dict[str, Any]:
+def merge_pod(template_pod: dict[str, Any], ours: dict[str, Any],
+              merge: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     """The template's pod with ours merged over it: our container command, env, mounts and
     volumes win; what the template adds (ports, resources, volumes, init containers) stays."""
     pod = copy.deepcopy(template_pod)

@@ -3,6 +3,7 @@
 Each task's pod runs an agent behind FrameworkController's barrier, whose injector script
 exports the peers' addresses (FB_<ROLE>_IPS, FB_<ROLE>_ADDRESSES) before the agent starts,
 so trials inherit them. The trial ends by each role's frameworkAttemptCompletionPolicy.
+With NNI v1's `configPath`, each Framework is built from that template (framework_template.py).
 """
 from __future__ import annotations
 
