@@ -227,6 +227,37 @@ def test_secret_mount_env_field_ref_and_termination_log(kube):
     assert "emulator.nni/started-at" in p.metadata.annotations
 
 
+def test_run_as_user_fs_group_and_run_as_non_root(kube):
+    """securityContext as runc and the kubelet apply it: the process runs as runAsUser/runAsGroup
+    with fsGroup among its groups; with fsGroup a 0400 Secret file becomes 0440 of that group
+    (readable by the non-root user), without it stays root's; an emptyDir is world-writable;
+    runAsNonRoot with no runAsUser is a CreateContainerConfigError."""
+    v1 = kube.core()
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"}})
+    script = ('id -u; id -g; id -G; stat -c "%a %g" /var/run/s/token; { cat /var/run/s/token && echo; } || echo unreadable; '
+              'touch /var/run/w/f && echo writable')
+    volumes = [{"name": "s", "secret": {"secretName": "tok", "defaultMode": 0o400}}, {"name": "w", "emptyDir": {}}]
+    mounts = {"volumeMounts": [{"name": "s", "mountPath": "/var/run/s"}, {"name": "w", "mountPath": "/var/run/w"}]}
+    for name, security in (("with-fs-group", {"runAsUser": 1000, "runAsGroup": 3000, "fsGroup": 2000}),
+                           ("without", {"runAsUser": 1000, "runAsGroup": 3000})):
+        v1.create_namespaced_pod(NS, pod_body(name, script, image="python:3.11-slim", container=mounts,
+                                              volumes=volumes, securityContext=security))
+    assert wait_phase(kube, v1, "with-fs-group").status.phase == "Succeeded"
+    log = v1.read_namespaced_pod_log("with-fs-group", NS).split("\n")
+    assert log[:2] == ["1000", "3000"] and "2000" in log[2].split()
+    assert log[3:6] == ["440 2000", "s3cret", "writable"], log
+    wait_phase(kube, v1, "without")
+    log = v1.read_namespaced_pod_log("without", NS).split("\n")
+    assert log[:2] == ["1000", "3000"] and "2000" not in log[2].split()
+    assert log[3] == "400 0" and "unreadable" in log and "writable" in log, log
+    v1.create_namespaced_pod(NS, pod_body("as-root", "true", securityContext={"runAsNonRoot": True}))
+    pod = kube.wait_for(lambda: (lambda p: p if (p.status.container_statuses or [None])[0] is not None and
+                                 p.status.container_statuses[0].state.waiting is not None and
+                                 p.status.container_statuses[0].state.waiting.reason == "CreateContainerConfigError"
+                                 else None)(v1.read_namespaced_pod("as-root", NS)), 20, what="CreateContainerConfigError")
+    assert "runAsNonRoot and image will run as root" in pod.status.container_statuses[0].state.waiting.message
+
+
 def test_unschedulable_then_scheduled_after_set_node(kube):
     v1 = kube.core()
     v1.create_namespaced_pod(NS, pod_body("gpu", "echo ok", container={

@@ -17,6 +17,7 @@ from pathlib import Path
 from nni_manager.backends.base import Backend
 from nni_manager.config import ConfigError
 from nni_manager.hub import Hub, TlsMaterial
+from nni_manager.hub.address import bare_host, host_port
 from nni_manager.hub.tls import experiment_tls, user_tls
 from nni_manager.store import Store
 
@@ -31,21 +32,21 @@ async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
     if backend.hub == "loopback":
         return "127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id)
     ts = backend.config.training_service
-    host = ts.nni_manager_ip or await backend.manager_address()
+    host = bare_host(ts.nni_manager_ip or await backend.manager_address() or "")
     if not host:
         raise ConfigError("nniManagerIp", f"is required for platform {backend.platform}",
                           "set it to an address of this machine that the workers can reach")
     port = ts.hub_port
     if port is None:
         remembered = store.setting(_KEY)
-        port = int(remembered.rpartition(":")[2]) if remembered and remembered.rpartition(":")[0] == host else 0
+        port = int(remembered.rpartition(":")[2]) if remembered and remembered.rpartition(":")[0] == host_port(host, 0).rpartition(":")[0] else 0
     if not ts.hub_tls:
         log.warning("trainingService.hubTls is false: agents talk to the hub in PLAIN TEXT (tokens, metrics and "
                     "code readable on the network); use it only on a network you trust")
-        return f"{host}:{port}", None
+        return host_port(host, port), None
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
-        return f"{host}:{port}", user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
-    return f"{host}:{port}", experiment_tls(experiment_dir / "tls", [host, *backend.hub_names()], experiment_id)
+        return host_port(host, port), user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
+    return host_port(host, port), experiment_tls(experiment_dir / "tls", [host, *backend.hub_names()], experiment_id)
 
 
 def remember(store: Store, hub: Hub) -> None:

@@ -76,6 +76,13 @@ def main():
         sys.stderr.write(f"Error: failed to start container: chdir to cwd (\"{wd}\") set in config.json failed: "
                          "no such file or directory\n")
         os._exit(128)
+    user = spec.get("user") or {}
+    if user.get("groups") or user.get("gid") is not None or user.get("uid") is not None:
+        os.setgroups(user.get("groups") or [])  # fsGroup, supplementalGroups
+    if user.get("gid") is not None:
+        os.setgid(user["gid"])
+    if user.get("uid") is not None:
+        os.setuid(user["uid"])  # runAsUser: the workload runs as that user, as under runc
     argv = spec["argv"]
     env = spec["env"]
     try:

@@ -474,6 +474,7 @@ class Kubelet:
         argv = list(c.spec.get("command") or []) + list(c.spec.get("args") or [])
         try:
             env = self._env(pod, c)
+            user = _process_user(pod, c.spec)
         except _ConfigError as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             self.store.record_event(pod, "Failed", f"Error: {e}", "Warning", "kubelet")
@@ -505,7 +506,7 @@ class Kubelet:
         scratch = cdir / f"scratch{c.restart_count}"
         scratch.mkdir(exist_ok=True)
         spec = {"namespaces": self.use_namespaces, "hostname": run.name, "scratch": str(scratch), "mounts": mounts,
-                "workingDir": c.spec.get("workingDir") or "/", "argv": argv, "env": env}
+                "workingDir": c.spec.get("workingDir") or "/", "argv": argv, "env": env, "user": user}
         spec_file = cdir / f"spec{c.restart_count}.json"
         spec_file.write_text(json.dumps(spec))
         if self.use_namespaces:
@@ -701,6 +702,10 @@ class Kubelet:
                     fp.parent.mkdir(parents=True, exist_ok=True)
                     fp.write_bytes(data)
                     os.chmod(fp, m)
+            if "emptyDir" in v:
+                os.chmod(d, 0o777)        # as the kubelet makes emptyDir volumes
+            _set_volume_ownership(d, (pod["spec"].get("securityContext") or {}).get("fsGroup"),
+                                  read_only="secret" in v or "configMap" in v)
             out[v["name"]] = str(d)       # emptyDir, nfs, persistentVolumeClaim, ...: a pod-local dir
         return out
 
@@ -886,6 +891,45 @@ def _is_barrier(image: str | None) -> bool:
     except ImportError:
         return False
     return barrier.is_barrier_image(image)
+
+
+def _process_user(pod: dict, container: dict) -> dict:
+    """uid, gid and supplementary groups of a container's process from the securityContexts
+    (container over pod), as runc gets them: an image user is root here (images are PATH
+    prefixes with no /etc/passwd of their own), so runAsUser without runAsGroup runs with gid 0;
+    fsGroup and supplementalGroups are added to the groups of every container."""
+    psc, csc = pod["spec"].get("securityContext") or {}, container.get("securityContext") or {}
+    uid = csc.get("runAsUser", psc.get("runAsUser"))
+    gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+    if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) and not uid:
+        if uid is None:
+            raise _ConfigError("container has runAsNonRoot and image will run as root "
+                               f"(pod: \"{pod['metadata']['name']}_{pod['metadata']['namespace']}({pod['metadata']['uid']})\", "
+                               f"container: {container['name']})")
+        raise _ConfigError("container's runAsUser breaks non-root policy "
+                           f"(pod: \"{pod['metadata']['name']}_{pod['metadata']['namespace']}({pod['metadata']['uid']})\", "
+                           f"container: {container['name']})")
+    groups = [int(g) for g in psc.get("supplementalGroups") or []]
+    if psc.get("fsGroup") is not None:
+        groups.append(int(psc["fsGroup"]))
+    return {"uid": None if uid is None else int(uid), "gid": None if gid is None and uid is None else int(gid or 0),
+            "groups": groups}
+
+
+def _set_volume_ownership(root: Path, fs_group: int | None, read_only: bool) -> None:
+    """The kubelet's SetVolumeOwnership: with fsGroup, a volume's files belong to that group and
+    gain group read (secret, configMap: 0440 mask) or read-write (others: 0660 mask); its
+    directories gain setgid and group access."""
+    if fs_group is None:
+        return
+    mask = 0o440 if read_only else 0o660
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chown(dirpath, -1, int(fs_group))
+        os.chmod(dirpath, os.stat(dirpath).st_mode & 0o7777 | 0o2000 | mask | 0o110)
+        for f in filenames:
+            fp = os.path.join(dirpath, f)
+            os.chown(fp, -1, int(fs_group), follow_symlinks=False)
+            os.chmod(fp, os.stat(fp).st_mode & 0o7777 | mask)
 
 
 class _MountError(Exception):

@@ -6,6 +6,7 @@ client.py   the official asyncio client from kubeconfig or in-cluster, errors as
 watch.py    list + watch of the experiment's pods; a pod's state in the cluster's words
 nodes.py    a request no node can ever hold fails at once
 config.py   the platforms' config fields (NNI's, v1 spellings too)
+framework_template.py   FrameworkController's v1 `configPath`: a Framework YAML as every trial's template
 boot.py     the container command that unpacks the manager's agent wheel and starts it
 pods.py, kubeflow.py, frameworkcontroller.py   one main object per environment each
 """

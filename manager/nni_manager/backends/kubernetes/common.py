@@ -27,6 +27,7 @@ from nni_manager.backends.kubernetes import boot, nodes
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
+from nni_manager.hub.address import host_port
 
 if TYPE_CHECKING:
     from kubernetes.aio import client as k8s
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 APP = "nni-kubernetes-trial"  # NNI's label value
+# The pod's fsGroup: Kubernetes adds it to every container's groups and gives it read access to
+# the token Secret (0400 becomes 0440, group fsGroup), so images running as a non-root user
+# (USER 1000, runAsNonRoot namespaces) can read their token. Any group works; override it with
+# `podSpec: {securityContext: {fsGroup: N}}` where the namespace prescribes a range (OpenShift).
+FS_GROUP = 1000
 
 
 def labels(experiment_id: str, env: EnvironmentRequest | None = None) -> dict[str, str]:
@@ -310,7 +316,7 @@ class KubeBackend(Backend):
         """The pod of one role: the agent in the role's image, with resources as NNI set them."""
         ts = self.config.training_service
         hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
-               else f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}")
+               else host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>"))
         tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
         args = boot.agent_args(hub, tls, self.orphan_timeout,
                                single_trial=bool(env.trial_id) if env else not self.reuse)
@@ -340,7 +346,7 @@ class KubeBackend(Backend):
             {"name": "nni-work", "emptyDir": {}},
         ]
         storage = self.kube.storage
-        if storage is not None and storage.kind in ("nfs", "pvc"):  # where NNI mounted it, for trial outputs
+        if storage is not None and (storage.kind == "nfs" or storage.claim_name):  # where NNI mounted it, for trial outputs
             mounts.append({"name": "nni-vol", "mountPath": "/tmp/mount"})
             volumes.append({"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
                            if storage.kind == "nfs" else
@@ -355,13 +361,17 @@ class KubeBackend(Backend):
                 "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": volumes,
+            "securityContext": {"fsGroup": FS_GROUP},
         }
         if self._pull_secret:
             spec["imagePullSecrets"] = [{"name": self._pull_secret}]
         if self.kube.service_account_name:
             spec["serviceAccountName"] = self.kube.service_account_name
-        spec = _merge(spec, copy.deepcopy(self.kube.pod_spec))
-        return {"metadata": {"labels": dict(meta["labels"])}, "spec": spec}
+        spec = merge_pod_spec(spec, copy.deepcopy(self.kube.pod_spec))
+        metadata: dict[str, Any] = {"labels": dict(meta["labels"])}
+        if self.kube.pod_annotations:
+            metadata["annotations"] = dict(self.kube.pod_annotations)
+        return {"metadata": metadata, "spec": spec}
 
     # ------------------------------------------------------------------ watching
     async def _reattach(self) -> None:
@@ -446,16 +456,16 @@ class KubeBackend(Backend):
         return DryRun(self.platform, objects, text)
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_pod_spec(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """`podSpec` overrides: mappings merge, lists of named items merge by name, others replace."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = _merge(base[key], value)
+            base[key] = merge_pod_spec(base[key], value)
         elif isinstance(value, list) and isinstance(base.get(key), list) and all(
                 isinstance(v, dict) and "name" in v for v in value + base[key]):
             by_name = {v["name"]: v for v in base[key]}
             for v in value:
-                by_name[v["name"]] = _merge(by_name.get(v["name"], {}), v)
+                by_name[v["name"]] = merge_pod_spec(by_name.get(v["name"], {}), v)
             base[key] = list(by_name.values())
         else:
             base[key] = value

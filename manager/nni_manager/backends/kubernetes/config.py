@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nni_manager.backends.kubernetes import framework_template
 from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb, redacted_repr
 
 DEFAULT_IMAGE = "msranni/nni:latest"
@@ -35,8 +36,8 @@ class RoleConfig:
 class Storage:
     kind: str  # "nfs" | "pvc" | "azureStorage"
     server: str = ""
-    path: str = ""
-    claim_name: str = ""
+    path: str = ""  # nfs: the export; v1 pvc: where the Framework template mounts its claim
+    claim_name: str = ""  # pvc: mounted at /tmp/mount (none for v1's `pvc: {path}`: the template mounts it)
 
 
 @dataclass
@@ -51,9 +52,11 @@ class KubeConfig:
     storage: Storage | None = None
     service_account_name: str | None = None
     pod_spec: dict[str, Any] = field(default_factory=dict)  # merged into every pod spec (ours)
+    pod_annotations: dict[str, str] = field(default_factory=dict)  # on every pod (ours)
     operator: str = ""  # kubeflow: tf-operator | pytorch-operator
     api_version: str = "v1"
     config_path: Path | None = None  # frameworkcontroller v1: a Framework template
+    framework_template: dict[str, Any] | None = None  # its content, read at load
 
     def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
         return redacted_repr(self)
@@ -70,19 +73,38 @@ def _common(ts: ConfigSection, kube: KubeConfig) -> None:
     kube.reuse_mode = True if reuse is None else reuse
     kube.service_account_name = ts.str_("serviceAccountName")
     kube.storage = _storage(ts)
+    _pod_overrides(ts, kube)
     for ignored in ("uploadRetryCount", "keyVault", "azureStorage"):  # Azure file shares: not needed here
         ts.take(ignored)
+
+
+def _pod_overrides(ts: ConfigSection, kube: KubeConfig) -> None:
+    """Ours, on every platform of the family (NNI has none): `podSpec` merged into every pod's spec
+    (tolerations for tainted GPU pools, securityContext for restricted namespaces, volumes) and
+    `podAnnotations` on every pod (e.g. `sidecar.istio.io/inject: "false"` in Kubeflow profiles)."""
+    kube.pod_spec = ts.mapping("podSpec") or {}
+    annotations = ts.mapping("podAnnotations") or {}
+    for key, value in annotations.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigError(f"{ts.at('podAnnotations')}.{key}",
+                              f"must be a string, got {type(value).__name__} {value!r}", f'quote it: `{key}: "{str(value).lower() if isinstance(value, bool) else value}"` '
+                              "(Kubernetes annotation values are strings)")
+    kube.pod_annotations = dict(annotations)
 
 
 def _storage(ts: ConfigSection) -> Storage | None:
     """`storage` (v2), or v1's `storage: nfs` with `nfs: {server, path}`: mounted where NNI
     mounted it, for trials that write outputs there; code never needs it."""
-    nfs_v1 = ts.section("nfs")
+    nfs_v1, pvc_v1 = ts.section("nfs"), ts.section("pvc")
     value, path = ts.take("storage")
+    v1_pvc = isinstance(value, str) and value.lower() == "pvc"
+    if pvc_v1 is not None and not v1_pvc:
+        raise ConfigError(pvc_v1.path, "is only read with v1's `storage: pvc`",
+                          "remove it, or write `storage: pvc` (v2: `storage: {storageType: pvc, claimName: ...}`)")
     if value is MISSING:
         return None
     if isinstance(value, str):
-        kind, section = value, nfs_v1
+        kind, section = value, pvc_v1 if v1_pvc else nfs_v1
     elif isinstance(value, dict):
         section = ConfigSection(value, path, ts.base)
         kind = section.str_("storageType", required=True) or ""
@@ -96,6 +118,8 @@ def _storage(ts: ConfigSection) -> Storage | None:
         if storage.kind == "nfs":
             storage.server = section.str_("server", required=True) or ""
             storage.path = section.str_("path", required=True) or ""
+        elif storage.kind == "pvc" and section is pvc_v1:  # v1 `pvc: {path}`: where the template mounts it
+            storage.path = section.str_("path") or ""
         elif storage.kind == "pvc":
             storage.claim_name = section.str_("claimName", "path", required=True) or ""
         section.rest()  # azureStorage: azureAccount, azureShare, keyVaultName, keyVaultKey (not mounted)
@@ -139,8 +163,6 @@ def parse_pods(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
     role = parse_role(ts, "", command_required=False, default_gpus=config.trial_gpu_number)
     role.command = ""  # trialCommand
     kube.roles = [role]
-    spec = ts.mapping("podSpec")
-    kube.pod_spec = spec or {}
     return kube
 
 
@@ -161,7 +183,13 @@ def parse_kubeflow(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
         code = section.path_("codeDirectory", "codeDir")  # NNI's per-role code: shipped over the agent stream
         if code is not None:
             code_dirs[code] = section.at("codeDirectory")
-        kube.roles.append(parse_role(section, name, default_gpus=None))
+        role = parse_role(section, name, default_gpus=None)
+        if kube.operator == "pytorch-operator" and name == "master" and role.replicas != 1:
+            # the training operator's validation: "There must be only 1 master replica"
+            raise ConfigError(section.at("replicas"), f"is {role.replicas}: a PyTorchJob has exactly 1 master "
+                              "replica (the operator refuses any other number)",
+                              "set `master.replicas: 1` and put the other replicas under `worker`")
+        kube.roles.append(role)
         section.finish()
     if not kube.roles:
         raise ConfigError(ts.at(names[0]), f"is required: {kube.operator} needs at least a {names[0]} role",
@@ -179,19 +207,53 @@ def parse_kubeflow(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
     return kube
 
 
+# FrameworkController's CRD (pkg/apis/frameworkcontroller/v1/crd.go): taskRoles[].name; the API
+# server answers 422 for anything else, so '-' (a valid DNS label) is refused at load instead.
+TASK_ROLE_NAME = r"^[a-z0-9]{1,63}$"
+
+
+def check_task_role_name(name: str, field_path: str, seen: set[str]) -> None:
+    """A FrameworkController task role name the CRD accepts, unique within the Framework."""
+    if not re.fullmatch(TASK_ROLE_NAME, name):
+        suggestion = re.sub(r"[^a-z0-9]", "", name.lower())[:63] or "worker"
+        raise ConfigError(field_path, f"{name!r} does not match FrameworkController's rule {TASK_ROLE_NAME} "
+                          "(1-63 lowercase letters and digits; no '-', '_' or capitals): the cluster would "
+                          "refuse every Framework (422)", f"rename it, e.g. `name: {suggestion}`")
+    if name in seen:
+        raise ConfigError(field_path, f"{name!r} is used twice: task role names must be unique",
+                          "give each task role its own name")
+
+
+def _template_roles(ts: ConfigSection, kube: KubeConfig) -> None:
+    """v1's `configPath`: the task roles are the template's (NNI ignores `taskRoles` then)."""
+    assert kube.config_path is not None
+    field_path = ts.at("configPath")
+    if ts.items("taskRoles") is not None:
+        raise ConfigError(ts.at("taskRoles"), "cannot be given with configPath: the task roles come from the template",
+                          "remove taskRoles, or remove configPath and describe the roles here")
+    kube.framework_template = framework_template.load(kube.config_path, field_path)
+    seen: set[str] = set()
+    for i, raw in enumerate(kube.framework_template["spec"]["taskRoles"]):
+        fields = framework_template.role_fields(raw)
+        check_task_role_name(fields["name"], f"{field_path} ({kube.config_path}: spec.taskRoles[{i}].name)", seen)
+        seen.add(fields["name"])
+        kube.roles.append(RoleConfig(**fields))
+
+
 def parse_frameworkcontroller(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
     kube = KubeConfig()
     _common(ts, kube)
     kube.config_path = ts.path_("configPath")
+    if kube.config_path is not None:
+        _template_roles(ts, kube)
+        return kube
     roles = ts.items("taskRoles", required=True, fix="add `taskRoles: [{name: worker, taskNumber: 1, command: ..., "
                                                       "cpuNumber: 1, memorySize: 2gb, gpuNumber: 0}]`")
     assert roles is not None
     seen: set[str] = set()
     for section in roles:
         name = section.str_("name", required=True) or ""
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or name in seen:
-            raise ConfigError(section.at("name"), f"{name!r} must be a unique lowercase DNS label",
-                              "use lowercase letters, digits and '-', e.g. `worker`")
+        check_task_role_name(name, section.at("name"), seen)
         seen.add(name)
         kube.roles.append(parse_role(section, name))
         section.finish()
