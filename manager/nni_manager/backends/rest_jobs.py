@@ -30,14 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from nni_manager.backends.base import (
-    AgentSpec,
-    Backend,
-    BackendContext,
-    BackendError,
-    DryRun,
-    EnvironmentRequest,
-)
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, BackendError, DryRun, EnvironmentRequest
 from nni_manager.config import ConfigSection
 
 log = logging.getLogger(__name__)

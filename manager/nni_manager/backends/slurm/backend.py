@@ -34,14 +34,7 @@ from pathlib import Path
 from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
 from nni_manager.backends.base import (
-    AgentSpec,
-    Backend,
-    BackendContext,
-    BackendError,
-    DryRun,
-    EnvironmentRequest,
-    Role,
-    Shape,
+    AgentSpec, Backend, BackendContext, BackendError, DryRun, EnvironmentRequest, Role, Shape,
 )
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
