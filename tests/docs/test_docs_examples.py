@@ -8,6 +8,7 @@ import yaml
 from nni_manager.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
+NNI_FC_TEMPLATE = ROOT / "tests" / "experiment" / "nni_configs" / "examples" / "trials" / "mnist-pytorch" / "fc_template.yml"
 PLACEHOLDERS = {"<application token>": "t0ken", "<job token>": "t0ken", "<subscription>": "sub"}
 
 
@@ -27,6 +28,8 @@ def test_platform_page_config_parses(data, tmp_path, monkeypatch):
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "id_ed25519").write_text("key\n")
     (tmp_path / "search_space.json").write_text('{"x": {"_type": "choice", "_value": [1, 2]}}')
+    # files the examples name beside their config: NNI's own Framework template (configPath)
+    (tmp_path / "fc_template.yml").write_bytes(NNI_FC_TEMPLATE.read_bytes())
     data.setdefault("trialConcurrency", 1)
     if "trial" in data:  # NNI v1 form (DLTS)
         data["trial"]["codeDir"] = str(tmp_path)

@@ -523,12 +523,17 @@ class RestJobBackend(Backend):
         return False
 
     async def _poll_loop(self) -> None:
+        last = time.monotonic()
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), self.poll_interval)
-            if self._poked.is_set():  # an agent dials before the job was seen running: look now, once a second at most
-                self._poked.clear()
-                await asyncio.sleep(1.0)
+            self._poked.clear()
+            # an agent dialling before its job was seen running (a poke) gets a look now, yet the
+            # platform is listed at most once a second (or once a pollInterval, when shorter)
+            wait = last + min(1.0, self.poll_interval) - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            last = time.monotonic()
             try:
                 await self.poll()
             except asyncio.CancelledError:
