@@ -32,7 +32,7 @@ from nni_manager.backends import registry  # noqa: E402
 READERS = ("str_", "int_", "bool_", "duration", "path_", "gpu_indices", "section", "items", "choice", "number",
            "mapping", "take")
 ROOT_FIELDS = {"trialCommand": "python3 trial.py", "trialConcurrency": 1, "trialGpuNumber": 0,
-               "nniManagerIp": "10.0.0.5", "debug": False}
+               "nniManagerIp": "10.0.0.5", "debug": False}  # not dialed: a sample the parser reads
 ROLE = {"replicas": 1, "command": "python3 train.py"}
 # One sample `trainingService` per platform (a list: variants that open optional sub-sections).
 SAMPLES: dict[str, list[dict[str, Any]]] = {

@@ -99,7 +99,8 @@ def test_tfjob_workers_are_not_limited(tmp_path):
 # ----------------------------------------------------------------------------- IPv6 manager addresses
 
 @pytest.mark.parametrize("host,expected", [("fd00::5", "[fd00::5]:8443"), ("[fd00::5]", "[fd00::5]:8443"),
-                                           ("10.0.0.5", "10.0.0.5:8443"), ("manager.example", "manager.example:8443")])
+                                           ("10.0.0.5", "10.0.0.5:8443"),  # not dialed: rendering only
+                                           ("manager.example", "manager.example:8443")])
 def test_host_port_brackets_ipv6_only(host, expected):
     assert host_port(host, 8443) == expected
     assert bare_host(expected.rpartition(":")[0]) == host.strip("[]")

@@ -194,7 +194,7 @@ def test_token_is_required_unless_bound_to_loopback() -> None:
 
     for bind in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
         assert not token_required(bind), bind
-    for bind in ("0.0.0.0", "::", "10.1.2.3", "fd00::1", "gpu-box-1.example"):
+    for bind in ("0.0.0.0", "::", "10.1.2.3", "fd00::1", "gpu-box-1.example"):  # not dialed: only judged
         assert token_required(bind), bind
 
 
