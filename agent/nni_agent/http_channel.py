@@ -14,7 +14,6 @@ secret (Trial passes a random one); any other env segment is answered as an unkn
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -110,7 +109,11 @@ class HttpChannelServer:
     def _url_given(self, env_id: str, trial_id: str) -> bool:
         with self._cond:
             expected = self._env_ids.get(trial_id)
-        return expected is not None and hmac.compare_digest(env_id.encode(), expected.encode())
+        if expected is None:
+            return False
+        import hmac  # here, not at import: hmac pulls in hashlib and libcrypto, an idle agent's megabyte
+
+        return hmac.compare_digest(env_id.encode(), expected.encode())
 
     def _deliver(self, trial_id: str, command: dict[str, Any]) -> bool:
         with self._cond:
