@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
+from tests.manager.helpers import register_backend
 
 # A trial that streams `n` PERIODICAL metrics in chunks with pauses (so link trouble lands
 # mid-stream), then a FINAL one; with `hold`, it waits for that file before its last metric.
@@ -56,11 +57,8 @@ def code_dir(short_dir: Path) -> Path:
 @pytest.fixture
 def relayed_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Register tests/chaos/backend.py as platform `relayed`, as a third-party package would."""
-    info = tmp_path / "plugin" / "chaos_relayed-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: chaos-relayed\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nni_manager.backends]\nrelayed = tests.chaos.backend:RelayedBackend\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "plugin"))
+    monkeypatch.syspath_prepend(str(register_backend(tmp_path / "plugin", "chaos-relayed", "relayed",
+                                                     "tests.chaos.backend:RelayedBackend")))
 
 
 @pytest.fixture

@@ -191,3 +191,17 @@ def experiment_processes(experiment_id: str) -> list[Any]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def register_backend(root: Path, dist: str, platform: str, target: str, source: str | None = None) -> Path:
+    """Make `root` a site holding a third-party platform package, as pip would install it: a
+    dist-info whose `nni_manager.backends` entry point names `target` ("module:Class"), and the
+    module's `source` when given. Put `root` on sys.path to register it."""
+    root.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        (root / f"{target.split(':')[0]}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[nni_manager.backends]\n{platform} = {target}\n")
+    return root

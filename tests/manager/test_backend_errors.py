@@ -11,7 +11,7 @@ import pytest
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.manager.helpers import form, wait_status
+from tests.manager.helpers import form, register_backend, wait_status
 
 PLUGIN = '''
 from nni_manager.backends.base import Backend, BackendError
@@ -45,12 +45,8 @@ class FlakyBackend(Backend):
 
 @pytest.fixture
 def flaky_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "flaky_platform.py").write_text(PLUGIN)
-    info = tmp_path / "flaky_platform-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flaky-platform\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nni_manager.backends]\nflaky = flaky_platform:FlakyBackend\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(register_backend(tmp_path, "flaky-platform", "flaky",
+                                                     "flaky_platform:FlakyBackend", PLUGIN)))
 
 
 @pytest.mark.parametrize("fails", ["refused", "bug"])

@@ -8,6 +8,7 @@ import pytest
 
 from nni_manager.backends import registry
 from nni_manager.config import ConfigError, load_config
+from tests.manager.helpers import register_backend
 
 PLUGIN = '''
 from nni_manager.backends.base import Backend
@@ -33,12 +34,8 @@ class ToyBackend(Backend):
 
 @pytest.fixture
 def toy_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "toy_platform.py").write_text(PLUGIN)
-    info = tmp_path / "toy_platform-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-platform\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[nni_manager.backends]\ntoy = toy_platform:ToyBackend\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(register_backend(tmp_path, "toy-platform", "toy", "toy_platform:ToyBackend",
+                                                     PLUGIN)))
 
 
 def test_builtin_platforms_come_from_entry_points() -> None:
