@@ -509,6 +509,19 @@ def _is_nni_config(source: Any) -> bool:
                for cls in type(source).__mro__)
 
 
+def yaml_file(path: Path, field: str, fix_missing: str, fix_syntax: str = "fix the file's YAML syntax") -> Any:
+    """The content of a YAML file a config field names (a job protocol, a Framework template),
+    or a ConfigError naming that field: the file is missing, or it is not YAML."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(field, f"{path} does not exist", fix_missing)
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(field, f"{path} is not valid YAML: {e}", fix_syntax) from None
+
+
 def _load_yaml(text: str, where: str) -> Any:
     import yaml
 

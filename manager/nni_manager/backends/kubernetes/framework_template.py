@@ -13,25 +13,18 @@ volumes and command.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nni_manager.config import ConfigError
+from nni_manager.config import ConfigError, yaml_file
 
 KIND = "Framework"
 
 
 def load(path: Path, field_path: str) -> dict[str, Any]:
     """The template, checked enough that every refusal names what to fix in it."""
-    if not path.is_file():
-        raise ConfigError(field_path, f"{path} does not exist", "point it at a Framework YAML (NNI's fc_template.yml)")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(field_path, f"{path} is not valid YAML: {e}", "fix the file's YAML syntax") from None
+    doc = yaml_file(path, field_path, "point it at a Framework YAML (NNI's fc_template.yml)")
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise ConfigError(field_path, f"{path} is not a FrameworkController Framework (kind: {KIND})",
                           "use a Framework YAML: `apiVersion: frameworkcontroller.microsoft.com/v1`, `kind: Framework`")

@@ -31,10 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nni_manager.backends.rest_jobs import parse_watch_fields
-from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb
+from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb, yaml_file
 
 DEFAULT_IMAGE = "msranni/nni:latest"  # NNI's default
 _ROLE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # the rest-server's pattern for task role names
@@ -123,12 +121,7 @@ def _protocol(ts: ConfigSection) -> dict[str, Any] | None:
         raise ConfigError(inline_path, "given together with openpaiConfigFile", "keep only one of them")
     if file is not None:
         inline_path = ts.at("openpaiConfigFile")
-        if not file.is_file():
-            raise ConfigError(inline_path, f"{file} does not exist", "point it at your OpenPAI job YAML")
-        try:
-            inline = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(inline_path, f"{file} is not valid YAML: {e}", "fix the job YAML") from None
+        inline = yaml_file(file, inline_path, "point it at your OpenPAI job YAML", "fix the job YAML")
     if inline is MISSING:
         return None
     if not isinstance(inline, dict):
