@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -86,7 +87,8 @@ async def run_agent(options: AgentOptions) -> int:
         token_file=options.token_file,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, connection.stop, f"agent received {signal.Signals(sig).name}")
+        loop.add_signal_handler(sig, functools.partial(connection.stop, f"agent received {signal.Signals(sig).name}",
+                                                       cause=pb.END_CAUSE_AGENT_SIGNALLED))
     first = gpu.sample()
     log.info("nni-agent %s starting: boot %s, work dir %s, %d GPU(s) via %s %s", options.agent_id, boot_id, work_dir,
              len(first.gpus), first.provider, first.unavailable_reason)

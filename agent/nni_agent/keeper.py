@@ -126,12 +126,14 @@ class Keeper:
             return "the trial command is empty: set trialCommand in the experiment config"
         return ""
 
-    def _fail_unstarted(self, trial_id: str, reason: str, state: int = pb.TRIAL_STATE_FAILED) -> None:
+    def _fail_unstarted(self, trial_id: str, reason: str, state: int = pb.TRIAL_STATE_FAILED,
+                        cause: int = pb.END_CAUSE_START_FAILED) -> None:
         if not trial_id:
             log.error("rejected a StartTrial without a trial id: %s", reason)
             return
         now = _now_ms()
-        status = pb.TrialStatus(trial_id=trial_id, state=state, start_time_ms=now, end_time_ms=now, reason=reason)  # type: ignore[arg-type]
+        status = pb.TrialStatus(trial_id=trial_id, state=state, start_time_ms=now, end_time_ms=now,  # type: ignore[arg-type]
+                                reason=reason, end_cause=cause)  # type: ignore[arg-type]
         self._final[trial_id] = status
         self.status(status)
 
@@ -185,9 +187,10 @@ class Keeper:
         pending = self._final.get(cmd.trial_id)
         if pending is not None and pending.state == pb.TRIAL_STATE_UNSPECIFIED:  # still fetching its code
             del self._final[cmd.trial_id]
-            self._fail_unstarted(cmd.trial_id, cmd.reason or "cancelled before it started", state)
+            self._fail_unstarted(cmd.trial_id, cmd.reason or "cancelled before it started", state, pb.END_CAUSE_CANCELLED)
         elif pending is None:
-            self._fail_unstarted(cmd.trial_id, cmd.reason or "cancelled; it was not running on this agent", state)
+            self._fail_unstarted(cmd.trial_id, cmd.reason or "cancelled; it was not running on this agent", state,
+                                 pb.END_CAUSE_CANCELLED)
 
     # ------------------------------------------------------------------ state
 
@@ -208,11 +211,12 @@ class Keeper:
     def running(self) -> int:
         return sum(1 for t in self.trials.values() if not t.done)
 
-    async def shutdown(self, reason: str, state: int = pb.TRIAL_STATE_USER_CANCELED) -> None:
-        """Stop every trial (ending in `state` with `reason`) and wait for their final records."""
+    async def shutdown(self, reason: str, state: int = pb.TRIAL_STATE_USER_CANCELED,
+                       cause: int = pb.END_CAUSE_CANCELLED) -> None:
+        """Stop every trial (ending in `state` for `cause`, with `reason`) and wait for their final records."""
         for trial in list(self.trials.values()):
             if not trial.done:
-                self._spawn(trial.stop(state, reason))
+                self._spawn(trial.stop(state, reason, cause))
         await asyncio.gather(*(t.wait() for t in self.trials.values()), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()

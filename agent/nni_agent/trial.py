@@ -67,7 +67,7 @@ class Trial:
         self._started = False
         self._pid: int | None = None
         self._exited = False
-        self._stop: tuple[int, str] | None = None  # (terminal state, reason) once a stop was asked for
+        self._stop: tuple[int, str, int] | None = None  # (terminal state, reason, EndCause) once a stop was asked for
         self._kill_task: asyncio.Task[None] | None = None
         self._kill_sent = asyncio.Event()  # the stop's first signal went out
         self._task: asyncio.Task[None] | None = None
@@ -102,7 +102,7 @@ class Trial:
             if self._http is not None:
                 self._http.unregister(self.trial_id)
             self._finish(pb.TRIAL_STATE_FAILED, str(e) if isinstance(e, _SetupError)
-                         else f"cannot start the trial command: {e}")
+                         else f"cannot start the trial command: {e}", pb.END_CAUSE_START_FAILED)
             return
         exit_status = child_reaper().wait_for(pid)  # same loop step as the spawn: no exit is missed
         self._pid = pid
@@ -115,11 +115,12 @@ class Trial:
     async def cancel(self, early_stopped: bool, reason: str) -> None:
         """Stop the trial for the manager (idempotent); returns once the kill signal has been sent."""
         state = pb.TRIAL_STATE_EARLY_STOPPED if early_stopped else pb.TRIAL_STATE_USER_CANCELED
-        await self.stop(state, reason or ("early stopped" if early_stopped else "canceled"))
+        await self.stop(state, reason or ("early stopped" if early_stopped else "canceled"), pb.END_CAUSE_CANCELLED)
 
-    async def stop(self, state: int, reason: str) -> None:
-        """Stop the trial, ending it in `state` (idempotent); returns once the kill signal has been sent."""
-        self._request_stop(state, reason)
+    async def stop(self, state: int, reason: str, cause: int = pb.END_CAUSE_AGENT_STOPPED) -> None:
+        """Stop the trial, ending it in `state` for `cause` (idempotent); returns once the kill
+        signal has been sent."""
+        self._request_stop(state, reason, cause)
         if self._kill_task is not None:
             await self._kill_sent.wait()
 
@@ -215,13 +216,13 @@ class Trial:
     def _grace_s(self) -> float:
         return self.spec.limits.grace_period_ms / 1000 if self.spec.limits.grace_period_ms > 0 else DEFAULT_GRACE_S
 
-    def _request_stop(self, state: int, reason: str) -> None:
+    def _request_stop(self, state: int, reason: str, cause: int) -> None:
         if self.done or self._exited or self._stop is not None:
             return
-        self._stop = (state, reason)
+        self._stop = (state, reason, cause)
         if not self._started:
             self._started = True
-            self._finish(state, reason)
+            self._finish(state, reason, cause)
         elif self._pid is not None:
             self._kill_task = asyncio.create_task(
                 kill_tree(self._pid, self.marker, self._kill_signal(), self._grace_s(), self._kill_sent))
@@ -231,21 +232,21 @@ class Trial:
         exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         trial_log = self.output_dir / "trial.log" if self.stream_trial_log else None
         tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log).run(exited))
-        state, reason = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial"
+        state, reason, cause = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial", pb.END_CAUSE_LOST
         try:
             max_s = self.spec.limits.max_duration_ms / 1000
             try:
                 wait_status = await asyncio.wait_for(asyncio.shield(exit_status), max_s if max_s > 0 else None)
             except asyncio.TimeoutError:
                 self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
-                                   f"exceeded the maximum trial duration of {max_s:g}s")
+                                   f"exceeded the maximum trial duration of {max_s:g}s", pb.END_CAUSE_TIME_LIMIT)
                 wait_status = await exit_status
             code = waitstatus_to_exitcode(wait_status)
             if self._stop is None and (-code in _TREE_SIGNALS or code - 128 in _TREE_SIGNALS):  # a shell says 128+N
                 await asyncio.sleep(SIGNAL_SETTLE_S)
             self._exited = True
             self._status.end_time_ms = _now_ms()
-            state, reason = self._outcome(wait_status)
+            state, reason, cause = self._outcome(wait_status)
             if self._kill_task is not None:
                 await self._kill_task
             # a finished trial leaves nothing behind
@@ -259,9 +260,9 @@ class Trial:
                 log.exception("trial %s: reading its output failed", self.trial_id)
             if self._http is not None:
                 self._http.unregister(self.trial_id)
-            self._finish(state, reason)
+            self._finish(state, reason, cause)
 
-    def _outcome(self, wait_status: int) -> tuple[int, str]:
+    def _outcome(self, wait_status: int) -> tuple[int, str, int]:
         code = waitstatus_to_exitcode(wait_status)
         if code >= 0:
             self._status.has_exit_code = True
@@ -271,12 +272,12 @@ class Trial:
         if self._stop is not None:
             return self._stop
         if code == 0:
-            return pb.TRIAL_STATE_SUCCEEDED, ""
+            return pb.TRIAL_STATE_SUCCEEDED, "", pb.END_CAUSE_EXITED
         if code < 0:
-            return pb.TRIAL_STATE_FAILED, f"killed by signal {_signal_name(-code)}"
+            return pb.TRIAL_STATE_FAILED, f"killed by signal {_signal_name(-code)}", pb.END_CAUSE_EXITED
         hint = f" ({_EXIT_HINTS[code]})" if code in _EXIT_HINTS else ""
         last = self._last_stderr_line()
-        return pb.TRIAL_STATE_FAILED, f"exit code {code}{hint}" + (f": {last}" if last else "")
+        return pb.TRIAL_STATE_FAILED, f"exit code {code}{hint}" + (f": {last}" if last else ""), pb.END_CAUSE_EXITED
 
     def _last_stderr_line(self) -> str:
         try:
@@ -291,11 +292,12 @@ class Trial:
         last = lines[-1]
         return last if len(last) <= REASON_LIMIT else last[:REASON_LIMIT] + "..."
 
-    def _finish(self, state: int, reason: str) -> None:
+    def _finish(self, state: int, reason: str, cause: int) -> None:
         if self.done:
             return
         self._status.state = state  # type: ignore[assignment]
         self._status.reason = reason
+        self._status.end_cause = cause  # type: ignore[assignment]
         if not self._status.end_time_ms:
             self._status.end_time_ms = _now_ms()
         self._events.status(self.snapshot())

@@ -315,6 +315,7 @@ def test_agent_stopped_by_a_signal_reports_its_trials_as_system_canceled(tmp_pat
             assert await asyncio.to_thread(agent.wait, 30) == 0
         final = hub.trials["long2"].final
         assert final.state == pb.TRIAL_STATE_SYS_CANCELED and "SIGTERM" in final.reason
+        assert final.end_cause == pb.END_CAUSE_AGENT_SIGNALLED  # the manager acts on this, not on the words
 
     run(scenario())
 

@@ -16,6 +16,17 @@ class TrialState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIAL_STATE_EARLY_STOPPED: _ClassVar[TrialState]
     TRIAL_STATE_SYS_CANCELED: _ClassVar[TrialState]
 
+class EndCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    END_CAUSE_UNSPECIFIED: _ClassVar[EndCause]
+    END_CAUSE_EXITED: _ClassVar[EndCause]
+    END_CAUSE_START_FAILED: _ClassVar[EndCause]
+    END_CAUSE_CANCELLED: _ClassVar[EndCause]
+    END_CAUSE_TIME_LIMIT: _ClassVar[EndCause]
+    END_CAUSE_AGENT_SIGNALLED: _ClassVar[EndCause]
+    END_CAUSE_AGENT_STOPPED: _ClassVar[EndCause]
+    END_CAUSE_LOST: _ClassVar[EndCause]
+
 class LogStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LOG_STREAM_UNSPECIFIED: _ClassVar[LogStream]
@@ -38,6 +49,14 @@ TRIAL_STATE_FAILED: TrialState
 TRIAL_STATE_USER_CANCELED: TrialState
 TRIAL_STATE_EARLY_STOPPED: TrialState
 TRIAL_STATE_SYS_CANCELED: TrialState
+END_CAUSE_UNSPECIFIED: EndCause
+END_CAUSE_EXITED: EndCause
+END_CAUSE_START_FAILED: EndCause
+END_CAUSE_CANCELLED: EndCause
+END_CAUSE_TIME_LIMIT: EndCause
+END_CAUSE_AGENT_SIGNALLED: EndCause
+END_CAUSE_AGENT_STOPPED: EndCause
+END_CAUSE_LOST: EndCause
 LOG_STREAM_UNSPECIFIED: LogStream
 LOG_STREAM_STDOUT: LogStream
 LOG_STREAM_STDERR: LogStream
@@ -130,7 +149,7 @@ class Record(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., status: _Optional[_Union[TrialStatus, _Mapping]] = ..., metric: _Optional[_Union[Metric, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., parameter_request: _Optional[_Union[ParameterRequest, _Mapping]] = ...) -> None: ...
 
 class TrialStatus(_message.Message):
-    __slots__ = ("trial_id", "state", "pid", "has_exit_code", "exit_code", "signal", "start_time_ms", "end_time_ms", "reason", "working_directory")
+    __slots__ = ("trial_id", "state", "pid", "has_exit_code", "exit_code", "signal", "start_time_ms", "end_time_ms", "reason", "working_directory", "end_cause")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +160,7 @@ class TrialStatus(_message.Message):
     END_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    END_CAUSE_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     state: TrialState
     pid: int
@@ -151,7 +171,8 @@ class TrialStatus(_message.Message):
     end_time_ms: int
     reason: str
     working_directory: str
-    def __init__(self, trial_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., pid: _Optional[int] = ..., has_exit_code: bool = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., reason: _Optional[str] = ..., working_directory: _Optional[str] = ...) -> None: ...
+    end_cause: EndCause
+    def __init__(self, trial_id: _Optional[str] = ..., state: _Optional[_Union[TrialState, str]] = ..., pid: _Optional[int] = ..., has_exit_code: bool = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., reason: _Optional[str] = ..., working_directory: _Optional[str] = ..., end_cause: _Optional[_Union[EndCause, str]] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("trial_id", "trial_seq", "data", "time_ms")

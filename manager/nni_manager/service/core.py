@@ -33,7 +33,6 @@ from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
 
 log = logging.getLogger(__name__)
 Listener = Callable[..., Any]
-SIGNALLED = "agent received SIG"  # how an agent stopped by a signal words its trials' end
 STORAGE_ERRORS = (sqlite3.Error, OSError)  # the store cannot be written: a full disk, a lost mount
 
 
@@ -136,7 +135,8 @@ class Core:
         """Trials whose agent was stopped by a signal ended SYS_CANCELED saying only that; now
         the platform says why (evicted, deleted, node lost)."""
         for t in self.trials.by_id.values():
-            if agent_id in t.agents and t.status == TrialJobStatus.SYS_CANCELED and t.message.startswith(SIGNALLED):
+            if (agent_id in t.agents and t.status == TrialJobStatus.SYS_CANCELED
+                    and self.trials.end_causes.get(t.id) == pb.END_CAUSE_AGENT_SIGNALLED):
                 self.trials.change(t, message=f"{reason} ({t.message})")
 
     def agent_status(self, agent_id: str, message: str) -> None:

@@ -28,6 +28,15 @@ STATE = {
     pb.TRIAL_STATE_SYS_CANCELED: TrialJobStatus.SYS_CANCELED,
 }
 CONTACT_LOST = "contact with agent "
+LEGACY_SIGNALLED = "agent received SIG"  # how agents before protocol 1.3 worded a stop by a signal
+
+
+def end_cause(st: pb.TrialStatus) -> int:
+    """Why a trial ended (pb.EndCause); agents before protocol 1.3 send none, so their one
+    cause the manager acts on (the agent was signalled) is read from their fixed wording."""
+    if st.end_cause or st.state != pb.TRIAL_STATE_SYS_CANCELED:
+        return st.end_cause
+    return pb.END_CAUSE_AGENT_SIGNALLED if st.reason.startswith(LEGACY_SIGNALLED) else pb.END_CAUSE_UNSPECIFIED
 _STOPPED = (TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED)
 Notes = list[tuple[str, Any]]
 
@@ -159,6 +168,7 @@ class Trials:
         self._members: dict[str, dict[str, pb.TrialStatus]] = {}  # multi-agent trial -> agent -> latest status
         # trials we were asked to stop: (USER_CANCELED | EARLY_STOPPED, reason) is their outcome
         self.cancelling: dict[str, tuple[TrialJobStatus, str]] = {}
+        self.end_causes: dict[str, int] = {}  # ended trial -> pb.EndCause: why, as the agent said (not its words)
         self._notify = notify
         self._wake = wake
 
@@ -263,7 +273,7 @@ class Trials:
                     self.change(t, notes, status=status, message="", start_time=st.start_time_ms or now_ms(), **fields)
                 return []
             status, reason = outcome
-            st = pb.TrialStatus(end_time_ms=st.end_time_ms, reason=reason)
+            st = pb.TrialStatus(end_time_ms=st.end_time_ms, reason=reason, end_cause=st.end_cause)
             del self._members[t.id]
             running = [m.agent_id for m in members if m.agent_id not in known
                        or known[m.agent_id].state == pb.TRIAL_STATE_RUNNING]
@@ -277,10 +287,13 @@ class Trials:
         if st.start_time_ms and not t.start_time:
             fields["start_time"] = st.start_time_ms
         reason = st.reason
+        cause = end_cause(st)
         asked = self.cancelling.pop(t.id, None)
         if asked is not None and status in (TrialJobStatus.SYS_CANCELED, TrialJobStatus.USER_CANCELED,
                                             TrialJobStatus.EARLY_STOPPED):
             status, reason = asked  # we stopped it (perhaps through the platform, whose signal the agent saw)
+            cause = pb.END_CAUSE_CANCELLED
+        self.end_causes[t.id] = cause
         self.change(t, notes, status=status, message=reason, end_time=st.end_time_ms or now_ms(),
                     is_early_stopped=status == TrialJobStatus.EARLY_STOPPED, **fields)
         self._wake()
