@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from nni_manager.gridsearch import GridSearch
+from nni_manager.dispatcher.gridsearch import GridSearch
 
 SPACES = [
     {"x": {"_type": "choice", "_value": [1, 2, 3]}, "lr": {"_type": "loguniform", "_value": [0.0001, 0.1]}},

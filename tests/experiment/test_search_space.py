@@ -7,7 +7,7 @@ import pytest
 
 from nni_manager.config import ConfigError, TunerConfig
 from nni_manager.search_space import grid, sample, validate
-from nni_manager.tuners import GridSearchTuner, RandomTuner, make_tuner
+from nni_manager.dispatcher.tuners import GridSearchTuner, RandomTuner, make_tuner
 
 SPACE = {
     "opt": {"_type": "choice", "_value": [{"_name": "sgd", "momentum": {"_type": "uniform", "_value": [0.0, 0.9]}},

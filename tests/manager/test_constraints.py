@@ -1,9 +1,9 @@
 """NNI's placementConstraint: GPUNumber and Device honoured, an impossible one a clear FAILED."""
 from __future__ import annotations
 
-from nni_manager import constraints
+from nni_manager.service import constraints
 from nni_manager.backends.base import PlacementHints
-from nni_manager.placement import AgentView, Placer, Request
+from nni_manager.service.placement import AgentView, Placer, Request
 from tests.manager.test_placement import gpus
 
 

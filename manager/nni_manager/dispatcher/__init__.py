@@ -43,7 +43,7 @@ def check_algorithms(config: ExperimentConfig) -> None:
                           "add `searchSpace:` inline or `searchSpaceFile: search_space.json`")
     if nni_available():
         return
-    from nni_manager.tuners import BUILTIN
+    from nni_manager.dispatcher.tuners import BUILTIN
 
     where = "advisor" if config.tuner.kind == "advisor" else "tuner"
     if config.tuner.class_name:
@@ -76,7 +76,7 @@ def make_dispatcher(config: ExperimentConfig, experiment_dir: Path, *, resume: b
     tuner = config.tuner
     assert tuner is not None
     if not nni_available():
-        from nni_manager.tuners import make_tuner
+        from nni_manager.dispatcher.tuners import make_tuner
 
         return BuiltinDispatcher(make_tuner(tuner, config.search_space), tuner.name)
     from nni_manager.dispatcher.nni_process import NniDispatcher

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, Protocol
 
-from nni_manager.tuners import Tuner
+from nni_manager.dispatcher.tuners import Tuner
 
 
 class DispatcherError(RuntimeError):

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
-from nni_manager import constraints
+from nni_manager.service import constraints
 from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
 from nni_manager.metric_check import metric_problem
-from nni_manager.placement import AgentView, Placer, Request
+from nni_manager.service.placement import AgentView, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
 from nni_manager.service.scope import AgentScope

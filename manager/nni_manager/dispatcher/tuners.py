@@ -12,7 +12,7 @@ from typing import Any
 
 from nni_manager import search_space as ss
 from nni_manager.config import ConfigError, TunerConfig
-from nni_manager.gridsearch import GridSearch
+from nni_manager.dispatcher.gridsearch import GridSearch
 
 OPTIMIZE_MODES = ("maximize", "minimize")
 
@@ -77,7 +77,7 @@ class RandomTuner(Tuner):
 
 
 class GridSearchTuner(Tuner):
-    """NNI's GridSearch (nni_manager.gridsearch): every combination of categorical values, and
+    """NNI's GridSearch (nni_manager.dispatcher.gridsearch): every combination of categorical values, and
     numerical parameters sampled progressively finer; exhausted once nothing new is left."""
 
     def __init__(self, space: dict[str, Any], optimize_mode: str = "maximize") -> None:
