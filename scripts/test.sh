@@ -27,6 +27,14 @@ EXTRAS=test bash scripts/setup_env.sh
 .venv/bin/python -c 'import nni' 2>/dev/null \
   || .venv/bin/python -m pip install -q --disable-pip-version-check 'nni==3.0' hyperopt >>.venv/setup.log 2>&1 \
   || echo "note: the nni package could not be installed; tests marked nni_sdk will be skipped"
+# Wheels of the agent's dependencies for this machine's stock Python, fetched while setup may use
+# the network: tests/remote/test_shipped_deps.py ships them to a bare worker that reaches no index.
+if [ -x /usr/bin/python3 ] && [ ! -f .venv/agent-wheelhouse/.complete ]; then
+  .venv/bin/python scripts/fill_wheelhouse.py .venv/agent-wheelhouse \
+      --python "$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')" >>.venv/setup.log 2>&1 \
+    && touch .venv/agent-wheelhouse/.complete \
+    || echo "note: the agent wheelhouse could not be filled; tests/remote/test_shipped_deps.py will be skipped"
+fi
 .venv/bin/python scripts/gen_proto.py --check
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
 exec python -m pytest -q -p no:cacheprovider "$@"

@@ -101,6 +101,9 @@ class ExperimentConfig:
     # NNI annotations: the search space came from the trial code, and the run expands the code
     # into the experiment's directory first (then this is false, as NNI 2's nnictl left it)
     use_annotation: bool = False
+    # wheels of the agent's dependencies for workers whose Python lacks them and has no index
+    # (`agentWheelhouse`: fill it with `pip download`); the manager's cache and pip come first/last
+    agent_wheelhouse: Path | None = None
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)
@@ -597,6 +600,12 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     config.tuner, config.assessor = _algorithms(root, base)
     config.search_space = _search_space(root, base, custom=bool(config.tuner and config.tuner.class_name))
     use_annotation = root.bool_("useAnnotation")
+    wheelhouse = root.path_("agentWheelhouse", base=base)
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise ConfigError("agentWheelhouse", f"{wheelhouse} is not an existing directory",
+                          "point it at a folder of wheels made with `pip download --only-binary=:all: ...` "
+                          "(docs/platforms/remote.md), or remove it")
+    config.agent_wheelhouse = wheelhouse
     config.tuner_gpu_indices = root.gpu_indices("tunerGpuIndices")
     level = root.choice("logLevel", options=LOG_LEVELS)
     config.log_level = level or ("debug" if debug else "info")

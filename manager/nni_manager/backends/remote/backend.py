@@ -16,6 +16,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import nni_agent
@@ -51,6 +52,7 @@ class RemoteOptions:
 
     reconnect_window: float  # seconds to retry a dropped machine (`reconnectWindow`)
     agent_env: dict[str, str] = field(default_factory=dict)  # `agentEnv`: extra agent environment
+    wheelhouse: Path | None = None  # `agentWheelhouse`: the agent's dependencies for workers without them
 
 
 class _Machine:
@@ -80,7 +82,7 @@ class _Machine:
         files = AgentLaunch(self.experiment_id, self.spec.agent_id, wheel.tag, "", "", None, 0, 0)
         found = bootstrap.probe(self.client, self.machine.python_path, wheel.tag, files)
         if not found.installed:
-            bootstrap.install(self.client, found, wheel)
+            bootstrap.install(self.client, found, wheel, self.options.wheelhouse)
         port = found.running_port if found.running_pid is not None else None
         self.launch = AgentLaunch(
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,
@@ -285,7 +287,8 @@ class RemoteBackend(Backend):
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
-        self.options = RemoteOptions(reconnect_window=self.reconnect_window, agent_env=self.agent_env)
+        self.options = RemoteOptions(reconnect_window=self.reconnect_window, agent_env=self.agent_env,
+                                     wheelhouse=config.agent_wheelhouse)
         self.machines: list[_Machine] = []
 
     async def start(self, ctx: BackendContext) -> None:

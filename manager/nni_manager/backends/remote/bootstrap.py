@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import secrets
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import paramiko
 
 from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
+from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
 from nni_manager.backends.base import BackendError
 from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
 
+log = logging.getLogger(__name__)
 RUN_MARKER_ENV = "NNI_AGENT_REMOTE_RUN"
 # import name -> distribution name, for the agent's requirements
 MODULES = AGENT_MODULES
@@ -160,8 +165,9 @@ def probe(client: paramiko.SSHClient, python_dir: str | None, tag: str, launch_f
 
 # ------------------------------------------------------------------------------ install
 
-def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel) -> None:
-    """Upload the wheel by SFTP, unpack it, check (and if possible add) the dependencies."""
+def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel, wheelhouse: Path | None = None) -> None:
+    """Upload the wheel by SFTP, unpack it, check the dependencies; add missing ones with the
+    worker's pip, else ship wheels the manager resolves for the worker's Python (agent_deps)."""
     target = f"{found.home}/.nni-agent/{wheel.tag}"
     rc, _, err = run(client, f"umask 077 && mkdir -p {home_path(f'.nni-agent/{wheel.tag}')}")
     if rc != 0:
@@ -173,22 +179,64 @@ def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel) -> None
     except (OSError, paramiko.SSHException) as e:
         raise BootstrapError(f"uploading the agent wheel to {remote_wheel} failed: {e}") from None
     reqs = _requirements_by_module(wheel)
-    command = (f"umask 077 && cd && {shlex.quote(found.python)} - {shlex.quote(remote_wheel)} "
-               f"{shlex.quote(target)} {shlex.quote(json.dumps(reqs))}")
-    rc, out, err = run(client, command, stdin=_script("worker_install.py"))
-    try:
-        result = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise BootstrapError(f"installing the agent into {target} failed (exit {rc}): {err.strip()[-500:]}") from None
+    result = _worker_install(client, found, target, reqs, remote_wheel)
+    shipped = ""
+    if not result["ok"] and "python" not in result["missing"]:
+        try:
+            shipped = ship_dependencies(client, found, target, reqs, result, wheelhouse)
+        except agent_deps.DependencyError as e:
+            shipped = f" (and the manager has no wheels for it: {e})"
+        else:
+            result = _worker_install(client, found, target, reqs, "-", f"{target}/{shipped}")
+            shipped = " (even with the dependencies the manager shipped)"
     if not result["ok"]:
         missing = "; ".join(f"{m} ({e})" for m, e in result["missing"].items())
         pip = f"; `pip install` could not add them: {result['pip_error']}" if result["pip_error"] else ""
         wanted = " ".join(shlex.quote(r) for r in sorted(set(reqs.values())))
         raise BootstrapError(
-            f"{found.python} cannot import the agent's dependencies: {missing}{pip}. Fix: install them for "
+            f"{found.python} cannot import the agent's dependencies: {missing}{pip}{shipped}. Fix: install them for "
             f"that Python (`{found.python} -m pip install --user {wanted}`), or point pythonPath at a Python "
             f"that has them"
         )
+
+
+def _worker_install(client: paramiko.SSHClient, found: Probe, target: str, reqs: dict[str, str], remote_wheel: str,
+                    shipped_dir: str = "") -> dict[str, Any]:
+    command = (f"umask 077 && cd && {shlex.quote(found.python or 'python3')} - {shlex.quote(remote_wheel)} "
+               f"{shlex.quote(target)} {shlex.quote(json.dumps(reqs))}"
+               + (f" {shlex.quote(shipped_dir)}" if shipped_dir else ""))
+    rc, out, err = run(client, command, stdin=_script("worker_install.py"))
+    try:
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BootstrapError(f"installing the agent into {target} failed (exit {rc}): {err.strip()[-500:]}") from None
+    return result
+
+
+def worker_python(report: dict[str, Any]) -> agent_deps.WorkerPython:
+    """The worker's Python as worker_install.py reports it (version, machine, C library)."""
+    m = re.fullmatch(r"glibc (\d+)\.(\d+).*", str(report.get("libc", "")))
+    major, minor = report["python"]
+    return agent_deps.WorkerPython((int(major), int(minor)), str(report["machine"]),
+                                   (int(m[1]), int(m[2])) if m else None)
+
+
+def ship_dependencies(client: paramiko.SSHClient, found: Probe, target: str, reqs: dict[str, str],
+                      report: dict[str, Any], wheelhouse: Path | None) -> str:
+    """Resolve wheels for the worker's Python and upload them by SFTP into a fresh directory
+    under `target`; returns its name (worker_install.py unpacks it into deps-<pyver>)."""
+    wheels = agent_deps.resolve(worker_python(report), wheelhouse, requirements=sorted(set(reqs.values())))
+    name = f".wheels-{secrets.token_hex(4)}"
+    try:
+        with client.open_sftp() as sftp:
+            sftp.mkdir(f"{target}/{name}", 0o700)
+            for f in wheels.files:
+                sftp.put(str(f), f"{target}/{name}/{f.name}")
+    except (OSError, paramiko.SSHException) as e:
+        raise BootstrapError(f"uploading the agent's dependencies to {target}/{name} failed: {e}") from None
+    log.info("shipped %d wheels (%d bytes) of the agent's dependencies to %s for %s", len(wheels.files),
+             wheels.size, target, worker_python(report).key)
+    return name
 
 
 def _requirements_by_module(wheel: AgentWheel) -> dict[str, str]:

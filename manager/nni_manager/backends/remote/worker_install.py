@@ -1,13 +1,16 @@
 """Runs ON THE WORKER (stdlib only, Python >= 3.8), fed to `python -` over SSH.
 
-argv: <wheel> <install dir> <JSON {module: requirement}>. Unpacks the agent wheel into
-<dir>/lib (a pure-Python wheel installs by unpacking: no pip, no index, no deps), checks
-that the agent's dependencies import with this Python, installs only the missing ones into
-<dir>/deps-<pyver> with `pip --target` when pip can reach an index (never touching what
-the user installed), and records this Python in <dir>/pythons. Prints one JSON line.
+argv: <wheel or -> <install dir> <JSON {module: requirement}> [<dir of shipped wheels>].
+Unpacks the agent wheel into <dir>/lib (a pure-Python wheel installs by unpacking: no pip, no
+index, no deps), unpacks the dependency wheels the manager shipped (if any) into
+<dir>/deps-<pyver>, checks that the agent's dependencies import with this Python, installs
+only the missing ones into <dir>/deps-<pyver> with `pip --target` when pip can reach an index
+(never touching what the user installed), and records this Python in <dir>/pythons. Prints
+one JSON line, with what the manager needs to pick wheels for this Python.
 """
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -34,22 +37,57 @@ def missing(python_path: str, modules: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def unpack_wheels(wheels: str, deps: str) -> None:
+    """Install shipped wheels by unpacking them into `deps` (what pip does for a --target
+    install of a wheel: the .data/purelib and platlib trees go to the top; nothing runs)."""
+    tmp = tempfile.mkdtemp(prefix=".deps-", dir=os.path.dirname(deps))
+    for name in sorted(os.listdir(wheels)):
+        if name.endswith(".whl"):
+            with zipfile.ZipFile(os.path.join(wheels, name)) as zf:
+                for member in zf.namelist():  # the manager's own wheels, still: no escapes
+                    if member.startswith("/") or ".." in member.split("/"):
+                        raise SystemExit("refusing wheel member %r in %s" % (member, name))
+                zf.extractall(tmp)
+    for entry in os.listdir(tmp):
+        if entry.endswith(".data"):
+            for kind in ("purelib", "platlib"):
+                tree = os.path.join(tmp, entry, kind)
+                for top in os.listdir(tree) if os.path.isdir(tree) else []:
+                    os.replace(os.path.join(tree, top), os.path.join(tmp, top))
+            shutil.rmtree(os.path.join(tmp, entry))
+    if os.path.isdir(deps):
+        shutil.rmtree(deps)
+    os.rename(tmp, deps)
+    shutil.rmtree(wheels, ignore_errors=True)
+
+
+def glibc() -> str:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
+    except (ValueError, OSError):
+        return ""
+
+
 def main() -> None:
     wheel, target, reqs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    shipped = sys.argv[4] if len(sys.argv) > 4 else ""
     lib = os.path.join(target, "lib")
     deps = os.path.join(target, "deps-%d.%d" % sys.version_info[:2])
-    if not os.path.isdir(lib):  # unpack beside, then rename: concurrent installs (shared homes) are safe
+    if not os.path.isdir(lib) and wheel != "-":  # unpack beside, then rename: concurrent installs are safe
         tmp = tempfile.mkdtemp(prefix=".lib-", dir=target)
         zipfile.ZipFile(wheel).extractall(tmp)
         try:
             os.rename(tmp, lib)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-    os.unlink(wheel)
+    if wheel != "-":
+        os.unlink(wheel)
+    if shipped:
+        unpack_wheels(shipped, deps)
     path = lib + os.pathsep + deps
     bad = missing(path, list(reqs))
     pip_error = ""
-    if bad and "python" not in bad:
+    if bad and "python" not in bad and not shipped:
         wanted = {reqs[m] for m in bad if m in reqs}
         if "nni_agent.v1.agent_pb2_grpc" in bad:  # e.g. a too old protobuf: bring the pinned pair
             wanted |= {reqs["grpc"], reqs["google.protobuf"]}
@@ -63,7 +101,8 @@ def main() -> None:
     if not bad:
         with open(os.path.join(target, "pythons"), "a") as f:
             f.write(sys.executable + "\n")
-    print(json.dumps({"ok": not bad, "missing": bad, "pip_error": pip_error, "deps_dir": deps}))
+    print(json.dumps({"ok": not bad, "missing": bad, "pip_error": pip_error, "deps_dir": deps,
+                      "python": list(sys.version_info[:2]), "machine": platform.machine(), "libc": glibc()}))
 
 
 main()
