@@ -21,6 +21,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -113,11 +114,32 @@ def shown(argv: List[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
+def is_mounted(path: Path) -> bool:
+    """Whether something is mounted at `path`: a bind mount of a directory on the same file system
+    too, which os.path.ismount cannot tell (the kernel's mount table says)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        wanted = os.path.realpath(path)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(" ")
+                if len(fields) > 4 and _unescape(fields[4]) == wanted:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _unescape(field: str) -> str:  # mountinfo writes space, tab, newline and backslash as \ooo
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
     """Mount `storage` at `mount_point` unless something is mounted there already (the user's own
     mount, or an earlier trial's); True when this call mounted it. Raises MountError."""
     with _lock:
-        if os.path.ismount(mount_point):
+        if is_mounted(mount_point):
             return False
         what = f"{storage.storage_type} shared storage: cannot mount {storage.source()} on {mount_point}"
         _check_tools(storage, what)
@@ -131,7 +153,7 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
             tmp = argv[3].split("=", 1)[1]
             Path(tmp).mkdir(parents=True, exist_ok=True, mode=0o700)
         _run(prefix + argv, extra, what, storage)
-        if not os.path.ismount(mount_point):
+        if not is_mounted(mount_point):
             raise MountError(f"{what}: `{shown(prefix + argv)}` succeeded but nothing is mounted there")
         _mounted[str(mount_point)] = storage
         log.info("mounted %s on %s", storage.source(), mount_point)
@@ -140,7 +162,7 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
 
 def unmount(mount_point: Path) -> None:
     """Unmount (lazily, as NNI's `umount -l`) a mount point; errors are logged, not raised."""
-    if not os.path.ismount(mount_point):
+    if not is_mounted(mount_point):
         return
     argv = ["umount", "-l", str(mount_point)]
     if os.geteuid() != 0 and shutil.which("sudo"):
@@ -235,10 +257,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         unmount(mount_point)
         return 0
     try:
-        ensure_mounted(Storage.from_json(sys.stdin.read()), mount_point)
+        mounted = ensure_mounted(Storage.from_json(sys.stdin.read()), mount_point)
     except MountError as e:
         print(str(e), file=sys.stderr)
         return 1
+    print("mounted" if mounted else "already mounted")
     _mounted.clear()  # the caller keeps it mounted and unmounts it when the experiment ends
     return 0
 

@@ -162,9 +162,8 @@ def prepare_local(cfg: SharedStorageConfig, experiment_id: str) -> bool:
     if cfg.storage_type == "AzureBlob":
         check_container(cfg)
     mounted = False
-    if cfg.local_mounted == "nnimount" and not os.path.ismount(cfg.local_mount_point):
-        _mount_tool("mount", cfg)
-        mounted = True
+    if cfg.local_mounted == "nnimount":  # what the user mounted there already stays theirs
+        mounted = _mount_tool("mount", cfg) == "mounted"
     elif cfg.local_mounted == "usermount" and not cfg.local_mount_point.is_dir():
         raise SharedStorageError(
             f"{cfg.storage_type} shared storage: localMountPoint {cfg.local_mount_point} does not exist",
@@ -188,7 +187,7 @@ def release_local(cfg: SharedStorageConfig) -> None:
         log.warning("%s", e)
 
 
-def _mount_tool(action: str, cfg: SharedStorageConfig) -> None:
+def _mount_tool(action: str, cfg: SharedStorageConfig) -> str:
     """The agent's mount code (nni_agent.mounts), run as a program: the storage, key included,
     goes on its stdin, never its argv."""
     spec = json.loads(cfg.agent_spec())
@@ -198,13 +197,14 @@ def _mount_tool(action: str, cfg: SharedStorageConfig) -> None:
     if result.returncode != 0:
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         raise SharedStorageError(lines[-1] if lines else f"{cfg.storage_type} shared storage: {action} failed")
+    return result.stdout.strip()
 
 
 def check_container(cfg: SharedStorageConfig) -> None:
     """Fail before any worker starts when the account, key or container is wrong (a blobfuse
     mount on every worker would fail later, each with a less clear message)."""
     try:
-        from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
+        from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
         from azure.storage.blob import ContainerClient
     except ImportError:
         log.info("azure-storage-blob is not installed: the container is not checked before the workers mount it")
@@ -220,7 +220,11 @@ def check_container(cfg: SharedStorageConfig) -> None:
     except ResourceNotFoundError:
         raise SharedStorageError(f"{what} does not exist at {cfg.endpoint}", "sharedStorage.containerName",
                                  "create the container, or fix containerName") from None
-    except ClientAuthenticationError:
+    except HttpResponseError as e:  # Azure (and Azurite) answer a wrong key with 403 AuthenticationFailed
+        if not isinstance(e, ClientAuthenticationError) and e.status_code != 403:
+            raise SharedStorageError(f"{what}: the service answered {e.status_code} {e.reason}",
+                                     "sharedStorage.storageAccountName",
+                                     "check the account name and container (and blobEndpoint)") from None
         raise SharedStorageError(f"{what}: the service refused the key (authentication failed)",
                                  "sharedStorage.storageAccountKey",
                                  "copy the account's access key from the Azure portal") from None
