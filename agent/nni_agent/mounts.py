@@ -235,7 +235,7 @@ def _hint(message: str, storage: Storage) -> str:
     if "password is required" in low or "sudo:" in low and "not allowed" in low:
         return "; allow the agent's user passwordless sudo for mount (NNI requires it too) or run the agent as root"
     if storage.storage_type == "NFS" and ("unknown filesystem type" in low or "no such device" in low):
-        return "; this worker's kernel has no NFS client (nfs is missing from /proc/filesystems)"
+        return "; this machine's kernel has no NFS client (nfs is missing from /proc/filesystems)"
     if "permission denied" in low or "operation not permitted" in low:
         return "; mounting needs root (CAP_SYS_ADMIN): run the agent as root or with passwordless sudo"
     return ""

@@ -86,7 +86,7 @@ def test_nfs_mount_failure_names_the_cause(tmp_path: Path) -> None:
     assert "\n" not in text
     assert text.startswith(f"NFS shared storage: cannot mount 127.0.0.1:/srv/nfs dir on {tmp_path}/m: "
                            f"`mount -t nfs '127.0.0.1:/srv/nfs dir' {tmp_path}/m` failed: ")
-    assert text.endswith("; this worker's kernel has no NFS client (nfs is missing from /proc/filesystems)")
+    assert text.endswith("; this machine's kernel has no NFS client (nfs is missing from /proc/filesystems)")
     assert not mounts.is_mounted(tmp_path / "m")
 
 

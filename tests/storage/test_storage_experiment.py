@@ -132,3 +132,40 @@ def test_blob_experiment_workers_say_what_they_lack_and_the_key_stays_hidden(tmp
         if path.is_file():
             assert AZURITE_KEY.encode() not in path.read_bytes(), path
     assert list(container.list_blobs()) == []  # nothing was written to the container without a mount
+
+
+def test_nnimount_keeps_a_mount_already_there(tmp_path: Path, bind_mount: tuple[Path, Path]) -> None:
+    """`localMounted: nnimount` over a mount that exists: used, and left mounted at the end."""
+    from nni_agent.mounts import is_mounted
+
+    export, mount_point = bind_mount
+    config = load_config(_config(tmp_path, {
+        "storageType": "NFS", "nfsServer": "127.0.0.1", "exportedDirectory": "/srv/nfs",
+        "localMountPoint": str(mount_point), "remoteMountPoint": str(mount_point), "localMounted": "nnimount"}))
+    result = asyncio.run(Experiment(config, poll_interval=0.2).run())
+    assert [t.status for t in result.trials] == [TrialJobStatus.SUCCEEDED] * 2, [t.message for t in result.trials]
+    assert len(list((export / "nni" / result.experiment_id / "trials").glob("*/nnioutput/checkingfile.txt"))) == 2
+    assert is_mounted(mount_point)
+
+
+def test_nnimount_failure_stops_the_start_with_the_cause(tmp_path: Path) -> None:
+    """The manager runs the agent's mount code (`python -m nni_agent.mounts`) for nnimount; on this
+    kernel, without an NFS client, the real mount fails and the start stops naming why."""
+    import os
+
+    if os.geteuid() != 0 or not (os.path.exists("/sbin/mount.nfs") or os.path.exists("/usr/sbin/mount.nfs")):
+        pytest.skip("needs root and mount.nfs (nfs-common)")
+    if any(ln.split()[-1] in ("nfs", "nfs4") for ln in Path("/proc/filesystems").read_text().splitlines()):
+        pytest.skip("this kernel has an NFS client: the failure path does not arise")
+    local = tmp_path / "local"
+    config = load_config(_config(tmp_path, {
+        "storageType": "NFS", "nfsServer": "127.0.0.1", "exportedDirectory": "/srv/nfs",
+        "localMountPoint": str(local), "remoteMountPoint": str(tmp_path / "r"), "localMounted": "nnimount"}))
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(Experiment(config, poll_interval=0.2).run())
+    assert str(info.value) == (
+        f"config field `sharedStorage.localMounted`: NFS shared storage: cannot mount 127.0.0.1:/srv/nfs on {local}: "
+        f"`mount -t nfs 127.0.0.1:/srv/nfs {local}` failed: mount.nfs: No such device; this machine's kernel has "
+        "no NFS client (nfs is missing from /proc/filesystems). Fix: fix the cause named, or mount it yourself and "
+        "set `localMounted: usermount`")
+    assert not (tmp_path / "r").exists()  # no worker started
