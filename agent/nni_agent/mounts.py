@@ -22,13 +22,13 @@ import json
 import logging
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+# shutil (which loads bz2 and lzma), shlex and subprocess are imported where used: an agent
+# without shared storage never loads them (its idle memory is measured, docs/benchmarks.md)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class Storage:
 
     def tool(self) -> str:
         """The mount helper this storage needs (NNI: nfs-common's mount.nfs, blobfuse)."""
+        import shutil
+
         if self.storage_type == "NFS":
             return "mount.nfs"
         return "blobfuse2" if shutil.which("blobfuse2") or not shutil.which("blobfuse") else "blobfuse"
@@ -111,6 +113,8 @@ def trial_directory(root: Path, experiment_id: str, trial_id: str) -> Path:
 
 def shown(argv: List[str]) -> str:
     """A command line as a shell would need it: every value quoted."""
+    import shlex
+
     return " ".join(shlex.quote(a) for a in argv)
 
 
@@ -162,6 +166,9 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
 
 def unmount(mount_point: Path) -> None:
     """Unmount (lazily, as NNI's `umount -l`) a mount point; errors are logged, not raised."""
+    import shutil
+    import subprocess
+
     if not is_mounted(mount_point):
         return
     argv = ["umount", "-l", str(mount_point)]
@@ -184,6 +191,8 @@ def _unmount_ours() -> None:
 
 
 def _check_tools(storage: Storage, what: str) -> None:
+    import shutil
+
     if storage.storage_type == "NFS":
         if not shutil.which("mount"):
             raise MountError(f"{what}: `mount` not found; install util-linux (mount) on this worker")
@@ -201,6 +210,8 @@ def _check_tools(storage: Storage, what: str) -> None:
 
 def _privilege_prefix(what: str, storage: Storage) -> List[str]:
     """[] as root; `sudo -n` otherwise (NNI requires passwordless sudo on training machines)."""
+    import shutil
+
     if os.geteuid() == 0:
         return []
     if not shutil.which("sudo"):
@@ -212,6 +223,8 @@ def _privilege_prefix(what: str, storage: Storage) -> List[str]:
 
 
 def _run(argv: List[str], extra: Dict[str, str], what: str, storage: Storage) -> None:
+    import subprocess
+
     env = dict(os.environ)
     env.update(extra)
     try:
