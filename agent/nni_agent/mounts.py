@@ -89,12 +89,21 @@ class Storage:
         """(argv, extra environment) that mounts the storage at `mount_point`, without privileges."""
         if self.storage_type == "NFS":
             return ["mount", "-t", "nfs", self.source(), str(mount_point)], {}
+        # blobfuse2 reads these (component/azstorage/config.go; its own TestEnvVarMount mounts this way);
+        # blobfuse (v1) reads the account and key from the same variables
         env = {"AZURE_STORAGE_ACCOUNT": self.account, "AZURE_STORAGE_ACCESS_KEY": self.key,
-               "AZURE_STORAGE_ACCOUNT_CONTAINER": self.container, "AZURE_STORAGE_AUTH_TYPE": "Key"}
+               "AZURE_STORAGE_ACCOUNT_CONTAINER": self.container}
         if self.endpoint:
             env["AZURE_STORAGE_BLOB_ENDPOINT"] = self.endpoint
-        tmp = Path(os.environ.get("TMPDIR") or "/tmp") / "nni-blobfuse" / f"{self.account}-{self.container}"
-        return [self.tool(), "mount", str(mount_point), f"--tmp-path={tmp}", "-o", "allow_other"], env
+        tool = self.tool()
+        if tool == "blobfuse":
+            return [tool, str(mount_point), f"--tmp-path={self.tmp_path()}", f"--container-name={self.container}",
+                    "-o", "allow_other"], env
+        return [tool, "mount", str(mount_point), f"--tmp-path={self.tmp_path()}", "-o", "allow_other"], env
+
+    def tmp_path(self) -> Path:
+        """blobfuse's local cache of this container (NNI: /mnt/resource/nniblobfusetmp)."""
+        return Path(os.environ.get("TMPDIR") or "/tmp") / "nni-blobfuse" / f"{self.account}-{self.container}"
 
     def tool(self) -> str:
         """The mount helper this storage needs (NNI: nfs-common's mount.nfs, blobfuse)."""
@@ -154,8 +163,11 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
             raise MountError(f"{what}: cannot create the mount point: {e.strerror or e}") from None
         argv, extra = storage.mount_argv(mount_point)
         if storage.storage_type == "AzureBlob":
-            tmp = argv[3].split("=", 1)[1]
-            Path(tmp).mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                storage.tmp_path().mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise MountError(f"{what}: cannot create blobfuse's cache {storage.tmp_path()}: "
+                                 f"{e.strerror or e}") from None
         _run(prefix + argv, extra, what, storage)
         if not is_mounted(mount_point):
             raise MountError(f"{what}: `{shown(prefix + argv)}` succeeded but nothing is mounted there")
