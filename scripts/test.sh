@@ -17,6 +17,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
   # sharedStorage (tests/storage): mount.nfs for the NFS mount path; node + npm for Azurite
   [ -x /sbin/mount.nfs ] || [ -x /usr/sbin/mount.nfs ] || need+=(nfs-common)
+  command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha nfs-ganesha-vfs)   # a real NFS server, in a netns
   command -v npm >/dev/null || need+=(nodejs npm)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq

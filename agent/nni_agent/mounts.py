@@ -168,9 +168,10 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
             except OSError as e:
                 raise MountError(f"{what}: cannot create blobfuse's cache {storage.tmp_path()}: "
                                  f"{e.strerror or e}") from None
-        _run(prefix + argv, extra, what, storage)
-        if not is_mounted(mount_point):
-            raise MountError(f"{what}: `{shown(prefix + argv)}` succeeded but nothing is mounted there")
+        said = _run(prefix + argv, extra, what, storage)
+        if not is_mounted(mount_point):  # mount.nfs exited 0 after "No such device" under an SSH-started agent
+            raise MountError(f"{what}: `{shown(prefix + argv)}` exited 0 but left nothing mounted there"
+                             + (f": {said}{_hint(said, storage)}" if said else ""))
         _mounted[str(mount_point)] = storage
         log.info("mounted %s on %s", storage.source(), mount_point)
         return True
@@ -234,7 +235,8 @@ def _privilege_prefix(what: str, storage: Storage) -> List[str]:
     return ["sudo", "-n"]
 
 
-def _run(argv: List[str], extra: Dict[str, str], what: str, storage: Storage) -> None:
+def _run(argv: List[str], extra: Dict[str, str], what: str, storage: Storage) -> str:
+    """Run a mount command; its last line of output when it succeeds, MountError when not."""
     import subprocess
 
     env = dict(os.environ)
@@ -248,7 +250,8 @@ def _run(argv: List[str], extra: Dict[str, str], what: str, storage: Storage) ->
     except OSError as e:
         raise MountError(f"{what}: cannot run {argv[0]}: {e.strerror or e}") from None
     if result.returncode == 0:
-        return
+        said = _last_line(result.stderr) or _last_line(result.stdout)
+        return said.replace(storage.key, "***") if storage.key else said
     message = _last_line(result.stderr) or _last_line(result.stdout) or f"exit status {result.returncode}"
     if storage.key:
         message = message.replace(storage.key, "***")
