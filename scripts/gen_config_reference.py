@@ -62,7 +62,15 @@ RAW_TYPES = {"trainingService": "mapping, or a list of them (hybrid mode)", "sea
              "timeLimit": "minutes, Slurm's format or a duration", "sbatchOptions": "string or list of strings",
              "prologue": "string or list of strings", "openpaiConfig": "mapping (OpenPAI job protocol v2)",
              "token": "string", "passWord": "refused: use `token`",
-             "sharedStorage": "refused"}
+             "sharedStorage": "mapping (NFS or AzureBlob: [Shared storage](../platforms/shared-storage.md))"}
+# Top-level sections read with every platform, one variant each (sharedStorage: NFS, then AzureBlob)
+ROOT_VARIANTS: list[dict[str, Any]] = [
+    {"sharedStorage": {"storageType": "NFS", "localMountPoint": "/mnt/nni", "remoteMountPoint": "/mnt/nni",
+                       "nfsServer": "nfs.example", "exportedDirectory": "/export", "localMounted": "nnimount"}},
+    {"sharedStorage": {"storageType": "AzureBlob", "localMountPoint": "/mnt/nni", "remoteMountPoint": "/mnt/nni",
+                       "storageAccountName": "acct", "storageAccountKey": "k3y", "containerName": "nni",
+                       "localMounted": "nnimount"}},
+]
 
 
 IGNORED = object()  # a field the parser accepts and that changes nothing
@@ -237,8 +245,8 @@ def collect(scratch: Path) -> dict[str, dict[str, Any]]:
     fields: dict[str, dict[str, Any]] = {}
     for platform, variants in SAMPLES.items():
         window = registry.backend_class(platform).default_reconnect_window
-        for ts in variants:
-            data = full_config(platform, ts, scratch)
+        for ts, extra in [(ts, {}) for ts in variants] + [(variants[0], r) for r in ROOT_VARIANTS]:
+            data = full_config(platform, ts, scratch) | copy.deepcopy(extra)
             with recording() as reads:
                 cfg.load_config(copy.deepcopy(data), base_dir=scratch)
             for read in reads:

@@ -15,11 +15,20 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /usr/sbin/munged ] || need+=(munge)
   # headless Chromium for tests/webui (NNI's WebUI in a real browser, driven by playwright)
   [ -x /usr/bin/chromium ] || need+=(chromium chromium-driver)
+  # sharedStorage (tests/storage): mount.nfs for the NFS mount path; node + npm for Azurite
+  [ -x /sbin/mount.nfs ] || [ -x /usr/sbin/mount.nfs ] || need+=(nfs-common)
+  command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha nfs-ganesha-vfs)   # a real NFS server, in a netns
+  command -v npm >/dev/null || need+=(nodejs npm)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
   mkdir -p /run/sshd
+  # Azurite, Microsoft's Azure Storage emulator, for the AzureBlob shared-storage tests
+  if ! command -v azurite-blob >/dev/null && command -v npm >/dev/null; then
+    npm install -g --silent --no-fund --no-audit azurite >/dev/null 2>&1 \
+      || echo "note: azurite could not be installed; the AzureBlob shared-storage tests will be skipped"
+  fi
 fi
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # playwright drives /usr/bin/chromium; it never downloads one
 EXTRAS=test bash scripts/setup_env.sh

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
+from nni_agent import mounts
 from nni_agent.metrics import route_metric
 from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, spawn_shell
 from nni_agent.v1 import agent_pb2 as pb
@@ -56,9 +57,15 @@ class Trial:
         self.stream_trial_log = stream_trial_log  # the manager files LOG_STREAM_TRIAL_LOG (protocol >= 1.2)
         self.trial_id = spec.trial_id
         self.marker = f"{agent_key}/{spec.trial_id}"  # value of MARKER_ENV in every trial process
-        self.sys_dir = (Path(spec.working_directory) if spec.working_directory
-                        else work_root / spec.experiment_id / "trials" / spec.trial_id)
-        self.output_dir = Path(spec.output_directory) if spec.output_directory else self.sys_dir
+        self.storage, self._storage_error = _shared_storage(spec)
+        self.storage_root = self.storage.root(work_root) if self.storage else None
+        if self.storage_root is not None and not spec.working_directory:  # NNI's layout on shared storage
+            self.sys_dir = mounts.trial_directory(self.storage_root, spec.experiment_id, spec.trial_id)
+        else:
+            self.sys_dir = (Path(spec.working_directory) if spec.working_directory
+                            else work_root / spec.experiment_id / "trials" / spec.trial_id)
+        self.output_dir = (Path(spec.output_directory) if spec.output_directory
+                           else self.sys_dir / "nnioutput" if self.storage else self.sys_dir)
         self.cwd = code_dir or (Path(spec.code_directory) if spec.code_directory else self.sys_dir)
         self._events = events
         self._http = http_channel
@@ -97,6 +104,7 @@ class Trial:
             return
         self._started = True
         try:
+            await self._mount_storage()
             pid = self._spawn()
         except (_SetupError, OSError) as e:
             if self._http is not None:
@@ -160,6 +168,18 @@ class Trial:
 
     # ------------------------------------------------------------------ internals
 
+    async def _mount_storage(self) -> None:
+        """NNI mounts the shared storage before the trial runs: mount it unless it is already."""
+        if self._storage_error:
+            raise _SetupError(self._storage_error)
+        if self.storage is None or self.storage_root is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:  # mount may take seconds (a slow NFS server): off the loop
+            await loop.run_in_executor(None, mounts.ensure_mounted, self.storage, self.storage_root)
+        except mounts.MountError as e:
+            raise _SetupError(str(e)) from None
+
     def _spawn(self) -> int:
         dirs = [(self.sys_dir, "trial directory"), (self.sys_dir / ".nni", "trial directory")]
         if self.output_dir != self.sys_dir:
@@ -207,6 +227,7 @@ class Trial:
             env["NNI_TRIAL_COMMAND_CHANNEL"] = self._http.url(base64.urlsafe_b64encode(os.urandom(18)).decode(),
                                                               spec.trial_id)
         env.update(spec.env)
+        env.pop(mounts.ENV_KEY, None)  # the storage (and its key) is the agent's, not the trial's
         env[MARKER_ENV] = self.marker
         return env
 
@@ -302,6 +323,17 @@ class Trial:
             self._status.end_time_ms = _now_ms()
         self._events.status(self.snapshot())
         self._done.set()
+
+
+def _shared_storage(spec: pb.StartTrial) -> tuple[mounts.Storage | None, str]:
+    """The experiment's sharedStorage the manager sent in StartTrial's env, or why it is unusable."""
+    text = spec.env.get(mounts.ENV_KEY)
+    if not text:
+        return None, ""
+    try:
+        return mounts.Storage.from_json(text), ""
+    except mounts.MountError as e:
+        return None, str(e)
 
 
 def _write_file(path: Path, data: bytes) -> None:

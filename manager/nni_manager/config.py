@@ -104,6 +104,9 @@ class ExperimentConfig:
     # wheels of the agent's dependencies for workers whose Python lacks them and has no index
     # (`agentWheelhouse`: fill it with `pip download`); the manager's cache and pip come first/last
     agent_wheelhouse: Path | None = None
+    # NNI's `sharedStorage` (nni_manager.shared_storage.SharedStorageConfig): NFS or an Azure blob
+    # container every worker mounts, where trials work and write their outputs
+    shared_storage: Any = None
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)
@@ -537,7 +540,6 @@ def _load_yaml(text: str, where: str) -> Any:
 
 
 def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
-    _reject_unsupported(root)
     from nni_manager import config_hybrid
 
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
@@ -634,20 +636,13 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
             nni_manager_ip)
     else:
         config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
+    from nni_manager import shared_storage
+
+    config.shared_storage = shared_storage.parse(root)
     if use_annotation:  # after the platform: Kubeflow's roles name the code directory
         _annotated_search_space(config)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
-
-
-def _reject_unsupported(root: ConfigSection) -> None:
-    fixes = {
-        "sharedStorage": "remove it; trial code is shipped to workers by nni-manager",
-    }
-    for name, fix in fixes.items():
-        value, path = root.take(name)
-        if value is not _MISSING and value is not False:
-            raise ConfigError(path, "is not supported by nni-manager", fix)
 
 
 def _training_service_section(root: ConfigSection) -> ConfigSection | None:

@@ -23,10 +23,11 @@ REFUSED = {
     "examples/trials/mnist-tfv1/config_dlts.yml": "`email` field in `dltsConfig` is not configured.",
     "examples/trials/mnist-pytorch/config_adl.yml": "adl",
     "examples/trials/mnist-pytorch/config_hybrid.yml": "hybrid mode",
-    "examples/trials/mnist-sharedstorage/config_nfs.yml": "sharedStorage",
     # `password: 12345` unquoted is a YAML integer; NNI's typeguard check refuses it too
     "examples/trials/mnist-pytorch/config_remote.yml": "machineList[1].password`: must be a non-empty string",
     "examples/trials/mnist-tfv2/config_remote.yml": "machineList[1].password`: must be a non-empty string",
+    "examples/trials/mnist-sharedstorage/config_nfs.yml": "machineList[1].password`: must be a non-empty string",
+    "examples/trials/mnist-sharedstorage/config_azureblob.yml": "machineList[1].password`: must be a non-empty string",
 }
 # `useAnnotation: true`: the search space comes from the trial code, so its code folder gets an
 # annotated trial in the style of NNI's examples/trials/mnist-annotation
@@ -45,6 +46,12 @@ def main(batch_num):
     """@nni.report_final_result(conv_size * learning_rate)"""
 '''
 
+_STORAGE_PLACEHOLDERS = {
+    "${your/local/mount/point}": "TMP/storage", "${your/remote/mount/point}": "/mnt/nni-storage",
+    "${nfs-server-ip}": "10.0.0.2",  # not dialed: data only
+    "${nfs/exported/directory}": "/srv/nfs/nni", "${replace_to_your_storageAccountName}": "nniaccount",
+    "${replace_to_your_storageAccountKey}": "bm5pLWtleQ==", "${replace_to_your_containerName}": "nni",
+}
 _PLACEHOLDER = re.compile(r"\$?\{(your|replace)[a-z_]*\}")
 
 
@@ -58,7 +65,10 @@ def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path
     for var in ("DLWS_USER_EMAIL", "DLTS_JOB_TOKEN", "DLWS_VC_NAME"):
         monkeypatch.delenv(var, raising=False)
     path = tmp_path / "c" / name
-    text = _PLACEHOLDER.sub("10.0.0.1", path.read_text())  # not dialed: data only
+    text = path.read_text()
+    for placeholder, value in _STORAGE_PLACEHOLDERS.items():  # sharedStorage's own placeholders
+        text = text.replace(placeholder, value.replace("TMP", str(tmp_path)))
+    text = _PLACEHOLDER.sub("10.0.0.1", text)  # not dialed: data only
     path.write_text(text)
 
     def make_dirs(node: Any) -> None:
@@ -106,3 +116,12 @@ def test_nni_config(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert config.use_annotation and set(config.search_space) == {
             "mnist/conv_size/choice", "mnist/learning_rate/uniform"}
     assert config.trial_concurrency >= 1
+    if "sharedstorage" in name:  # NNI's shared-storage configs: every field as NNI reads it
+        storage = config.shared_storage
+        assert storage is not None and storage.local_mounted == "nnimount"
+        assert storage.local_mount_point == tmp_path / "storage" and storage.remote_mount_point == "/mnt/nni-storage"
+        if storage.storage_type == "NFS":
+            assert (storage.nfs_server, storage.exported_directory) == ("10.0.0.2", "/srv/nfs/nni")  # not dialed
+        else:
+            assert (storage.storage_account_name, storage.container_name) == ("nniaccount", "nni")
+            assert storage.storage_account_key == "bm5pLWtleQ==" and "bm5pLWtleQ==" not in repr(config)

@@ -365,6 +365,8 @@ class Core:
         if agent.url and t.url != agent.url:
             self.trials.change(t, url=agent.url)
         command, env = cfg.trial_command, self.backend.trial_secret_env(agent_id)
+        if cfg.shared_storage is not None:  # the agent mounts it; the key travels only in StartTrial
+            env.update(cfg.shared_storage.agent_env())
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
             role = next((r for r in self.backend.shape().roles if r.name == agent.role), None)
             command = (role.command if role and role.command else None) or command

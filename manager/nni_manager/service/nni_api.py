@@ -21,6 +21,7 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
+from nni_manager import shared_storage
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, redacted
 from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
@@ -62,6 +63,7 @@ class TrainingService:
         self._files: TrialFiles | None = None
         self._wake = asyncio.Event()
         self._started = self._cleaned = False
+        self._storage_mounted = False  # nni-manager mounted sharedStorage at localMountPoint
         self._run_task: asyncio.Task[None] | None = None
         self._background = Background()
         self._heap = HeapFreezer()
@@ -88,6 +90,8 @@ class TrainingService:
                 await self._hub.stop()
             if self._store is not None:
                 self._store.close()
+            if self._storage_mounted:
+                await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
             self._cleaned = True
             raise
 
@@ -100,6 +104,9 @@ class TrainingService:
             store.set_experiment_status("RUNNING")
         with heap.bulk():  # 100,000 trials after a long run
             trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
+        storage = self.config.shared_storage
+        if storage is not None:  # NNI: the manager's machine mounts it (nnimount) before any worker starts
+            self._storage_mounted = await asyncio.to_thread(shared_storage.prepare_local, storage, self.experiment_id)
         listen, tls = await hub_setup.listen_address(self._backend, store, self.experiment_dir, self.experiment_id)
         self._hub = hub = Hub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=store,
                               reconnect_window=self.reconnect_window, tcp=listen, tls=tls)
@@ -149,6 +156,8 @@ class TrainingService:
             hub.send(agent_id, pb.Command(shutdown=pb.Shutdown(reason="the experiment was stopped")))
         await self._settle(timeout=self.config.trial_grace_period + 10)
         await self._backend.stop()
+        if self._storage_mounted:
+            await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
         for env in core.agents.envs.values():
             if env.live:
                 core.agents.set_state(env, RELEASED)
