@@ -105,6 +105,9 @@ class Trial:
         self._started = True
         try:
             await self._mount_storage()
+            if self._stop is not None:  # cancelled while the storage was mounting: never spawn
+                self._finish(*self._stop)
+                return
             pid = self._spawn()
         except (_SetupError, OSError) as e:
             if self._http is not None:
