@@ -148,7 +148,7 @@ def problems(boot):
     for dist, module, low, below, required in REQUIREMENTS:
         wanted = requirement(dist, low, below)
         try:
-            found = importlib.util.find_spec(module.split(".")[0]) is not None
+            found = importlib.util.find_spec(module) is not None  # google.protobuf: imports google only
         except (ImportError, ValueError):
             found = False
         try:
