@@ -298,8 +298,9 @@ def test_agent_that_cannot_start_fails_the_trial_with_its_words(slurm, base: Pat
         async with create_training_service(cfg) as ts:
             t = await ts.submit_trial_job(form(0))
             d = await wait_status(ts, t.id, "FAILED", timeout=T)
-            assert "FAILED" in d.message and "lacks the agent dependencies: pip install" in d.message and "grpcio" in d.message, \
-                d.message
+            assert "FAILED" in d.message and "nni-agent: Python " in d.message, d.message
+            assert "of the compute node cannot run the agent: grpcio is missing" in d.message, d.message
+            assert "fix: /usr/bin/python3 -m pip install 'grpcio>=1.49.1,<2'" in d.message, d.message
             return ts.experiment_id
 
     exp = run(main())
