@@ -338,7 +338,7 @@ def test_dry_run_shows_batch_script_and_no_secret(tmp_path: Path) -> None:
     text = str(dry)
     for needle in ("#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --qos=high", "#SBATCH --time=120",
                    "#SBATCH --cpus-per-task=4", "#SBATCH --mem=8192M", "#SBATCH --gres=gpu:1", "#SBATCH --nodes=2",
-                   "#SBATCH --constraint=a100", "module load cuda", "srun --nodes=2", "/opt/py/bin/python3 -m nni_agent",
+                   "#SBATCH --constraint=a100", "module load cuda", "srun --nodes=2", "for c in /opt/py/bin/python3; do",
                    "$SLURM_PROCID", "sbatch --parsable", "--ca-file"):
         assert needle in text, (needle, text)
     assert dry.requests[0]["job_name"].startswith("nni_exp_")
