@@ -206,7 +206,20 @@ def test_boot_file_runs_without_its_package_shadowing_the_stdlib(tmp_path: Path)
     agent and this Python's real dependencies says ok."""
     out = run_boot(sys.executable, "--path", str(ROOT / "agent"), "--check",
                    env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if "site-packages" in p)}, cwd=tmp_path)
-    assert out.returncode == 0 and out.stdout.strip() == f"ok {sys.executable}", out.stderr
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"ok": True, "python": sys.executable, "problems": [], "fixes": []}
+
+
+def test_check_mode_says_what_to_install(tmp_path: Path) -> None:
+    """`--check` (the remote installer's): the problems and the requirements that fix them as JSON,
+    and the one line."""
+    site = good_site(tmp_path / "site", grpcio="1.30.0")
+    fake_agent(tmp_path / "agent")
+    out = run_boot(sys.executable, "--path", str(site), "--path", str(tmp_path / "agent"), "--check", cwd=tmp_path)
+    assert out.returncode == boot.FAILED
+    assert json.loads(out.stdout) == {"ok": False, "python": sys.executable,
+                                      "problems": ["grpcio 1.30.0 is older than 1.49.1"], "fixes": ["grpcio>=1.49.1,<2"]}
+    assert one_line(out).startswith("nni-agent: Python ")
 
 
 def test_unknown_boot_option_is_one_line(tmp_path: Path) -> None:

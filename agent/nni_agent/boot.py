@@ -60,7 +60,7 @@ class Boot(object):
         self.where = ""  # whose Python, in the message ("the image python:3.8", "the compute node")
         self.message_file = None  # also write the failure line here (/dev/termination-log)
         self.agent_id_env = None  # replace "{agent}" in the agent's arguments with this variable
-        self.check_only = False  # check, print "ok", exit 0: no agent started
+        self.check_only = False  # check only: one JSON line on stdout ({"ok", "problems", "fixes"}), no agent
         self.agent_args = []
         i = 0
         while i < len(argv):
@@ -195,10 +195,16 @@ def main(argv):
         boot.paths.insert(0, boot.unpack_to)
     paths = [p for p in boot.paths if os.path.exists(p)]
     sys.path[:0] = paths
-    check_dependencies(boot)
-    if boot.check_only:
-        sys.stdout.write("ok %s\n" % sys.executable)
+    if boot.check_only:  # for an installer that can add what is missing (the remote backend's)
+        import json
+
+        out, fixes = problems(boot)
+        sys.stdout.write(json.dumps({"ok": not out, "python": sys.executable, "problems": out, "fixes": fixes}) + "\n")
+        sys.stdout.flush()
+        if out:
+            check_dependencies(boot)
         return 0
+    check_dependencies(boot)
     if paths:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))

@@ -182,11 +182,13 @@ def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel) -> None
     except (ValueError, IndexError):
         raise BootstrapError(f"installing the agent into {target} failed (exit {rc}): {err.strip()[-500:]}") from None
     if not result["ok"]:
-        missing = "; ".join(f"{m} ({e})" for m, e in result["missing"].items())
+        missing = "; ".join(e if m == "versions" else f"{m} ({e})" for m, e in result["missing"].items())
         pip = f"; `pip install` could not add them: {result['pip_error']}" if result["pip_error"] else ""
         wanted = " ".join(shlex.quote(r) for r in sorted(set(reqs.values())))
+        what = ("has versions of the agent's dependencies it does not support" if "versions" in result["missing"]
+                else "cannot import the agent's dependencies")
         raise BootstrapError(
-            f"{found.python} cannot import the agent's dependencies: {missing}{pip}. Fix: install them for "
+            f"{found.python} {what}: {missing}{pip}. Fix: install them for "
             f"that Python (`{found.python} -m pip install --user {wanted}`), or point pythonPath at a Python "
             f"that has them"
         )

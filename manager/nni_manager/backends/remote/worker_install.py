@@ -2,7 +2,8 @@
 
 argv: <wheel> <install dir> <JSON {module: requirement}>. Unpacks the agent wheel into
 <dir>/lib (a pure-Python wheel installs by unpacking: no pip, no index, no deps), checks
-that the agent's dependencies import with this Python, installs only the missing ones into
+that the agent's dependencies import with this Python and have versions in the agent's ranges
+(the agent's boot step, nni_agent/boot.py, in check mode), installs only what is wrong into
 <dir>/deps-<pyver> with `pip --target` when pip can reach an index (never touching what
 the user installed), and records this Python in <dir>/pythons. Prints one JSON line.
 """
@@ -34,6 +35,19 @@ def missing(python_path: str, modules: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def version_check(lib: str, deps: str) -> dict:
+    """The agent's boot step in check mode: the dependencies' versions against the agent's ranges
+    ({"ok", "problems", "fixes"}: fixes are the requirements pip must bring)."""
+    boot = os.path.join(lib, "nni_agent", "boot.py")
+    env = dict(os.environ, PYTHONNOUSERSITE="1")
+    out = subprocess.run([sys.executable, boot, "--path", lib, "--path", deps, "--where", "the worker", "--check"],
+                         env=env, capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "problems": [out.stderr.strip()[-300:] or "the boot check failed"], "fixes": []}
+
+
 def main() -> None:
     wheel, target, reqs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     lib = os.path.join(target, "lib")
@@ -47,17 +61,25 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     os.unlink(wheel)
     path = lib + os.pathsep + deps
-    bad = missing(path, list(reqs))
+
+    def check() -> tuple:
+        bad = missing(path, list(reqs))
+        versions = {"ok": True, "problems": [], "fixes": []} if bad else version_check(lib, deps)
+        if not versions["ok"]:  # importable, but of versions outside the agent's ranges
+            bad = {"versions": "; ".join(versions["problems"])}
+        return bad, versions["fixes"]
+
+    bad, fixes = check()
     pip_error = ""
     if bad and "python" not in bad:
-        wanted = {reqs[m] for m in bad if m in reqs}
+        wanted = {reqs[m] for m in bad if m in reqs} | set(fixes)
         if "nni_agent.v1.agent_pb2_grpc" in bad:  # e.g. a too old protobuf: bring the pinned pair
             wanted |= {reqs["grpc"], reqs["google.protobuf"]}
         cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                "--retries", "0", "--timeout", "10", "--target", deps, *sorted(wanted)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode == 0:
-            bad = missing(path, list(reqs))
+            bad, fixes = check()
         else:
             pip_error = (out.stderr.strip().splitlines() or ["pip failed"])[-1][:300]
     if not bad:
