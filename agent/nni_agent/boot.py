@@ -139,8 +139,9 @@ def unpack(boot):
         boot.fail("cannot unpack the agent wheel %s into %s: %s" % (boot.wheel, boot.unpack_to, e))
 
 
-def problems(boot):
-    """What keeps the agent from running with this Python and path: one phrase each."""
+def problems():
+    """What keeps the agent from running with this Python and path: one phrase each, and the
+    requirements that fix them."""
     import importlib.util
     from importlib import metadata
 
@@ -178,13 +179,11 @@ def problems(boot):
     return out, fixes
 
 
-def check_dependencies(boot):
-    out, fixes = problems(boot)
-    if out:
-        fix = ""
-        if fixes:
-            fix = "; fix: %s -m pip install %s" % (sys.executable, " ".join("'%s'" % f for f in fixes))
-        boot.fail("%s cannot run the agent: %s%s" % (python_words(boot), "; ".join(out), fix))
+def fail_with(boot, out, fixes):
+    fix = ""
+    if fixes:
+        fix = "; fix: %s -m pip install %s" % (sys.executable, " ".join("'%s'" % f for f in fixes))
+    boot.fail("%s cannot run the agent: %s%s" % (python_words(boot), "; ".join(out), fix))
 
 
 def main(argv):
@@ -195,16 +194,16 @@ def main(argv):
         boot.paths.insert(0, boot.unpack_to)
     paths = [p for p in boot.paths if os.path.exists(p)]
     sys.path[:0] = paths
+    out, fixes = problems()
     if boot.check_only:  # for an installer that can add what is missing (the remote backend's)
         import json
 
-        out, fixes = problems(boot)
         sys.stdout.write(json.dumps({"ok": not out, "python": sys.executable, "problems": out, "fixes": fixes}) + "\n")
         sys.stdout.flush()
-        if out:
-            check_dependencies(boot)
+    if out:
+        fail_with(boot, out, fixes)
+    if boot.check_only:
         return 0
-    check_dependencies(boot)
     if paths:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
