@@ -56,7 +56,7 @@ class AgentCommand:
     work_dir: str = ""
     orphan_timeout: float = 0.0
     ca_file: str = ""  # --ca-file: TLS, trusting only this CA
-    tls: bool = False  # --tls (implied by ca_file)
+    tls: bool = False  # --tls (ca_file implies it; remote says both)
     single_trial: bool = False
     log_file: str = ""
     # the boot step (nni_agent/boot.py)
@@ -80,7 +80,7 @@ class AgentCommand:
             args += ["--token-file", self.token_file]
         if self.work_dir:
             args += ["--work-dir", self.work_dir]
-        if self.tls and not self.ca_file:
+        if self.tls:
             args.append("--tls")
         if self.ca_file:
             args += ["--ca-file", self.ca_file]
