@@ -13,6 +13,11 @@ for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_prox
     os.environ.pop(var, None)
 os.environ["no_proxy"] = os.environ["NO_PROXY"] = "127.0.0.1,localhost,::1"
 
+# The manager may `pip download` the agent's dependencies for a bare worker: never from a test
+# (loopback only), and never into the user's own wheel cache.
+os.environ["NNI_AGENT_WHEEL_DOWNLOAD"] = "0"
+os.environ["NNI_AGENT_WHEEL_CACHE"] = tempfile.mkdtemp(prefix="nni-wheel-cache-")
+
 # Trial commands such as `python train.py` (NNI's usual form) must find the interpreter that
 # has this package installed, as they would in a user's activated virtual environment.
 _bin = os.path.dirname(sys.executable)

@@ -24,15 +24,17 @@ def test_no_construct_newer_than_the_minimum() -> None:
 
 
 def test_the_minimum_is_one_place() -> None:
-    """The boot steps format the agent's minimum from nni_agent.compat; the wheel says it too."""
-    from nni_manager.backends.agent_wheel import build_agent_wheel
-    from nni_manager.backends.kubernetes.boot import BOOT
-    from nni_manager.backends.slurm.backend import _DEPENDENCY_CHECK
-
-    assert f"sys.version_info < {MIN_PYTHON!r}" in BOOT and f"sys.version_info < {MIN_PYTHON!r}" in _DEPENDENCY_CHECK
+    """The boot step (nni_agent/boot.py) holds the agent's minimum; compat re-exports it, every
+    backend's command line runs that boot step, and the wheel says it too."""
     import tempfile
     import zipfile
 
+    import nni_agent.boot
+    from nni_manager.backends.agent_command import AgentCommand
+    from nni_manager.backends.agent_wheel import build_agent_wheel
+
+    assert MIN_PYTHON is nni_agent.boot.MIN_PYTHON
+    assert f">= {MIN_PYTHON_TEXT}" in AgentCommand(agent_id="a").find_python()
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_agent_wheel(Path(tmp))
         with zipfile.ZipFile(wheel.path) as zf:

@@ -11,8 +11,9 @@ import functools
 import os
 from typing import Any, Callable, TypeVar
 
+from nni_agent.boot import MIN_PYTHON  # the oldest Python the agent runs on; the boot step checks it
+
 T = TypeVar("T")
-MIN_PYTHON = (3, 8)  # the oldest Python the agent runs on; every boot step checks against this
 MIN_PYTHON_TEXT = "%d.%d" % MIN_PYTHON
 
 

@@ -155,6 +155,31 @@ def test_agent_that_never_dials_in_fails_its_trial_with_what_to_check(dlts_facto
     dlts.wait_for(lambda: not dlts.live_pids(), 60, what="the stuck job was stopped")
 
 
+def test_image_with_a_bare_python_fails_with_the_boot_steps_line(dlts_factory, base: Path, tmp_path: Path) -> None:
+    """The job's Python has neither nni-agent nor its dependencies: the boot step (inline in `cmd`)
+    ends the job with one line in its log saying what is missing and the fix, and the trial fails."""
+    bare = tmp_path / "bare-bin"
+    bare.mkdir()
+    os.symlink("/usr/bin/python3", bare / "python3")  # Debian's Python: no grpcio, no nni-agent
+    dlts = dlts_factory(images={"bare/python:3": str(bare)})
+    data = v1_config(dlts, base)
+    data["trial"]["image"] = "bare/python:3"
+    cfg = load_config(data)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "failed" in d.message.lower(), d.message
+
+    run(main())
+    (log,) = [p for p in (dlts.state / "tasks").glob("*/stderr") if p.read_text().strip()]
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1, lines  # the job's log: the boot step's one line, no traceback
+    assert lines[0].startswith(f"nni-agent: Python ") and "of the image bare/python:3 cannot run the agent: " \
+        "grpcio is missing; protobuf is missing; psutil is missing; the nni-agent package is missing" in lines[0]
+
+
 def test_wrong_password_and_missing_fields_are_one_clear_line(dlts, base: Path, monkeypatch) -> None:
     cfg = load_config(v1_config(dlts, base, password="0" * 32))
 

@@ -263,6 +263,9 @@ def test_image_without_the_agents_dependencies_fails_clearly_without_endless_ret
             d = await wait_status(ts, t.id, "FAILED", timeout=T)
             assert "grpcio" in d.message and "psutil" in d.message, d.message
             assert "pip install" in d.message, d.message
+            # the boot step's one line, from the pod's termination message
+            assert f"nni-agent: Python " in d.message and f"of the image {SLIM_IMAGE} cannot run the agent: " \
+                   "grpcio is missing; protobuf is missing; psutil is missing; fix: " in d.message, d.message
             tried = scheduled_pods(kube, ts.experiment_id)
             assert len(tried) == 2, tried  # the core gives up after 2 environments fail to start
             for pod in tried:

@@ -218,6 +218,55 @@ def test_two_instance_task_role_from_openpai_config(pai_factory, base: Path) -> 
     assert_clean(pai, exp)
 
 
+def test_user_protocol_commands_keep_pais_template_variables(pai_factory, base: Path) -> None:
+    """A role's commands with PAI's template variables run as PAI renders them: `<% $parameters.x %>`,
+    `$script`, `$data` and `$output` at the rest-server, `<% $secrets.x %>` in the container, shell
+    variables by the trial's own shell (NNI kept them in the PAI command; sent raw to a shell they
+    end as "Syntax error: redirection unexpected")."""
+    pai = fast_pai(pai_factory)
+    secret = "user-secret-31337"
+    protocol = {
+        "protocolVersion": 2, "name": "my-job", "type": "job",
+        "prerequisites": [{"type": "dockerimage", "uri": "python:3.11", "name": "img"},
+                          {"type": "script", "name": "bench", "uri": "github.com/example/bench"},
+                          {"type": "data", "name": "cifar", "uri": ["https://data.example/cifar.tgz"]},  # not dialed
+                          {"type": "output", "name": "models", "uri": "hdfs://out.example/models"}],  # not dialed
+        "parameters": {"model": "resnet20", "lr": 0.1},
+        "secrets": {"api_key": secret},
+        "taskRoles": {"worker": {
+            "instances": 1, "dockerImage": "img", "script": "bench", "data": "cifar", "output": "models",
+            "resourcePerInstance": {"cpu": 1, "memoryMB": 512, "gpu": 0},
+            "commands": ['echo PARAMS <% $parameters.model %> <% $parameters.lr %>',  # as PAI's examples: unquoted
+                         'echo "PREREQ <% $script.name %> <% $data.uri[0] %> <% $output.uri %>"',
+                         'echo "SECRET <% $secrets.api_key %> ROLE $PAI_CURRENT_TASK_ROLE_NAME $NNI_TRIAL_JOB_ID"',
+                         f"{sys.executable} trial.py"]}},
+    }
+    data = config_dict(pai, base, {"reuseMode": True, "openpaiConfig": protocol})
+    del data["trialCommand"]
+    cfg = load_config(data)
+
+    async def main() -> tuple[str, list[str]]:
+        async with create_training_service(cfg) as ts:
+            outs = []
+            for i in range(2):  # two trials on one job: the rendered commands serve every trial of the role
+                t = await ts.submit_trial_job(form(i, x=i, steps=1))
+                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+                (out,) = (ts.experiment_dir / "trials" / t.id).rglob("trial.stdout")
+                outs.append((t.id, out.read_text()))
+            assert len(ours(pai, ts.experiment_id)) == 1
+            return ts.experiment_id, outs
+
+    exp, outs = run(main())
+    for trial_id, out in outs:
+        lines = out.splitlines()
+        assert "PARAMS resnet20 0.1" in lines, out
+        assert "PREREQ bench https://data.example/cifar.tgz hdfs://out.example/models" in lines, out
+        assert f"SECRET {secret} ROLE worker {trial_id}" in lines, out
+    job = ours(pai, exp)[0]["detail"]
+    assert secret not in json.dumps(job)  # PAI shows the job with its secrets masked
+    assert_clean(pai, exp)
+
+
 # ----------------------------------------------------------------------------- errors and faults
 
 def test_wrong_token_is_one_clear_line_at_start(pai, base: Path) -> None:

@@ -176,7 +176,7 @@ def test_render_names_commands_without_secrets(netns_hosts):
     (request,) = dry.requests
     assert (request["host"], request["port"]) == (m.host, m.port) and "--token-file" in request["start_command"]
     assert f"ip netns exec {m.host} nc 127.0.0.1 {m.port}" in text
-    assert "-m nni_agent --manager-file" in text and ".manager" in text and "--token-file" in text
+    assert "nni_agent/boot.py" in text and "-- --manager-file" in text and ".manager" in text and "--token-file" in text
     assert "never on a command line" in text
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,37 @@ def test_missing_dependencies_named_exactly(netns_hosts, password_user, wheel):
     assert "grpc (ModuleNotFoundError" in msg
     assert "pip install` could not add them" in msg
     assert re.search(r"'grpcio[<>=,.0-9]*>=[0-9.]+[^']*'", msg)  # the exact fix names the required range
+
+
+def test_dependency_of_an_unsupported_version_is_one_line(netns_hosts, password_user, wheel):
+    """A worker Python whose grpcio imports but is too old (its metadata says 1.30.0), on a host that
+    reaches no index (and a fresh user: no pip cache either): the install names the version and the
+    range (the agent's boot step checks them), in one line, instead of an agent that dies later."""
+    user, password = password_user
+    venv = Path(tempfile.mkdtemp(prefix="nni-old-grpcio-")) / "venv"
+    venv.parent.chmod(0o755)  # the worker's user reads it
+    if not Path("/usr/bin/python3").exists() or sys.version_info[:2] != (3, 11):
+        pytest.skip("needs /usr/bin/python3 of this Python's minor (it borrows this venv's grpcio)")
+    # the system's Python: a worker's user can run it (this venv's interpreter lives under /root)
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3.*/site-packages")
+    real = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "grpc").is_dir())
+    (site / "real.pth").write_text(real + "\n")  # the real grpcio, protobuf, psutil ...
+    info = site / "grpcio-1.30.0.dist-info"  # ... but the first metadata found says 1.30.0
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: grpcio\nVersion: 1.30.0\n")
+    m = dataclasses.replace(netns_hosts[1].machine, user=user, password=password, ssh_key_file=None,
+                            python_path=str(venv / "bin"))
+    client = connect(m)
+    try:
+        found = bootstrap.probe(client, m.python_path, wheel.tag, None)
+        with pytest.raises(BootstrapError) as e:
+            bootstrap.install(client, found, wheel)
+    finally:
+        client.close()
+        shutil.rmtree(venv.parent, ignore_errors=True)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"{venv}/bin/python3 has versions of the agent's dependencies it does not support: grpcio 1.30.0 is " \
+           "older than 1.49.1; `pip install` could not add them: " in msg, msg
+    assert "-m pip install --user 'grpcio<2,>=1.49.1'" in msg, msg  # the fix, with the range

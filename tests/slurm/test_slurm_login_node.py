@@ -180,7 +180,7 @@ def test_dry_run_says_where_commands_run(tmp_path: Path) -> None:
     for needle in ("on login node alice@login.hpc.example:22 over SSH", "host key checked against",
                    "by SFTP", "--manager login01:8999", "relay login01:8999", "sbatch --test-only",
                    "cd '<$HOME on the login node>/nni-experiments/dryrun/slurm/nni_exp_dryrun_env_1' && sbatch --parsable",
-                   "python3 -m nni_agent", "agent-wheel/nni_agent-"):
+                   "for c in python3; do", "agent-wheel/nni_agent-"):
         assert needle in text, (needle, text)
     assert backend.render().requests[0]["runs_on"] == "alice@login.hpc.example:22"
     assert backend.hub_names() == ["login01"]  # the hub's certificate names what the agents dial

@@ -298,8 +298,9 @@ def test_agent_that_cannot_start_fails_the_trial_with_its_words(slurm, base: Pat
         async with create_training_service(cfg) as ts:
             t = await ts.submit_trial_job(form(0))
             d = await wait_status(ts, t.id, "FAILED", timeout=T)
-            assert "FAILED" in d.message and "lacks the agent dependencies: pip install" in d.message and "grpcio" in d.message, \
-                d.message
+            assert "FAILED" in d.message and "nni-agent: Python " in d.message, d.message
+            assert "of the compute node cannot run the agent: grpcio is missing" in d.message, d.message
+            assert "fix: /usr/bin/python3 -m pip install 'grpcio>=1.49.1,<2'" in d.message, d.message
             return ts.experiment_id
 
     exp = run(main())
@@ -337,7 +338,7 @@ def test_dry_run_shows_batch_script_and_no_secret(tmp_path: Path) -> None:
     text = str(dry)
     for needle in ("#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --qos=high", "#SBATCH --time=120",
                    "#SBATCH --cpus-per-task=4", "#SBATCH --mem=8192M", "#SBATCH --gres=gpu:1", "#SBATCH --nodes=2",
-                   "#SBATCH --constraint=a100", "module load cuda", "srun --nodes=2", "/opt/py/bin/python3 -m nni_agent",
+                   "#SBATCH --constraint=a100", "module load cuda", "srun --nodes=2", "for c in /opt/py/bin/python3; do",
                    "$SLURM_PROCID", "sbatch --parsable", "--ca-file"):
         assert needle in text, (needle, text)
     assert dry.requests[0]["job_name"].startswith("nni_exp_")

@@ -38,6 +38,7 @@ from nni_manager.backends.base import BackendError
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "NNI_AGENT_WHEEL_CACHE"  # overrides the cache directory (tests, shared caches)
+DOWNLOAD_ENV = "NNI_AGENT_WHEEL_DOWNLOAD"  # "0": never `pip download` (sites that must not reach an index)
 # manylinux tags a worker accepts are those of glibc versions up to its own (PEP 600), plus
 # the legacy aliases that name the same baselines (PEP 513/571/599)
 _LEGACY = {(2, 5): "manylinux1", (2, 12): "manylinux2010", (2, 17): "manylinux2014"}
@@ -111,7 +112,7 @@ def resolve(worker: WorkerPython, wheelhouse: Path | None = None, *, requirement
     cache = cache or cache_dir() / worker.key
     sources = [d for d in (cache, wheelhouse) if d is not None]
     chosen, missing = _pick(worker, reqs, sources)
-    if missing and allow_download:
+    if missing and allow_download and os.environ.get(DOWNLOAD_ENV, "1") != "0":
         download(worker, missing, cache)
         chosen, missing = _pick(worker, reqs, sources)
     if missing:

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nni_agent
+from nni_agent.boot import REQUIREMENTS
 from nni_agent.compat import MIN_PYTHON_TEXT
 
 _DIST = "nni_agent"
-# The agent's dependencies by the module each one provides (checked on workers before start).
-AGENT_MODULES = {"grpc": "grpcio", "google.protobuf": "protobuf", "psutil": "psutil", "pynvml": "nvidia-ml-py"}
+# The agent's dependencies by the module each one provides (checked on workers before start):
+# from the boot step's table, the one place they are written.
+AGENT_MODULES = {module: dist for dist, module, _low, _below, _required in REQUIREMENTS}
 _SUFFIXES = (".py", ".pyi", ".typed")
 
 

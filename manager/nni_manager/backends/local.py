@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from nni_manager.backends.agent_command import AgentCommand
 from nni_manager.backends.base import Backend, BackendContext, DryRun, PlacementHints
 
 AGENT_NAME = "local"
@@ -85,13 +86,9 @@ class LocalBackend(Backend):
         return False
 
     def _argv(self, socket: str, agent_id: str, work_dir: str) -> list[str]:
-        return [
-            sys.executable, "-m", "nni_agent",
-            "--manager", f"unix:{socket}",
-            "--agent-id", agent_id,
-            "--work-dir", work_dir,
-            "--orphan-timeout", str(self.reconnect_window),
-        ]
+        """The manager's own Python runs the boot step (checks, then `python -m nni_agent`)."""
+        return AgentCommand(agent_id=agent_id, manager=f"unix:{socket}", work_dir=work_dir,
+                            orphan_timeout=self.reconnect_window, where="the manager's machine").argv(sys.executable)
 
     def render(self) -> DryRun:
         argv = self._argv("<experiment dir>/hub.sock", AGENT_NAME, f"<experiment dir>/agents/{AGENT_NAME}")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
+from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, BackendError, DryRun, EnvironmentRequest
 from nni_manager.config import ConfigSection
 
@@ -193,9 +194,12 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
                pythonpath: str | None = None) -> list[str]:
     """Shell lines (POSIX sh, safe under `set -eu`) that start one agent inside a job's container:
     a private 0700 directory, the token (and CA) written there by `token_lines` / `ca_lines` as
-    files of mode 0600 (`"$NNI_AGENT_DIR/token"`, `"$NNI_AGENT_DIR/ca.crt"`), a check that the
-    image has Python and the agent (one line saying what is missing otherwise), then `exec` of
-    the agent. `agent_id` may be a shell expression in double quotes' syntax."""
+    files of mode 0600 (`"$NNI_AGENT_DIR/token"`, `"$NNI_AGENT_DIR/ca.crt"`), then the boot step
+    (nni_agent/boot.py, inline: the image may not have the agent): the Python version, the agent
+    and its dependencies' versions checked, one line saying what is wrong otherwise (the job's
+    log, then the trial's message), then the agent. `agent_id` may be a shell expression in double
+    quotes' syntax; `image` names the image in that line; `pythonpath`: the agent's wheel or
+    directory as the container sees it."""
     q = shlex.quote
     lines = ["umask 077",
              'NNI_AGENT_DIR=$(mktemp -d "/tmp/nni-agent.XXXXXX")',
@@ -203,21 +207,11 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     if tls:
         lines += ca_lines
     lines += [f"export {k}={q(v)}" for k, v in env.items()]
-    lines.append('PY=$(command -v python3 || command -v python) || '
-                 '{ echo "nni-agent: the image has no python3 or python on PATH" >&2; exit 127; }')
-    if pythonpath:
-        lines.append(f'export PYTHONPATH={q(pythonpath)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
-    # one interpreter: a missing package is one line in the job's log, not a traceback
-    boot = ("import sys\ntry:\n    from nni_agent.cli import main\nexcept ImportError as e:\n"
-            "    sys.exit('nni-agent: the image %s lacks the nni-agent package for %s (%s): "
-            f"pip install nni-agent in the image' % ({image!r}, sys.executable, e))\nsys.exit(main(sys.argv[1:]))")
-    args = [f"--manager {q(hub_address)}", f'--agent-id "{agent_id}"', '--token-file "$NNI_AGENT_DIR/token"',
-            '--work-dir "$NNI_AGENT_DIR/work"', f"--orphan-timeout {orphan_timeout:g}"]
-    if tls:
-        args.append('--ca-file "$NNI_AGENT_DIR/ca.crt"')
-    if single_trial:
-        args.append("--single-trial")
-    lines.append(f'exec "$PY" -c {q(boot)} ' + " ".join(args))
+    command = AgentCommand(agent_id=Sh(f'"{agent_id}"'), manager=hub_address, token_file=Sh('"$NNI_AGENT_DIR/token"'),
+                           work_dir=Sh('"$NNI_AGENT_DIR/work"'), orphan_timeout=orphan_timeout,
+                           ca_file=Sh('"$NNI_AGENT_DIR/ca.crt"') if tls else "", single_trial=single_trial,
+                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}")
+    lines += command.shell_lines()
     return lines
 
 

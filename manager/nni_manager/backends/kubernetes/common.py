@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel, build_agent_wheel
+from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
 from nni_manager.backends.kubernetes import boot, nodes
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
@@ -285,7 +285,7 @@ class KubeBackend(Backend):
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
                              "labels": labels(self.experiment_id)},
-                "data": {boot.BOOT_FILE: boot.BOOT},
+                "data": {boot.BOOT_FILE: boot.boot_file_text()},
                 "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
         try:
             await core.create_namespaced_config_map(self.namespace, body, field_validation="Strict")
@@ -318,20 +318,16 @@ class KubeBackend(Backend):
         hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
                else host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>"))
         tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
-        args = boot.agent_args(hub, tls, self.orphan_timeout,
-                               single_trial=bool(env.trial_id) if env else not self.reuse)
+        wheel = self._wheel.path.name if self._wheel else "nni_agent-<version>-py3-none-any.whl"
+        tag = self._wheel.tag if self._wheel else "<version>-<hash>"
+        command = boot.agent_command(hub, tls, self.orphan_timeout,
+                                     single_trial=bool(env.trial_id) if env else not self.reuse,
+                                     wheel=wheel, tag=tag, image=role.docker_image)
         resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
         if role.gpu_number:
             resources["nvidia.com/gpu"] = str(role.gpu_number)
-        wheel = self._wheel.path.name if self._wheel else "nni_agent-<version>-py3-none-any.whl"
-        tag = self._wheel.tag if self._wheel else "<version>-<hash>"
         env_vars = [
             {"name": "NNI_AGENT_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "NNI_AGENT_WHEEL", "value": f"{boot.WHEEL_DIR}/{wheel}"},
-            {"name": "NNI_AGENT_TAG", "value": tag},
-            {"name": "NNI_AGENT_WORK", "value": boot.WORK_DIR},
-            {"name": "NNI_AGENT_MODULES", "value": ",".join(f"{m}={r}" for m, r in AGENT_MODULES.items()
-                                                           if m != "pynvml")},
         ]
         if not role.gpu_number:  # the NVIDIA device plugin shows every GPU to containers asking for none
             env_vars.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
@@ -356,7 +352,7 @@ class KubeBackend(Backend):
             "terminationGracePeriodSeconds": int(self.config.trial_grace_period) + 15,
             "containers": [{
                 "name": container, "image": role.docker_image,
-                "command": boot.container_command(args, command_prefix),
+                "command": boot.container_command(command, command_prefix),
                 "env": env_vars, "resources": {"requests": resources, "limits": dict(resources)},
                 "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
             }],

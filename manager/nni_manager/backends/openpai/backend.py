@@ -94,8 +94,7 @@ class OpenpaiBackend(RestJobBackend):
             return Shape()
         shape_roles, min_failed, min_succeeded = [], {}, {}
         for name, role in roles.items():
-            shape_roles.append(Role(name, replicas=int(role.get("instances", 1)),
-                                    command=" && ".join(c.strip() for c in role["commands"])))
+            shape_roles.append(Role(name, replicas=int(role.get("instances", 1)), command=ROLE_COMMAND))
             completion = role.get("completion") or {}
             # PAI's defaults (0 or null): one failed instance fails the job; all must succeed
             if completion.get("minFailedInstances"):
@@ -139,6 +138,8 @@ class OpenpaiBackend(RestJobBackend):
             token_lines.append(f"  {idx}) NNI_AGENT_TOKEN_VALUE='<% $secrets.{key} %>' ;;")
         token_lines += ['  *) echo "nni-agent: no agent token for task index $PAI_TASK_INDEX" >&2; exit 3 ;;', "esac",
                         'printf "%s" "$NNI_AGENT_TOKEN_VALUE" > "$NNI_AGENT_DIR/token"; unset NNI_AGENT_TOKEN_VALUE']
+        if self.opts.protocol is not None:  # the role's own commands, rendered by PAI, for its trials
+            token_lines += role_command_lines(self.opts.protocol["taskRoles"][role]["commands"])
         image = self.opts.docker_image if self.opts.protocol is None else f"of task role {role or DEFAULT_ROLE}"
         ca_lines = ['printf "%s\\n" \'<% $secrets.nni_ca_crt %>\' > "$NNI_AGENT_DIR/ca.crt"']
         return agent_boot(hub_address=first.hub_address, agent_id=f"{env.env_id}-{role}-{index}" if role else env.env_id,
@@ -302,6 +303,25 @@ class OpenpaiBackend(RestJobBackend):
 
 
 SUBMIT_WINDOW = 3600.0  # seconds: the rest-server's submission rate-limit window
+
+# A user protocol's role commands stay in the PAI job's command, where PAI renders its template
+# variables (<% $parameters.x %>, $script, $data, $output at the rest-server, $secrets in the
+# container) as it did for NNI; the agent's boot writes the rendered text to a file, and each
+# trial of the role runs that file.
+ROLE_COMMAND_ENV = "NNI_PAI_ROLE_COMMAND"
+ROLE_COMMAND = f'exec /bin/sh "${ROLE_COMMAND_ENV}"'
+
+
+def role_command_lines(commands: list[str]) -> list[str]:
+    """Shell that writes the role's commands, joined as NNI joined them (` && `), to a private file
+    and names it in $NNI_PAI_ROLE_COMMAND: a quoted here-document, so the job's shell expands
+    nothing in it (the trial's shell does, with the trial's environment)."""
+    text = " && ".join(c.strip() for c in commands)
+    end = "NNI_PAI_ROLE_COMMAND_END"
+    while end in text.splitlines():
+        end += "_"
+    return [f"cat > \"$NNI_AGENT_DIR/role-command.sh\" <<'{end}'\n{text}\n{end}",
+            f'export {ROLE_COMMAND_ENV}="$NNI_AGENT_DIR/role-command.sh"']
 
 
 def _seconds(value: str | None) -> float | None:

@@ -29,6 +29,7 @@ import paramiko
 
 from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
 from nni_manager.backends import agent_deps
+from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel
 from nni_manager.backends.base import BackendError
 from nni_manager.ssh.commands import EXEC_TIMEOUT, home_path, run
@@ -190,11 +191,13 @@ def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel, wheelho
             result = _worker_install(client, found, target, reqs, "-", f"{target}/{shipped}")
             shipped = " (even with the dependencies the manager shipped)"
     if not result["ok"]:
-        missing = "; ".join(f"{m} ({e})" for m, e in result["missing"].items())
+        missing = "; ".join(e if m == "versions" else f"{m} ({e})" for m, e in result["missing"].items())
         pip = f"; `pip install` could not add them: {result['pip_error']}" if result["pip_error"] else ""
         wanted = " ".join(shlex.quote(r) for r in sorted(set(reqs.values())))
+        what = ("has versions of the agent's dependencies it does not support" if "versions" in result["missing"]
+                else "cannot import the agent's dependencies")
         raise BootstrapError(
-            f"{found.python} cannot import the agent's dependencies: {missing}{pip}{shipped}. Fix: install them for "
+            f"{found.python} {what}: {missing}{pip}{shipped}. Fix: install them for "
             f"that Python (`{found.python} -m pip install --user {wanted}`), or point pythonPath at a Python "
             f"that has them"
         )
@@ -247,24 +250,21 @@ def _requirements_by_module(wheel: AgentWheel) -> dict[str, str]:
 # ------------------------------------------------------------------------------ start / stop
 
 def start_command(launch: AgentLaunch) -> str:
-    """Shell that stores the token read from stdin (0600) and starts the agent detached."""
+    """Shell that stores the token read from stdin (0600) and starts the agent detached, through
+    the boot step (the version checks; the agent and its deps-<py> on the path)."""
     lib = f".nni-agent/{launch.tag}"
-    pythonpath = f'PYTHONPATH="$HOME"/{shlex.quote(lib + "/lib")}:"$HOME"/{shlex.quote(f"{lib}/deps-{launch.python_version}")}'
     env = {RUN_MARKER_ENV: launch.marker, **launch.env}
-    assigns = " ".join([pythonpath] + [f"{k}={shlex.quote(v)}" for k, v in env.items()])
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     if launch.python_dir:
         assigns = f'PATH={shlex.quote(launch.python_dir)}:"$PATH" ' + assigns
     rf = launch.run_file
-    argv = " ".join([
-        shlex.quote(launch.python), "-m", "nni_agent",
-        "--manager-file", home_path(rf("manager")),
-        "--agent-id", shlex.quote(launch.agent_id),
-        "--work-dir", home_path(launch.work_dir),
-        "--token-file", home_path(rf("token")),
-        "--tls", "--ca-file", home_path(rf("ca.crt")),
-        "--orphan-timeout", f"{launch.orphan_timeout:g}",
-        "--log-file", home_path(rf("log")),
-    ])
+    command = AgentCommand(
+        agent_id=launch.agent_id, manager_file=Sh(home_path(rf("manager"))), work_dir=Sh(home_path(launch.work_dir)),
+        token_file=Sh(home_path(rf("token"))), tls=True, ca_file=Sh(home_path(rf("ca.crt"))),
+        orphan_timeout=launch.orphan_timeout, log_file=Sh(home_path(rf("log"))),
+        paths=(Sh(home_path(f"{lib}/lib")), Sh(home_path(f"{lib}/deps-{launch.python_version}"))),
+        where="the worker")
+    argv = command.line(launch.python, Sh(home_path(f"{lib}/lib/nni_agent/boot.py")))
     return "\n".join([
         "umask 077",
         f"mkdir -p {home_path(launch.run_dir)} {home_path(launch.work_dir)} || exit 1",

@@ -3,10 +3,11 @@
 argv: <wheel or -> <install dir> <JSON {module: requirement}> [<dir of shipped wheels>].
 Unpacks the agent wheel into <dir>/lib (a pure-Python wheel installs by unpacking: no pip, no
 index, no deps), unpacks the dependency wheels the manager shipped (if any) into
-<dir>/deps-<pyver>, checks that the agent's dependencies import with this Python, installs
-only the missing ones into <dir>/deps-<pyver> with `pip --target` when pip can reach an index
-(never touching what the user installed), and records this Python in <dir>/pythons. Prints
-one JSON line, with what the manager needs to pick wheels for this Python.
+<dir>/deps-<pyver>, checks that the agent's dependencies import with this Python and have
+versions in the agent's ranges (the agent's boot step, nni_agent/boot.py, in check mode),
+installs only what is wrong into <dir>/deps-<pyver> with `pip --target` when pip can reach an
+index (never touching what the user installed), and records this Python in <dir>/pythons.
+Prints one JSON line, with what the manager needs to pick wheels for this Python.
 """
 import json
 import os
@@ -68,6 +69,19 @@ def glibc() -> str:
         return ""
 
 
+def version_check(lib: str, deps: str) -> dict:
+    """The agent's boot step in check mode: the dependencies' versions against the agent's ranges
+    ({"ok", "problems", "fixes"}: fixes are the requirements pip must bring)."""
+    boot = os.path.join(lib, "nni_agent", "boot.py")
+    env = dict(os.environ, PYTHONNOUSERSITE="1")
+    out = subprocess.run([sys.executable, boot, "--path", lib, "--path", deps, "--where", "the worker", "--check"],
+                         env=env, capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "problems": [out.stderr.strip()[-300:] or "the boot check failed"], "fixes": []}
+
+
 def main() -> None:
     wheel, target, reqs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     shipped = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -85,17 +99,25 @@ def main() -> None:
     if shipped:
         unpack_wheels(shipped, deps)
     path = lib + os.pathsep + deps
-    bad = missing(path, list(reqs))
+
+    def check() -> tuple:
+        bad = missing(path, list(reqs))
+        versions = {"ok": True, "problems": [], "fixes": []} if bad else version_check(lib, deps)
+        if not versions["ok"]:  # importable, but of versions outside the agent's ranges
+            bad = {"versions": "; ".join(versions["problems"])}
+        return bad, versions["fixes"]
+
+    bad, fixes = check()
     pip_error = ""
     if bad and "python" not in bad and not shipped:
-        wanted = {reqs[m] for m in bad if m in reqs}
+        wanted = {reqs[m] for m in bad if m in reqs} | set(fixes)
         if "nni_agent.v1.agent_pb2_grpc" in bad:  # e.g. a too old protobuf: bring the pinned pair
             wanted |= {reqs["grpc"], reqs["google.protobuf"]}
         cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                "--retries", "0", "--timeout", "10", "--target", deps, *sorted(wanted)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode == 0:
-            bad = missing(path, list(reqs))
+            bad, fixes = check()
         else:
             pip_error = (out.stderr.strip().splitlines() or ["pip failed"])[-1][:300]
     if not bad:

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nni_agent.compat import MIN_PYTHON, MIN_PYTHON_TEXT
-from nni_manager.backends.agent_wheel import AGENT_MODULES, build_agent_wheel
+from nni_manager.backends.agent_command import AgentCommand, Sh
+from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import (
     AgentSpec, Backend, BackendContext, BackendError, DryRun, EnvironmentRequest, Role, Shape,
 )
@@ -53,17 +53,6 @@ LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUE
         "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 # How a job that ended on its own ends its trials: FAILED (the trial's own doing) or SYS_CANCELED.
 FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"}
-
-
-_DEPENDENCY_CHECK = (
-    "import importlib.util as u, sys\n"
-    "v = sys.version.split()[0]\n"
-    f"sys.version_info < {MIN_PYTHON!r} and sys.exit('nni-agent: %s is Python %s: the agent needs Python "
-    f">= {MIN_PYTHON_TEXT}' % (sys.executable, v))\n"
-    f"m = [r for k, r in {sorted((k, r) for k, r in AGENT_MODULES.items() if k != 'pynvml')!r} "
-    "if u.find_spec(k.split('.')[0]) is None]\n"
-    "m and sys.exit('nni-agent: %s (Python %s) lacks the agent dependencies: pip install %s' "
-    "% (sys.executable, v, ' '.join(m)))\n")
 
 
 class SlurmError(BackendError):
@@ -186,18 +175,18 @@ class SlurmBackend(Backend):
         if o.time_limit:
             directives.append(f"--time={o.time_limit}")
         directives += [opt.strip() for opt in o.sbatch_options]
-        python = self.python
         # member names (Backend.member_names): <env> alone, or <env>-<index> with index = SLURM_PROCID
         agent = f"{env.env_id}-$SLURM_PROCID" if o.nodes > 1 else env.members[0].agent_id
-        args = [f"--manager {q(hub)}", '--agent-id "$id"', '--token-file "$NNI_SLURM_JOB_DIR/$id.token"',
-                '--work-dir "$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"', f"--orphan-timeout {self.orphan_timeout:g}"]
-        if tls:
-            args.append('--ca-file "$NNI_SLURM_JOB_DIR/ca.crt"')
-        if env.trial_id:
-            args.append("--single-trial")
-        inner = f'id="{agent}"; exec {q(python)} -m nni_agent ' + " ".join(args)
-        if self.ships_wheel:  # say in one line what that Python lacks (the job's log, then the trial's message)
-            inner = f"{q(python)} -c {q(_DEPENDENCY_CHECK)} || exit 3; " + inner
+        # the manager's own agent code, from its wheel (else the manager's own Python has it)
+        shipped = ((self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl",)
+                   if self.ships_wheel else ())
+        command = AgentCommand(
+            agent_id=Sh('"$id"'), manager=hub, token_file=Sh('"$NNI_SLURM_JOB_DIR/$id.token"'),
+            work_dir=Sh('"$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"'), orphan_timeout=self.orphan_timeout,
+            ca_file=Sh('"$NNI_SLURM_JOB_DIR/ca.crt"') if tls else "", single_trial=bool(env.trial_id),
+            python=self.python, paths=shipped, where="the compute node")
+        # the boot step inline: one line in the job's log, then the trial's message, for a Python that cannot
+        inner = f'id="{agent}"\n' + command.shell()
         lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives]
         lines.append(f"# nni-agent of experiment {self.experiment_id}, environment {env.env_id}"
                      + (f" (trial {env.trial_id} only)" if env.trial_id else ""))
@@ -205,9 +194,6 @@ class SlurmBackend(Backend):
         for k, v in self.agent_env.items():
             lines.append(f"export {k}={q(v)}")
         lines.append(f"export NNI_SLURM_JOB_DIR={q(job_dir)}  # tokens (0600), CA, logs; no secret in this script")
-        if self.ships_wheel:  # the manager's own agent code, importable from its wheel
-            wheel = self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl"
-            lines.append(f'export PYTHONPATH={q(wheel)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
         lines.append(f'exec srun --nodes={o.nodes} --ntasks={o.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 '
                      f'--output="$NNI_SLURM_JOB_DIR/agent-%t.log" /bin/sh -c {q(inner)}')
         return "\n".join(lines) + "\n"

@@ -1,0 +1,233 @@
+"""The agent's boot step (nni_agent/boot.py) under every Python 3 on this machine, and its table of
+requirements held against pyproject.toml.
+
+Too old a Python gets one line (3.6 and 3.7 must still parse the file); a Python without the
+dependencies, or with versions outside the agent's ranges, gets one line naming each and the fix.
+The versions are read from dist-info METADATA on the path, so fake distributions (a module plus a
+METADATA with the Version) stand for old or new releases: nothing is downloaded.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import nni_agent.boot as boot
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+from nni_agent.compat import MIN_PYTHON
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOT = ROOT / "agent" / "nni_agent" / "boot.py"
+
+
+def _pythons() -> list[tuple[str, tuple[int, int]]]:
+    found = {}
+    for exe in sorted(glob.glob("/root/.pyenv/versions/*/bin/python3")) + ["/usr/bin/python3"]:
+        if not os.access(exe, os.X_OK):
+            continue
+        out = subprocess.run([exe, "-c", "import sys; print('%d %d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            major, minor = map(int, out.stdout.split())
+            if major == 3:
+                found[exe] = (major, minor)
+    if not found:  # this machine without pyenv: at least the test's own Python
+        found[sys.executable] = tuple(sys.version_info[:2])
+    return sorted(found.items(), key=lambda kv: kv[1])
+
+
+PYTHONS = _pythons()
+SUPPORTED = [(exe, v) for exe, v in PYTHONS if v >= MIN_PYTHON]
+
+
+def _ids(items: list[tuple[str, tuple[int, int]]]) -> list[str]:
+    return [f"{exe}({v[0]}.{v[1]})" for exe, v in items]
+
+
+def fake_dist(site: Path, dist: str, module: str, version: str) -> None:
+    """A distribution as the path shows it: the module, and dist-info METADATA with its Version."""
+    pkg = site.joinpath(*module.split("."))
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+
+
+def good_site(site: Path, **versions: str) -> Path:
+    """Every required dependency at its lowest supported version, unless `versions` says otherwise."""
+    for dist, module, low, _below, required in boot.REQUIREMENTS:
+        v = versions.get(dist.replace("-", "_"), low if required else None)
+        if v is not None:
+            fake_dist(site, dist, module, v)
+    return site
+
+
+FAKE_AGENT = '''import json, os, sys
+print("AGENT " + json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", ""),
+                             "file": __file__}), flush=True)
+'''
+
+
+def fake_agent(where: Path) -> Path:
+    """An `nni_agent` package whose `python -m nni_agent` prints what it was started with."""
+    pkg = where / "nni_agent"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(FAKE_AGENT)
+    return where
+
+
+def run_boot(python: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+             inline: bool = False) -> subprocess.CompletedProcess[str]:
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONNOUSERSITE": "1", **(env or {})}
+    head = [python, "-c", BOOT.read_text()] if inline else [python, str(BOOT)]
+    return subprocess.run([*head, *args], capture_output=True, text=True, env=clean, cwd=cwd, timeout=60)
+
+
+def one_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == boot.FAILED, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nni-agent: "), out.stderr
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- one table
+
+def test_requirements_are_the_ones_pyproject_declares() -> None:
+    """boot.REQUIREMENTS is what the boot step checks; pyproject.toml is what pip installs."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=!~; ]", d, maxsplit=1)[0].lower(): d.replace(" ", "") for d in deps}
+    table = {dist: boot.requirement(dist, low, below) for dist, _m, low, below, _r in boot.REQUIREMENTS}
+    assert table == declared
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=%d.%d" % boot.MIN_PYTHON
+
+
+def test_version_tuple_reads_release_numbers() -> None:
+    assert boot.version_tuple("1.49.1") == (1, 49, 1)
+    assert boot.version_tuple("1.60.0rc1") == (1, 60, 0)
+    assert boot.version_tuple("5.29.0.post1") == (5, 29, 0)
+    assert boot.version_tuple("12.535.133") > boot.version_tuple("12.535")
+
+
+# ----------------------------------------------------------------------------- every Python 3 here
+
+@pytest.mark.parametrize("python,version", [p for p in PYTHONS if p[1] < MIN_PYTHON] or
+                         [pytest.param("", (0, 0), marks=pytest.mark.skip(reason="no Python older than "
+                                                                                  "the minimum on this machine"))],
+                         ids=_ids([p for p in PYTHONS if p[1] < MIN_PYTHON]) or None)
+def test_too_old_python_gets_one_line(python: str, version: tuple[int, int], tmp_path: Path) -> None:
+    for inline in (False, True):
+        line = one_line(run_boot(python, "--where", "the image python:3.7", "--message-file",
+                                 str(tmp_path / "msg"), "--", "--agent-id", "a", inline=inline))
+        assert re.fullmatch(rf"nni-agent: Python {version[0]}\.{version[1]}\.\d+ \({re.escape(python)}\) of the "
+                            rf"image python:3\.7 is older than 3\.8, .*", line), line
+        assert (tmp_path / "msg").read_text() == line  # e.g. a pod's termination message
+
+
+@pytest.mark.parametrize("python,version", SUPPORTED, ids=_ids(SUPPORTED))
+def test_python_without_the_dependencies_gets_one_line_with_the_fix(python: str, version: tuple[int, int],
+                                                                    tmp_path: Path) -> None:
+    line = one_line(run_boot(python, "--where", "the compute node", "--", "--agent-id", "a", cwd=tmp_path))
+    assert f"of the compute node cannot run the agent: grpcio is missing; protobuf is missing; psutil is missing; " \
+           "the nni-agent package is missing" in line, line
+    assert line.endswith(f"fix: {python} -m pip install 'grpcio>=1.49.1,<2' 'protobuf>=4.25.1,<8' "
+                         "'psutil>=5.9.4,<8'"), line
+    assert "nvidia-ml-py" not in line  # optional: GPUs are reported absent without it
+
+
+@pytest.mark.parametrize("python,version", SUPPORTED, ids=_ids(SUPPORTED))
+def test_dependency_versions_outside_the_range_get_one_line(python: str, version: tuple[int, int],
+                                                            tmp_path: Path) -> None:
+    site = good_site(tmp_path / "site", grpcio="1.30.0", protobuf="8.0.0", nvidia_ml_py="11.450.51")
+    fake_agent(tmp_path / "agent")
+    line = one_line(run_boot(python, "--path", str(site), "--path", str(tmp_path / "agent"), "--",
+                             "--agent-id", "a", cwd=tmp_path))
+    assert "cannot run the agent: grpcio 1.30.0 is older than 1.49.1; protobuf 8.0.0 is newer than the agent " \
+           "supports (below 8); nvidia-ml-py 11.450.51 is older than 12.535; fix: " in line, line
+    assert "'grpcio>=1.49.1,<2' 'protobuf>=4.25.1,<8' 'nvidia-ml-py>=12.535'" in line
+    assert "psutil" not in line
+
+
+@pytest.mark.parametrize("python,version", SUPPORTED, ids=_ids(SUPPORTED))
+def test_good_python_execs_the_agent_with_its_path(python: str, version: tuple[int, int], tmp_path: Path) -> None:
+    """Versions in range: the agent (here one that prints its start) runs with the boot's paths in
+    PYTHONPATH (its trials import nni_agent from there too) and its arguments untouched."""
+    site = good_site(tmp_path / "site", grpcio="1.70.0", protobuf="5.29.0")
+    agent = fake_agent(tmp_path / "agent")
+    for inline in (False, True):
+        out = run_boot(python, "--path", str(agent), "--path", str(site), "--path", str(tmp_path / "absent"), "--",
+                       "--agent-id", "a b", "--work-dir", "{agent}", cwd=tmp_path, inline=inline)
+        assert out.returncode == 0, out.stderr
+        seen = json.loads(out.stdout.split("AGENT ", 1)[1])
+        assert seen["argv"] == ["--agent-id", "a b", "--work-dir", "{agent}"]
+        assert seen["pythonpath"] == f"{agent}{os.pathsep}{site}"  # a missing dir (deps not shipped) is skipped
+        assert seen["file"] == str(agent / "nni_agent" / "__main__.py")
+
+
+@pytest.mark.parametrize("python,version", SUPPORTED[:1] + SUPPORTED[-1:], ids=_ids(SUPPORTED[:1] + SUPPORTED[-1:]))
+def test_wheel_unpacked_once_and_agent_id_from_the_environment(python: str, version: tuple[int, int],
+                                                               tmp_path: Path) -> None:
+    """The Kubernetes form: the wheel from a ConfigMap unpacked into scratch, "{agent}" = the pod's name."""
+    site = good_site(tmp_path / "site")
+    wheel = tmp_path / "nni_agent-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("nni_agent/__init__.py", "")
+        zf.writestr("nni_agent/__main__.py", FAKE_AGENT)
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["--path", str(site), "--wheel", str(wheel), "--unpack-to", str(work / "agent-tag"),
+            "--agent-id-env", "NNI_AGENT_ID", "--", "--agent-id", "{agent}", "--token-file", "/s/{agent}"]
+    for _ in range(2):
+        out = run_boot(python, *args, env={"NNI_AGENT_ID": "pod-1"}, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        seen = json.loads(out.stdout.split("AGENT ", 1)[1])
+        assert seen["argv"] == ["--agent-id", "pod-1", "--token-file", "/s/pod-1"]
+        assert seen["file"] == str(work / "agent-tag" / "nni_agent" / "__main__.py")
+    assert [p.name for p in work.iterdir()] == ["agent-tag"]  # no leftover scratch directory
+    line = one_line(run_boot(python, *args, cwd=tmp_path))
+    assert line == "nni-agent: the environment variable NNI_AGENT_ID (the agent's id) is not set"
+
+
+def test_boot_file_runs_without_its_package_shadowing_the_stdlib(tmp_path: Path) -> None:
+    """Run as a file, boot.py's own directory (nni_agent/) leaves sys.path: `--check` with the real
+    agent and this Python's real dependencies says ok."""
+    out = run_boot(sys.executable, "--path", str(ROOT / "agent"), "--check",
+                   env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if "site-packages" in p)}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"ok": True, "python": sys.executable, "problems": [], "fixes": []}
+
+
+def test_check_mode_says_what_to_install(tmp_path: Path) -> None:
+    """`--check` (the remote installer's): the problems and the requirements that fix them as JSON,
+    and the one line."""
+    site = good_site(tmp_path / "site", grpcio="1.30.0")
+    fake_agent(tmp_path / "agent")
+    out = run_boot(sys.executable, "--path", str(site), "--path", str(tmp_path / "agent"), "--check", cwd=tmp_path)
+    assert out.returncode == boot.FAILED
+    assert json.loads(out.stdout) == {"ok": False, "python": sys.executable,
+                                      "problems": ["grpcio 1.30.0 is older than 1.49.1"], "fixes": ["grpcio>=1.49.1,<2"]}
+    assert one_line(out).startswith("nni-agent: Python ")
+
+
+def test_unknown_boot_option_is_one_line(tmp_path: Path) -> None:
+    line = one_line(run_boot(sys.executable, "--frobnicate", "x", "--", "--agent-id", "a", cwd=tmp_path))
+    assert line == "nni-agent: unknown boot option --frobnicate (the manager and this boot script disagree)"
+
+
+def test_boot_source_has_no_openpai_template_tags() -> None:
+    """OpenPAI renders `<% ... %>` in a job's commands, where boot.py travels inline."""
+    text = BOOT.read_text()
+    assert "<%" not in text and "%>" not in text
