@@ -7,15 +7,20 @@ reached by proxyCommand; agents reach the manager only through the SSH tunnel. P
     hosts, then already installed for one host (target < 1 s) and for three at once;
   * per-trial overhead (submit -> SUCCEEDED of a trivial trial, sequential) over SSH vs
     local (target: within 1.5x of local), through a proxyCommand relay that disables
-    Nagle (socat ...,nodelay) and through plain nc, which does not.
+    Nagle (socat ...,nodelay) and through plain nc, which does not;
+  * with --bare WHEELHOUSE: one host whose Python is a bare venv of /usr/bin/python3 (none of
+    the agent's dependencies, no index in its namespace): run() -> agent connected when the
+    manager ships the dependencies (first), when the worker has kept them (second), next to a
+    worker whose Python has them; and the bytes shipped.
 
-    python scripts/bench_remote.py [--trials 20]
+    python scripts/bench_remote.py [--trials 20] [--bare .venv/agent-wheelhouse]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import logging
 import os
 import secrets
 import shutil
@@ -63,10 +68,11 @@ def hosts(keys: SshKeys, run_id: str) -> tuple[list[MachineConfig], list[subproc
     return machines, procs, names
 
 
-def config(work: Path, code: Path, platform: str, machines: list[MachineConfig]) -> ExperimentConfig:
+def config(work: Path, code: Path, platform: str, machines: list[MachineConfig],
+           wheelhouse: Path | None = None) -> ExperimentConfig:
     return ExperimentConfig(
         trial_command="true", trial_code_directory=code, trial_concurrency=1, trial_grace_period=1.0,
-        experiment_working_directory=work,
+        experiment_working_directory=work, agent_wheelhouse=wheelhouse,
         training_service=TrainingServiceConfig(platform=platform, options=RemoteConfig(machines) if platform == "remote" else None),
     )
 
@@ -100,7 +106,44 @@ def _ms(times: list[float]) -> str:
     return f"{statistics.median(times) * 1000:.0f} / {sorted(times)[int(len(times) * .9) - 1] * 1000:.0f} ms"
 
 
-async def main(n: int) -> None:
+class _Shipped(logging.Handler):
+    """Counts what the manager shipped (the bootstrap's "shipped N wheels (B bytes)" record)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wheels = self.bytes = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("shipped "):
+            self.wheels += int(record.args[0])  # type: ignore[index]
+            self.bytes += int(record.args[1])  # type: ignore[index]
+
+
+async def bare(tmp: Path, code: Path, machine: MachineConfig, wheelhouse: Path) -> None:
+    """A bare worker Python: dependencies shipped, then kept, next to a Python that has them."""
+    stock = Path("/usr/bin/python3")
+    venv = tmp / "bare"
+    subprocess.run([str(stock), "-m", "venv", "--without-pip", str(venv)], check=True)
+    version = subprocess.run([str(stock), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    tag = build_agent_wheel(tmp / "wheel").tag
+    os.environ["NNI_AGENT_WHEEL_CACHE"] = str(tmp / "wheel-cache")  # the manager's cache starts empty
+    shipped = _Shipped()
+    logging.getLogger("nni_manager.backends.remote.bootstrap").addHandler(shipped)
+    logging.getLogger("nni_manager.backends.remote.bootstrap").setLevel(logging.INFO)
+    bare_machine = dataclasses.replace(machine, python_path=str(venv / "bin"))
+    with_deps = await time_to_connected(config(tmp / "b0", code, "remote", [machine]))
+    shutil.rmtree(Path.home() / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
+    first = await time_to_connected(config(tmp / "b1", code, "remote", [bare_machine], wheelhouse))
+    first_bytes, first_wheels = shipped.bytes, shipped.wheels
+    second = await time_to_connected(config(tmp / "b2", code, "remote", [bare_machine], wheelhouse))
+    print(f"bare worker (Python {version}, no dependencies, no index): run() -> agent connected: "
+          f"dependencies shipped {first:.2f} s ({first_wheels} wheels, {first_bytes / 1e6:.1f} MB), "
+          f"kept from before {second:.2f} s ({(shipped.bytes - first_bytes) / 1e6:.1f} MB shipped); "
+          f"a worker that has them {with_deps:.2f} s; ratios {first / with_deps:.2f}x / {second / with_deps:.2f}x")
+
+
+async def main(n: int, wheelhouse: Path | None) -> None:
     if os.geteuid() != 0 or not os.path.exists(SSHD) or not all(map(shutil.which, ("ip", "nc", "socat"))):
         raise SystemExit("bench_remote: needs root, /usr/sbin/sshd, ip, nc and socat "
                          "(apt-get install -y openssh-server iproute2 netcat-openbsd socat)")
@@ -118,6 +161,8 @@ async def main(n: int) -> None:
         tag = build_agent_wheel(tmp / "wheel").tag
         shutil.rmtree(Path.home() / ".nni-agent" / tag, ignore_errors=True)  # force a fresh install
         first = await time_to_connected(config(tmp / "e1", code, "remote", machines))
+        if wheelhouse is not None:
+            await bare(tmp, code, machines[0], wheelhouse.resolve())
         one = await time_to_connected(config(tmp / "e2", code, "remote", machines[:1]))
         three = await time_to_connected(config(tmp / "e3", code, "remote", machines))
         print(f"run() -> agents connected: 3 hosts first start (install) {first:.2f} s; already installed: "
@@ -143,4 +188,7 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
-    asyncio.run(main(parser.parse_args().trials))
+    parser.add_argument("--bare", type=Path, metavar="WHEELHOUSE",
+                        help="also time a bare worker Python with the dependencies from this wheelhouse")
+    args = parser.parse_args()
+    asyncio.run(main(args.trials, args.bare))
