@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from nni_manager.backends.base import Backend, BackendContext, BackendError, EnvironmentRequest
 
@@ -59,7 +59,8 @@ class StateTable(Mapping[str, Phase]):
     @classmethod
     def of(cls, default: Phase = "unknown", **groups: Iterable[str]) -> StateTable:
         """`StateTable.of(waiting=["PENDING"], running=["RUNNING"], failed=[...], ...)`."""
-        return cls({state: phase for phase, states in groups.items() for state in states}, default)  # type: ignore[misc]
+        # a key that is not a phase is refused by __init__
+        return cls({state: cast(Phase, phase) for phase, states in groups.items() for state in states}, default)
 
     def phase(self, state: str) -> Phase:
         return self._phases.get(state, self.default)
@@ -244,10 +245,10 @@ class JobBackend(Backend):
                 return
             raise
         for name, view in views.items():
-            job = wanted.get(name)
-            if job is not None:
-                job.ref = view.ref
-                self._tell_url(job)
+            found = wanted.get(name)
+            if found is not None:
+                found.ref = view.ref
+                self._tell_url(found)
             elif view.live:
                 log.info("stopping %s job %s: its environment is no longer used", self.service, name)
                 await self._cancel_quietly(Job("", name, [], ref=view.ref))
