@@ -7,7 +7,6 @@ The platforms' own behaviour is tested end to end in tests/{openpai,dlts,aml,slu
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -191,18 +190,28 @@ def test_names_follow_nnis_pattern_for_pools_and_single_trials() -> None:
 def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
     ctx = Ctx()
     b = backend(ctx)
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
 
     async def main() -> None:
         await b.provision(env())
         assert ctx.status["env1"] == "PBS job nni_exp_exp1_env_1 is submitted"
         await b.provision(env())  # the guard: a job that still runs is not submitted twice
         assert b.calls.count("qsub") == 1
+        clock[0] += 5
         await b.poll()
-        assert ctx.status["env1"].startswith("PBS job 1.pbs is Q (for ") and " s)" in ctx.status["env1"]
+        assert ctx.status["env1"] == "PBS job 1.pbs is Q (for 5 s)"
+        clock[0] += 150
+        await b.poll()
+        assert ctx.status["env1"] == "PBS job 1.pbs is Q (for 2 min)"
         b.queue["1.pbs"].state = "R"
+        clock[0] += 150
         await b.poll()
-        assert "is R (for 0 s) but its agent has not dialled 10.0.0.1:8999 yet: if this lasts, check" in \
-            ctx.status["env1"]
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled 10.0.0.1:8999 "
+                                             "yet: if this lasts, check that the job's nodes can reach 10.0.0.1:8999")
+        clock[0] += 7
+        await b.poll()
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 7 s) but")
         assert b.enrolment_open("env1") is True
         ctx.connected.add("env1")
         await b.poll()
@@ -214,13 +223,17 @@ def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
 def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None:
     ctx = Ctx()
     b = backend(ctx, connect_timeout=30.0)
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
 
     async def main() -> None:
         await b.provision(env())
         b.queue["1.pbs"].state = "R"
+        await b.poll()  # seen running now
+        clock[0] += 30
         await b.poll()
-        assert ctx.failed == []
-        b.jobs["env1"].running_since = time.monotonic() - 31  # as if 31 s had passed since it was seen running
+        assert ctx.failed == [] and b.queue["1.pbs"].state == "R"  # 30 s: not longer than the timeout
+        clock[0] += 1
         await b.poll()
         [(agent, reason, failed)] = ctx.failed
         assert agent == "env1" and failed and b.queue["1.pbs"].state == "C"

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
@@ -112,9 +112,9 @@ class Job:
     hub: str = ""  # the address its agents dial
 
 
-def since(start: float, now: float | None = None) -> str:
-    """How long ago `start` (time.monotonic) was, in words."""
-    s = int((time.monotonic() if now is None else now) - start)
+def since(start: float, now: float) -> str:
+    """How long before `now` `start` was, in words."""
+    s = int(now - start)
     return f"{s} s" if s < 120 else f"{s // 60} min"
 
 
@@ -143,6 +143,8 @@ class JobBackend(Backend):
         self._poller: asyncio.Task[None] | None = None
         self._opened = False  # the platform answered `open`: there may be jobs to stop
         self._poked = asyncio.Event()  # an agent dialled before its job was seen running
+        # what `poll` measures waits and the connect timeout with (unit tests pass their own)
+        self.clock: Callable[[], float] = time.monotonic
 
     # ------------------------------------------------------------------ what a platform says
     @abc.abstractmethod
@@ -276,7 +278,7 @@ class JobBackend(Backend):
             job.done = True
             raise
         job.submitted = True
-        job.since = time.monotonic()
+        job.since = self.clock()
         if job.released:  # released while the platform was answering
             await self._cancel_quietly(job)
             return
@@ -415,6 +417,7 @@ class JobBackend(Backend):
         """One look at every job of the experiment."""
         assert self.ctx is not None
         views = await self.list_jobs()
+        now = self.clock()
         for job in list(self.jobs.values()):
             if not job.submitted or job.done:
                 continue
@@ -433,17 +436,17 @@ class JobBackend(Backend):
                 continue
             words = view.words
             if view.phase == "waiting":
-                words += f" (for {since(job.since)})"
+                words += f" (for {since(job.since, now)})"
             elif view.phase == "running":
-                job.running_since = job.running_since or time.monotonic()
+                job.running_since = job.running_since or now
                 if not all(self.ctx.agent_connected(m) for m in job.members):
-                    if time.monotonic() - job.running_since > self.connect_timeout and not job.released:
+                    if now - job.running_since > self.connect_timeout and not job.released:
                         await self._ended(job, JobView(
                             job.name, "failed", f"{self.job_label(job)} ran for {self.connect_timeout:g} s but its "
                             f"agent never dialled {self._hub(job)}: {self.check_hint(job)}; the job was stopped"))
                         await self._cancel_quietly(job)
                         continue
-                    words += (f" (for {since(job.running_since)}) but its agent has not dialled {self._hub(job)} "
+                    words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
                               f"yet: if this lasts, {self.check_hint(job)}")
             self._say(job, words)
 
