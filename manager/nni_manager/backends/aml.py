@@ -49,7 +49,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from nni_manager.backends.base import EnvironmentRequest
-from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, agent_boot,
+from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, StateTable, agent_boot,
                                              literal_secret_lines, parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
@@ -62,10 +62,10 @@ CLOUD_AUDIENCES = {"management.azure.com": ARM,
                    "management.chinacloudapi.cn": "https://management.core.chinacloudapi.cn/",
                    "management.usgovcloudapi.net": "https://management.core.usgovcloudapi.net/"}
 TOKEN_MARGIN = 300.0  # seconds before expires_on when a cached token is fetched anew
-STATES = {"NotStarted": "waiting", "Starting": "waiting", "Provisioning": "waiting", "Preparing": "waiting",
+STATES = StateTable({"NotStarted": "waiting", "Starting": "waiting", "Provisioning": "waiting", "Preparing": "waiting",
           "Queued": "waiting", "Scheduled": "waiting", "Running": "running", "Finalizing": "running",
           "NotResponding": "running", "Completed": "succeeded", "Failed": "failed", "CancelRequested": "stopped",
-          "Canceled": "stopped"}
+          "Canceled": "stopped"})
 
 
 @dataclass
@@ -136,6 +136,7 @@ def _fix_for(status: int, code: str) -> str:
 class AmlBackend(RestJobBackend):
     platform = "aml"
     service = "AML"
+    states = STATES
     single_use_credentials = True
     secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
@@ -310,7 +311,7 @@ class AmlBackend(RestJobBackend):
         self._remember_studio(name, item)
         props = item.get("properties") or {}
         status = str(props.get("status") or "Unknown")
-        phase = STATES.get(status, "unknown")
+        phase = self.states.phase(status)
         if phase == "stopped":
             words = f"AML job {name} was {status} outside this experiment (by a user or an administrator)"
         else:

@@ -32,13 +32,13 @@ from typing import Any
 from urllib.parse import quote
 
 from nni_manager.backends.base import EnvironmentRequest
-from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, agent_boot,
+from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, StateTable, agent_boot,
                                              literal_secret_lines, parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
-STATES = {"unapproved": "waiting", "queued": "waiting", "scheduling": "waiting", "running": "running",
+STATES = StateTable({"unapproved": "waiting", "queued": "waiting", "scheduling": "waiting", "running": "running",
           "finished": "succeeded", "failed": "failed", "error": "failed", "killing": "stopped", "killed": "stopped",
-          "pausing": "stopped", "paused": "stopped"}
+          "pausing": "stopped", "paused": "stopped"})
 LIST_LIMIT = 100  # finished jobs the listing returns beside the active ones
 
 
@@ -95,6 +95,7 @@ def _fix_for(status: int, code: str) -> str:
 class DltsBackend(RestJobBackend):
     platform = "dlts"
     service = "DLTS"
+    states = STATES
     single_use_credentials = True
     secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
@@ -205,7 +206,7 @@ class DltsBackend(RestJobBackend):
         name, state, ref = str(row.get("jobName")), str(row.get("jobStatus") or ""), str(row.get("jobId") or "")
         detail = row.get("jobStatusDetail") or []
         said = "; ".join(str(d.get("message")) for d in detail if isinstance(d, dict) and d.get("message"))[:400]
-        phase = STATES.get(state, "unknown")
+        phase = self.states.phase(state)
         if phase == "stopped":
             words = (f"DLTS job {name} was {'paused' if state.startswith('paus') else 'killed'} outside this "
                      "experiment (by a user or an administrator)")

@@ -1,6 +1,7 @@
 """Capacity for elastic platforms: which environments to ask for, and which to give back.
 
-Pure decisions over the current picture; the service carries them out. Rules:
+Pure decisions over the current picture, the clock included (`now`, time.monotonic's, is a
+parameter): the service carries them out. Rules:
 - never more live environments than `trialConcurrency`;
 - reuseMode false: one environment per trial, made for it and released when it ends (once
   its --single-trial agents have exited on their own, so that the object's status follows the
@@ -10,7 +11,6 @@ Pure decisions over the current picture; the service carries them out. Rules:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from nni_manager.service.agents import PROVISIONING, READY, Environment
@@ -26,9 +26,10 @@ class Plan:
 
 
 def plan(envs: list[Environment], busy: dict[str, str], waiting: list[TrialJobDetail],
-         limit: int, reuse: bool, idle_release: float = IDLE_RELEASE_S,
+         limit: int, reuse: bool, *, now: float, idle_release: float = IDLE_RELEASE_S,
          exiting: frozenset[str] = frozenset()) -> Plan:
-    """`envs`: every known environment; `busy`: env id -> the live trial on it."""
+    """`envs`: every known environment; `busy`: env id -> the live trial on it; `now`: the
+    time.monotonic() the environments' `since` is measured on."""
     out = Plan()
     live = [e for e in envs if e.live]
     if reuse:
@@ -37,7 +38,6 @@ def plan(envs: list[Environment], busy: dict[str, str], waiting: list[TrialJobDe
         room = limit - len(live)
         out.provision = [None] * max(0, min(shortfall, room))
         if not waiting:
-            now = time.monotonic()
             out.release = [e.env_id for e in free if e.state == READY and now - e.since > idle_release]
         return out
     bound = {e.trial_id for e in live if e.trial_id}

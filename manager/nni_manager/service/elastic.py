@@ -9,6 +9,7 @@ placement: every member starts its role's command), and handles an environment's
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from nni_agent.v1 import agent_pb2 as pb
@@ -61,7 +62,8 @@ class Elastic:
                             and (t := trials.by_id.get(e.trial_id)) is not None and t.status.is_terminal
                             and now - (t.end_time or now) < EXIT_WAIT_S * 1000)
         decided = capacity.plan(list(agents.envs.values()), busy, trials.waiting(),
-                                core.config.trial_concurrency, core.backend.reuse, exiting=exiting)
+                                core.config.trial_concurrency, core.backend.reuse, now=time.monotonic(),
+                                exiting=exiting)
         for env_id in decided.release:
             self.release(agents.envs[env_id])
         for trial_id in decided.provision:

@@ -38,15 +38,16 @@ import yaml
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
-from nni_manager.backends.rest_jobs import Job, JobView, Reply, RestClient, RestError, RestJobBackend, agent_boot
+from nni_manager.backends.rest_jobs import (Job, JobView, Reply, RestClient, RestError, RestJobBackend, StateTable,
+                                             agent_boot)
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ROLE = "taskrole"  # NNI's task role name
 API = "/rest-server/api/v2"  # PAI's pylon routes /rest-server/api/* to the rest-server
-LIVE_STATES = {"WAITING": "waiting", "RUNNING": "running", "STOPPING": "stopped", "STOPPED": "stopped",
-               "SUCCEEDED": "succeeded", "FAILED": "failed"}
+STATES = StateTable({"WAITING": "waiting", "RUNNING": "running", "STOPPING": "stopped", "STOPPED": "stopped",
+               "SUCCEEDED": "succeeded", "FAILED": "failed"})
 
 
 def _pai_error_words(status: int, body: Any) -> tuple[str, str]:
@@ -69,6 +70,7 @@ def _fix_for(status: int, code: str) -> str:
 class OpenpaiBackend(RestJobBackend):
     platform = "openpai"
     service = "OpenPAI"
+    states = STATES
     trial_command_required = False  # task roles of openpaiConfig carry their own commands
 
     def __init__(self, config: ExperimentConfig) -> None:
@@ -252,7 +254,7 @@ class OpenpaiBackend(RestJobBackend):
         sub = item.get("subState") or ""
         if not state:  # NNI: an item without a state is a failed job
             return JobView(name, "failed", f"OpenPAI job {name} has no state")
-        phase = LIVE_STATES.get(state, "unknown")
+        phase = self.states.phase(state)
         if phase == "running" and item.get("executionType") == "STOP":
             phase = "stopped"
         vc = item.get("virtualCluster") or self.opts.virtual_cluster or "default"

@@ -15,7 +15,10 @@ queue wait is paid once per allocation; without it, one job per trial, whose age
 - Watching: one `squeue --me -t all` call per poll for all the experiment's jobs. A PENDING
   job's reason (Priority, Resources, QOSMaxGRESPerUser, ...) becomes the WAITING trial's
   message; a job that ends on its own says how in Slurm's words (CANCELLED by someone else,
-  TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL).
+  TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, BOOT_FAIL); a job RUNNING for
+  `agentConnectTimeout` whose agents never dialled the hub is failed and cancelled. Naming,
+  re-attach, polling and stop-all are the job pattern of `backends/jobs.py`; this module is its
+  submit / list / cancel trio and Slurm's state table.
 - A request no partition can satisfy fails at start with Slurm's words (`sbatch --test-only`).
 - Where: the Slurm commands run on this host (`hosts.LocalHost`), or with `loginNode` on a login
   node over SSH (`login.LoginNodeHost`): job files go there by SFTP, and the agents reach the hub
@@ -27,15 +30,13 @@ import asyncio
 import logging
 import shlex
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from nni_agent.compat import MIN_PYTHON_TEXT
 from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.agent_wheel import build_agent_wheel
-from nni_manager.backends.base import (
-    AgentSpec, Backend, BackendContext, BackendError, DryRun, EnvironmentRequest, Role, Shape,
-)
+from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest, Role, Shape
+from nni_manager.backends.jobs import Job, JobBackend, JobView, StateTable
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
@@ -49,27 +50,21 @@ from nni_manager.ssh.connection import (
 log = logging.getLogger(__name__)
 
 SEP = "\x1f"  # squeue field separator (unit separator: never in job names or reasons)
-LIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-        "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
-# How a job that ended on its own ends its trials: FAILED (the trial's own doing) or SYS_CANCELED.
-FAILED_STATES = {"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"}
-
+# Slurm's job states. An ended job ends its trials FAILED (the trial's own doing: failed, out of
+# memory, time limit) or SYS_CANCELED (cancelled by someone else, node failure, preemption); a
+# state Slurm adds later counts as ended.
+STATES = StateTable.of(
+    waiting=("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"),
+    running=("RUNNING",),
+    unknown=("COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"),  # live, not running
+    succeeded=("COMPLETED",),
+    failed=("FAILED", "OUT_OF_MEMORY", "TIMEOUT", "DEADLINE"),
+    stopped=("CANCELLED", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "SPECIAL_EXIT", "REVOKED"),
+    default="stopped",
+)
 
 class SlurmError(BackendError):
     """A Slurm command refused something: one line, in Slurm's words."""
-
-
-@dataclass
-class Job:
-    env_id: str
-    name: str
-    members: list[str]
-    trial_id: str | None = None
-    job_id: str | None = None
-    done: bool = False
-    missing: int = 0
-    last_status: str = ""
-    released: bool = False
 
 
 def _one_line(text: str) -> str:
@@ -77,19 +72,16 @@ def _one_line(text: str) -> str:
     return "; ".join(lines[-3:]) if lines else ""
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(JobBackend):
+    """The job pattern of `jobs.py` over `sbatch` / `squeue` / `scancel`."""
+
     platform = "slurm"
-    hub = "network"
-    elastic = True
-    default_reconnect_window = 300.0
+    service = "Slurm"
+    states = STATES
+    errors = (SlurmError,)
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
-        self.experiment_id = "dryrun"
-        self._ctx: BackendContext | None = None
-        self._jobs: dict[str, Job] = {}  # by env id
-        self._cancelled: set[str] = set()  # job ids we scancel'ed (their end is ours, not news)
-        self._poller: asyncio.Task[None] | None = None
         self._host: SlurmHost | None = None
         self._wheel: str | None = None  # the agent wheel as the jobs see it (shipped when set)
         self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
@@ -126,15 +118,6 @@ class SlurmBackend(Backend):
         return self.opts.python_path or ("python3" if self.opts.login_node else sys.executable)
 
     # ------------------------------------------------------------------ names and files
-    @property
-    def prefix(self) -> str:
-        return f"nni_exp_{self.experiment_id}_"
-
-    def job_name(self, env_id: str, trial_id: str | None) -> str:
-        if trial_id:
-            return f"{self.prefix}trial_{trial_id}"
-        return f"{self.prefix}env_{env_id.removeprefix('env')}"
-
     def base_dir(self) -> str:
         if self._host is not None:
             return self._host.base_dir()
@@ -203,27 +186,25 @@ class SlurmBackend(Backend):
         """Whether jobs run the agent from the manager's wheel (pythonPath, or a login node's Python)."""
         return bool(self.opts.python_path or self.opts.login_node)
 
-    async def run(self, *argv: str, stdin: str | None = None, cwd: str | None = None) -> tuple[int, str, str]:
-        assert self._host is not None
-        return await self._host.run(argv, stdin=stdin, cwd=cwd)
-
-    # ------------------------------------------------------------------ lifecycle
-    async def start(self, ctx: BackendContext) -> None:
-        self._ctx = ctx
-        self.experiment_id = ctx.experiment_id
-        node = self.opts.login_node
+    # ------------------------------------------------------------------ the job pattern's trio
+    async def open(self) -> None:
+        """Reach Slurm (here or on the login node), ship the agent wheel, and ask Slurm whether a
+        trial's request fits a partition at all."""
+        assert self.ctx is not None
+        ctx, node = self.ctx, self.opts.login_node
         max_agents = self.config.trial_concurrency * self.opts.nodes
         host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.orphan_timeout, max_agents) if node
                            else LocalHost(ctx.experiment_dir))
         self._host = host
         try:
-            await self._start(ctx, host)
+            await self._open(host)
         except BaseException:
+            self._host = None
             await host.close()
             raise
-        self._poller = asyncio.create_task(self._poll_loop(), name="slurm-squeue")
 
-    async def _start(self, ctx: BackendContext, host: SlurmHost) -> None:
+    async def _open(self, host: SlurmHost) -> None:
+        assert self.ctx is not None
         node = self.opts.login_node
         await host.open()
         base = f"{host.base_dir()}/slurm"
@@ -235,7 +216,7 @@ class SlurmBackend(Backend):
             raise SlurmError(f"`{'`, `'.join(missing)}` not found {host.where}: platform slurm runs the Slurm client "
                              f"commands {host.where} ({fix})")
         if self.ships_wheel:
-            wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
+            wheel = await asyncio.to_thread(build_agent_wheel, self.ctx.experiment_dir / "agent-wheel")
             self._wheel = str(wheel.path)
             if isinstance(host, LoginNodeHost):  # by SFTP to the login node's (shared) file system
                 await host.make_private_dir(f"{host.base_dir()}/agent-wheel")
@@ -250,78 +231,102 @@ class SlurmBackend(Backend):
         if rc != 0:
             raise SlurmError(f"Slurm refuses a trial's request ({self.request_words()}): "
                              f"{_one_line(err or out) or f'sbatch --test-only exited {rc}'}")
-        await self._reattach()
-
-    async def _reattach(self) -> None:
-        """After a manager restart: find the jobs of the environments the core still has; fail those
-        whose job is gone; cancel jobs of this experiment nothing wants any more."""
-        assert self._ctx is not None
-        wanted: dict[str, Job] = {}
-        for env in self._ctx.environments():
-            name = self.job_name(env.env_id, env.trial_id)
-            job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
-            wanted[name] = job
-            self._jobs[env.env_id] = job
-            if self.opts.login_node and env.members and self._relay is None:  # running agents redial the relay
+        if node:  # after a manager restart, running agents redial the relay
+            env = next((e for e in self.ctx.environments() if e.members), None)
+            if env is not None:
                 await self._dial_address(env.members[0].hub_address)
-        if not wanted:
-            rows = await self._squeue()
-            stale = [r["id"] for r in rows or [] if r["state"] in LIVE]
-            if stale:
-                await self._scancel(stale)
-            return
-        rows = await self._squeue()
-        if rows is None:
-            return  # slurmctld not answering: the poll loop finds them later
-        found: set[str] = set()
-        for r in sorted(rows, key=lambda r: int(r["id"]) if r["id"].isdigit() else 0):
-            job = wanted.get(r["name"])
-            if job is not None:
-                job.job_id = r["id"]  # the newest job of that name
-                found.add(r["name"])
-            elif r["state"] in LIVE:
-                log.info("cancelling Slurm job %s (%s): its environment is no longer used", r["id"], r["name"])
-                await self._scancel([r["id"]])
-        for name, job in wanted.items():
-            if name not in found and job.members:
-                job.done = True
-                self._ctx.agent_failed(job.members[0], f"Slurm job {name} is gone (it ended while the manager was down)")
 
-    async def provision(self, env: EnvironmentRequest) -> None:
-        assert self._ctx is not None
-        name = self.job_name(env.env_id, env.trial_id)
-        job = self._jobs.get(env.env_id)
-        if job is not None and job.job_id and not job.done:
-            return  # a restarted manager re-provisioning a job that still runs
+    async def close(self) -> None:
+        if self._host is None:
+            return
+        for job in self.jobs.values():
+            await self.forget(job)
+        if isinstance(self._host, LoginNodeHost):
+            await self._host.stop_relay()
+        await self._host.close()
+
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> str:
+        """The batch script; the agents' tokens (and the CA) as 0600 files in the job's directory."""
         host = self._host
         assert host is not None
-        job = Job(env.env_id, name, [m.agent_id for m in env.members], env.trial_id)
-        self._jobs[env.env_id] = job
-        job_dir = self.job_dir(name)
-        try:
-            dial = await self._dial_address(env.members[0].hub_address)
-            await host.make_private_dir(job_dir)
-            tls = bool(env.members and env.members[0].ca_certificate)
-            for m in env.members:
-                await host.write_private(f"{job_dir}/{m.agent_id}.token", m.token.encode())
-            if tls:
-                await host.write_private(f"{job_dir}/ca.crt", env.members[0].ca_certificate)
-            script = self.batch_script(env, name, job_dir, dial, tls)
-            await host.write_text(f"{job_dir}/batch.sh", script)  # for people; holds no secret
-        except Exception:
-            job.done = True
-            raise
-        rc, out, err = await self.run("sbatch", "--parsable", stdin=script, cwd=job_dir)
+        job_dir = self.job_dir(job.name)
+        job.hub = await self._dial_address(env.members[0].hub_address)
+        await host.make_private_dir(job_dir)
+        tls = bool(env.members and env.members[0].ca_certificate)
+        for m in env.members:
+            await host.write_private(f"{job_dir}/{m.agent_id}.token", m.token.encode())
+        if tls:
+            await host.write_private(f"{job_dir}/ca.crt", env.members[0].ca_certificate)
+        script = self.batch_script(env, job.name, job_dir, job.hub, tls)
+        await host.write_text(f"{job_dir}/batch.sh", script)  # for people; holds no secret
+        return script
+
+    async def submit(self, job: Job, request: str) -> None:
+        rc, out, err = await self.run("sbatch", "--parsable", stdin=request, cwd=self.job_dir(job.name))
         if rc != 0:
-            job.done = True
-            raise SlurmError(f"sbatch refused {name}: {_one_line(err or out) or f'exit status {rc}'}")
-        job.job_id = out.strip().split(";")[0]
-        if job.released:  # released while sbatch was answering
-            self._cancelled.add(job.job_id)
-            await self._scancel([job.job_id])
+            raise SlurmError(f"sbatch refused {job.name}: {_one_line(err or out) or f'exit status {rc}'}")
+        job.ref = out.strip().split(";")[0]
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        """One `squeue --me --states=all` for every job of this experiment Slurm still knows
+        (finished ones for MinJobAge); of several jobs of one name, the newest."""
+        fmt = SEP.join(("%i", "%j", "%T", "%r", "%N", "%P"))
+        rc, out, err = await self.run("squeue", "--me", "--noheader", "--states=all", f"--format={fmt}")
+        if rc != 0:
+            raise SlurmError(f"squeue failed: {_one_line(err) or f'exit status {rc}'}")
+        rows = [dict(zip(("id", "name", "state", "reason", "nodes", "partition"), parts))
+                for parts in (line.split(SEP) for line in out.splitlines())
+                if len(parts) == 6 and parts[1].startswith(self.prefix)]
+        rows.sort(key=lambda r: int(r["id"]) if r["id"].isdigit() else 0)
+        return {r["name"]: self._view(r) for r in rows}
+
+    def _view(self, row: dict[str, str]) -> JobView:
+        job_id, name, state, reason = row["id"], row["name"], row["state"], row["reason"]
+        phase = self.states.phase(state)
+        label = f"Slurm job {job_id} ({name})"
+        if state == "PENDING":
+            words = f"{label} is PENDING ({reason}) for {self.request_words()}"
+            if not self.opts.partition and row["partition"]:
+                words = words.replace("the default partition", f"partition {row['partition']}")
+        elif phase in ("waiting", "running", "unknown"):
+            words = f"{label} is {state} on {row['nodes'] or '?'}"
+        elif state == "CANCELLED":
+            words = f"{label} was CANCELLED outside this experiment (scancel by a user or an administrator)"
+        else:
+            words = f"{label} ended {state}"
+            if reason and reason not in ("None", "NonZeroExitCode"):
+                words += f" ({reason})"
+        return JobView(name, phase, words, ref=job_id, state=state)
+
+    async def cancel(self, job: Job) -> None:
+        if not job.ref:
             return
-        for m in job.members:
-            self._ctx.agent_status(m, f"Slurm job {job.job_id} ({name}) is submitted ({self.request_words()})")
+        rc, out, err = await self.run("scancel", job.ref)
+        if rc != 0:
+            raise SlurmError(f"scancel {job.ref}: {_one_line(err or out) or f'exit status {rc}'}")
+
+    # ------------------------------------------------------------------ what Slurm says
+    def job_label(self, job: Job) -> str:
+        return f"Slurm job {job.ref} ({job.name})" if job.ref else f"Slurm job {job.name}"
+
+    def submitted_words(self, job: Job) -> str:
+        return f"{self.job_label(job)} is submitted ({self.request_words()})"
+
+    def check_hint(self, job: Job) -> str:
+        return (f"check that the compute nodes can reach {self._hub(job)} (nniManagerIp, hubPort, firewalls) "
+                f"and that {self.python} there has Python >= {MIN_PYTHON_TEXT} with nni-agent "
+                f"({self.job_dir(job.name)}/agent-*.log says which)")
+
+    async def ended_words(self, job: Job, view: JobView) -> str:
+        if view.state in ("FAILED", "BOOT_FAIL") and self._host is not None:
+            tail = _one_line(await self._host.log_tail(self.job_dir(job.name)))[-400:]
+            if tail:
+                return f"{view.words}: {tail}"
+        return view.words
+
+    async def forget(self, job: Job) -> None:
+        if self._host is not None:
+            await self._host.remove([f"{self.job_dir(job.name)}/{agent_id}.token" for agent_id in job.members])
 
     async def _dial_address(self, hub: str) -> str:
         """What the agents dial: the hub itself, or (loginNode) the relay in front of it."""
@@ -333,136 +338,9 @@ class SlurmBackend(Backend):
                 self._relay = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return self._relay
 
-    async def release(self, env_id: str) -> None:
-        job = self._jobs.get(env_id)
-        if job is None:
-            return
-        job.released = True
-        if job.job_id and not job.done:
-            self._cancelled.add(job.job_id)
-            await self._scancel([job.job_id])
-        await self._remove_tokens(job)
-
-    async def _remove_tokens(self, job: Job) -> None:
-        if self._host is not None:
-            await self._host.remove([f"{self.job_dir(job.name)}/{agent_id}.token" for agent_id in job.members])
-
-    async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
-            self._poller = None
-        if self._ctx is None or self._host is None:
-            return
-        rows = await self._squeue()
-        live = [r["id"] for r in rows or [] if r["state"] in LIVE]
-        if live:
-            self._cancelled.update(live)
-            await self._scancel(live)
-        deadline = time.monotonic() + self.stop_deadline
-        while live and time.monotonic() < deadline:  # the agents end after their grace period
-            rows = await self._squeue()
-            if rows is not None and not any(r["state"] in LIVE for r in rows):
-                break
-            await asyncio.sleep(0.5)
-        else:
-            if live:
-                log.error("Slurm jobs of experiment %s are still ending", self.experiment_id)
-        for job in self._jobs.values():
-            await self._remove_tokens(job)
-        if isinstance(self._host, LoginNodeHost):
-            await self._host.stop_relay()
-        await self._host.close()
-
-    # ------------------------------------------------------------------ Slurm commands
-    async def _squeue(self) -> list[dict[str, str]] | None:
-        """Every job of this experiment Slurm still knows (finished ones for MinJobAge); None: no answer."""
-        fmt = SEP.join(("%i", "%j", "%T", "%r", "%N", "%P"))
-        rc, out, err = await self.run("squeue", "--me", "--noheader", "--states=all", f"--format={fmt}")
-        if rc != 0:
-            log.warning("squeue failed: %s", _one_line(err) or f"exit status {rc}")
-            return None
-        rows = []
-        for line in out.splitlines():
-            parts = line.split(SEP)
-            if len(parts) == 6 and parts[1].startswith(self.prefix):
-                rows.append(dict(zip(("id", "name", "state", "reason", "nodes", "partition"), parts)))
-        return rows
-
-    async def _scancel(self, job_ids: list[str]) -> None:
-        rc, out, err = await self.run("scancel", *job_ids)
-        if rc != 0:
-            log.warning("scancel %s: %s", " ".join(job_ids), _one_line(err or out))
-
-    # ------------------------------------------------------------------ watching
-    async def _poll_loop(self) -> None:
-        while True:
-            try:
-                await self._poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("watching the Slurm jobs")
-            await asyncio.sleep(self.opts.poll_interval)
-
-    async def _poll(self) -> None:
-        ctx = self._ctx
-        assert ctx is not None
-        rows = await self._squeue()
-        if rows is None:
-            return
-        by_id = {r["id"]: r for r in rows}
-        for job in list(self._jobs.values()):
-            if job.job_id is None or job.done:
-                continue
-            row = by_id.get(job.job_id)
-            if row is None:
-                job.missing += 1
-                if job.missing >= 3:  # several polls in a row: not a glitch
-                    await self._ended(job, "", f"Slurm job {job.job_id} ({job.name}) is no longer known to Slurm")
-                continue
-            job.missing = 0
-            state, reason = row["state"], row["reason"]
-            if state == "PENDING":
-                words = f"Slurm job {job.job_id} ({job.name}) is PENDING ({reason}) for {self.request_words()}"
-                if not self.opts.partition and row["partition"]:
-                    words = words.replace("the default partition", f"partition {row['partition']}")
-            elif state in LIVE:
-                words = f"Slurm job {job.job_id} ({job.name}) is {state} on {row['nodes'] or '?'}"
-                if state in ("RUNNING", "CONFIGURING"):
-                    words += "; its agents are starting"
-            else:
-                await self._ended(job, state, await self._end_words(job, state, reason))
-                continue
-            if words != job.last_status:
-                job.last_status = words
-                for m in job.members:
-                    ctx.agent_status(m, words)
-
-    async def _end_words(self, job: Job, state: str, reason: str) -> str:
-        words = f"Slurm job {job.job_id} ({job.name}) ended {state}"
-        if reason and reason not in ("None", "NonZeroExitCode"):
-            words += f" ({reason})"
-        if state == "CANCELLED":
-            words = (f"Slurm job {job.job_id} ({job.name}) was CANCELLED outside this experiment "
-                     "(scancel by a user or an administrator)")
-        if state in ("FAILED", "BOOT_FAIL"):
-            assert self._host is not None
-            tail = _one_line(await self._host.log_tail(self.job_dir(job.name)))[-400:]
-            if tail:
-                words += f": {tail}"
-        return words
-
-    async def _ended(self, job: Job, state: str, words: str) -> None:
-        ctx = self._ctx
-        assert ctx is not None
-        job.done = True
-        await self._remove_tokens(job)
-        if job.job_id in self._cancelled:
-            return  # released by us: the core knows
-        failed = state in FAILED_STATES
-        for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
-            ctx.agent_failed(m, words, failed=failed)
+    async def run(self, *argv: str, stdin: str | None = None, cwd: str | None = None) -> tuple[int, str, str]:
+        assert self._host is not None
+        return await self._host.run(argv, stdin=stdin, cwd=cwd)
 
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:

@@ -16,6 +16,7 @@
       pythonPath: /usr/bin/python3  # the Python that runs the agent (default: the manager's own)
       reuseMode: true             # a pool of up to trialConcurrency allocations running trial after trial
       pollInterval: 5s            # how often one `squeue` call looks at all the experiment's jobs
+      agentConnectTimeout: 10m    # a job RUNNING this long without its agents dialling in fails
       loginNode:                  # optional: drive the cluster over SSH (a machineList entry's fields)
         host: login.hpc.example.edu
         user: alice
@@ -31,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nni_manager.backends.jobs import parse_watch_fields
 from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_duration, parse_size_mb
 from nni_manager.ssh.machine import SshMachine, parse_machine
 
@@ -66,6 +68,7 @@ class SlurmConfig:
     python_path: str | None = None
     reuse_mode: bool = True
     poll_interval: float = 5.0
+    connect_timeout: float | None = None  # agentConnectTimeout (None: the job pattern's default)
     login_node: LoginNode | None = None
 
 
@@ -139,7 +142,7 @@ def parse_slurm(ts: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
     out.python_path = ts.str_("pythonPath")
     reuse = ts.bool_("reuseMode")
     out.reuse_mode = True if reuse is None else reuse
-    poll = ts.duration("pollInterval")
+    poll, out.connect_timeout = parse_watch_fields(ts)
     if poll is not None:
         out.poll_interval = poll
     return out

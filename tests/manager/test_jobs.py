@@ -1,0 +1,351 @@
+"""backends/jobs.py, the job pattern every batch platform builds on, decision by decision and in
+milliseconds: the platforms' state tables, and the algorithm (provision guard, poll, the
+"missing for 3 polls" rule, the agent connect timeout, ended reasons, re-attach, release,
+stop-all) over `Pbs` below, a batch scheduler that keeps its queue in memory. `Pbs` is also the
+proof of the pattern's promise: a new scheduler is a submit / list / cancel trio and a state table.
+The platforms' own behaviour is tested end to end in tests/{openpai,dlts,aml,slurm}."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from nni_manager.backends.aml import AmlBackend
+from nni_manager.backends.base import AgentSpec, BackendError, EnvironmentRequest, PlacementHints
+from nni_manager.backends.dlts import DltsBackend
+from nni_manager.backends.jobs import PHASES, Job, JobBackend, JobView, Phase, StateTable
+from nni_manager.backends.openpai.backend import OpenpaiBackend
+from nni_manager.backends.slurm.backend import SlurmBackend
+from nni_manager.config import ExperimentConfig, TrainingServiceConfig
+
+# ----------------------------------------------------------------------------- state tables
+
+TABLES = {"openpai": OpenpaiBackend.states, "dlts": DltsBackend.states, "aml": AmlBackend.states,
+          "slurm": SlurmBackend.states}
+
+
+def test_phases_are_the_literal_type() -> None:
+    assert set(PHASES) == set(get_args(Phase))
+
+
+@pytest.mark.parametrize("platform", sorted(TABLES))
+def test_every_platform_table_maps_onto_phases_and_its_ends(platform: str) -> None:
+    table = TABLES[platform]
+    assert len(table) >= 5 and all(table.phase(s) in PHASES for s in table)
+    # every platform says how a job waits, runs, succeeds, fails and is stopped by someone else
+    assert {"waiting", "running", "succeeded", "failed", "stopped"} <= set(table.values())
+
+
+@pytest.mark.parametrize("platform, state, phase", [
+    ("openpai", "WAITING", "waiting"), ("openpai", "RUNNING", "running"), ("openpai", "STOPPING", "stopped"),
+    ("openpai", "SUCCEEDED", "succeeded"), ("openpai", "FAILED", "failed"), ("openpai", "ARCHIVED", "unknown"),
+    ("dlts", "queued", "waiting"), ("dlts", "error", "failed"), ("dlts", "paused", "stopped"),
+    ("dlts", "finished", "succeeded"), ("dlts", "something-new", "unknown"),
+    ("aml", "Preparing", "waiting"), ("aml", "Finalizing", "running"), ("aml", "Canceled", "stopped"),
+    ("aml", "Failed", "failed"), ("aml", "Paused", "unknown"),
+    ("slurm", "PENDING", "waiting"), ("slurm", "CONFIGURING", "waiting"), ("slurm", "RUNNING", "running"),
+    ("slurm", "COMPLETING", "unknown"), ("slurm", "SUSPENDED", "unknown"), ("slurm", "COMPLETED", "succeeded"),
+    ("slurm", "OUT_OF_MEMORY", "failed"), ("slurm", "TIMEOUT", "failed"), ("slurm", "PREEMPTED", "stopped"),
+    ("slurm", "NODE_FAIL", "stopped"), ("slurm", "CANCELLED", "stopped"),
+    ("slurm", "A_STATE_SLURM_ADDS_LATER", "stopped"),  # not live: an ended job, as Slurm's unlisted states were
+])
+def test_platform_state_maps_to_phase(platform: str, state: str, phase: str) -> None:
+    assert TABLES[platform].phase(state) == phase
+
+
+def test_state_table_refuses_what_is_not_a_phase_and_builds_from_groups() -> None:
+    with pytest.raises(ValueError, match="Q: queued"):
+        StateTable({"Q": "queued"})  # type: ignore[dict-item]
+    table = StateTable.of(waiting=["Q", "H"], running=["R"], default="stopped")
+    assert (table.phase("H"), table.phase("R"), table.phase("Z")) == ("waiting", "running", "stopped")
+    assert dict(table) == {"Q": "waiting", "H": "waiting", "R": "running"}
+
+
+@pytest.mark.parametrize("phase, settled, live", [
+    ("waiting", True, True), ("running", True, True), ("unknown", True, True), ("failed", True, False),
+    ("succeeded", True, False), ("stopped", True, False), ("stopped", False, True)])  # still stopping
+def test_view_is_live_while_the_job_may_have_processes(phase: Phase, settled: bool, live: bool) -> None:
+    assert JobView("j", phase, "", settled=settled).live is live
+
+
+# ----------------------------------------------------------------------------- the algorithm
+
+class PbsError(BackendError):
+    pass
+
+
+@dataclass
+class Queued:
+    name: str
+    state: str = "Q"
+    comment: str = ""
+
+
+class Pbs(JobBackend):
+    """A PBS-like scheduler in memory: what a new batch platform costs (the trio and a table)."""
+
+    platform = "pbs"
+    service = "PBS"
+    states = StateTable.of(waiting=["Q", "H"], running=["R"], unknown=["E"], succeeded=["F"], failed=["X"],
+                           stopped=["C"], default="stopped")
+    errors = (PbsError,)
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        super().__init__(config)
+        self.queue: dict[str, Queued] = {}
+        self.calls: list[str] = []
+        self.down = False  # the scheduler does not answer
+
+    async def open(self) -> None:
+        self.calls.append("open")
+
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> str:
+        return f"#PBS -N {job.name}\nnni-agent --agent-id {env.env_id}"
+
+    async def submit(self, job: Job, request: str) -> None:
+        self._answer("qsub")
+        ref = f"{len(self.queue) + 1}.pbs"
+        self.queue[ref] = Queued(job.name)
+        job.ref = ref
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        self._answer("qstat")
+        return {q.name: JobView(q.name, self.states.phase(q.state), f"PBS job {ref} is {q.state}{q.comment}", ref)
+                for ref, q in self.queue.items() if q.name.startswith(self.prefix)}  # the experiment's, by name
+
+    async def cancel(self, job: Job) -> None:
+        self._answer("qdel")
+        if job.ref in self.queue:
+            self.queue[job.ref].state = "C"
+
+    def _answer(self, command: str) -> None:
+        self.calls.append(command)
+        if self.down:
+            raise PbsError(f"{command}: cannot connect to server")
+
+
+@dataclass
+class Ctx:
+    """What the core offers a backend, recorded."""
+
+    experiment_id: str = "exp1"
+    experiment_dir: Path = Path("/nonexistent")
+    envs: list[EnvironmentRequest] = field(default_factory=list)
+    connected: set[str] = field(default_factory=set)
+    status: dict[str, str] = field(default_factory=dict)
+    failed: list[tuple[str, str, bool]] = field(default_factory=list)
+
+    def add_agent(self, name: str, hints: PlacementHints = PlacementHints()) -> AgentSpec:
+        raise AssertionError("not a fixed backend")
+
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        self.failed.append((agent_id, reason, failed))
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        self.status[agent_id] = message
+
+    def agent_url(self, agent_id: str, url: str) -> None:
+        pass
+
+    def agent_connected(self, agent_id: str) -> bool:
+        return agent_id in self.connected
+
+    def environments(self) -> list[EnvironmentRequest]:
+        return self.envs
+
+
+@dataclass
+class Options:
+    poll_interval: float | None = 60.0  # the loop never polls on its own here: the tests call poll()
+    connect_timeout: float | None = None
+
+
+def backend(ctx: Ctx, **options: Any) -> Pbs:
+    config = ExperimentConfig(trial_command="true", trial_code_directory=Path("."), trial_grace_period=0.0,
+                              training_service=TrainingServiceConfig(platform="pbs", options=Options(**options)))
+    b = Pbs(config)
+    b.ctx, b.experiment_id = ctx, ctx.experiment_id
+    return b
+
+
+def env(env_id: str = "env1", trial: str | None = None) -> EnvironmentRequest:
+    spec = AgentSpec(agent_id=env_id, token="t", hub_address="10.0.0.1:8999",  # not dialed
+                     hub_unix_socket=Path("/dev/null"))
+    return EnvironmentRequest(env_id, (spec,), trial)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_names_follow_nnis_pattern_for_pools_and_single_trials() -> None:
+    b = backend(Ctx())
+    assert b.job_name("env7", None) == "nni_exp_exp1_env_7"
+    assert b.job_name("trial-ab", "Ab") == "nni_exp_exp1_trial_Ab"
+
+
+def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
+
+    async def main() -> None:
+        await b.provision(env())
+        assert ctx.status["env1"] == "PBS job nni_exp_exp1_env_1 is submitted"
+        await b.provision(env())  # the guard: a job that still runs is not submitted twice
+        assert b.calls.count("qsub") == 1
+        clock[0] += 5
+        await b.poll()
+        assert ctx.status["env1"] == "PBS job 1.pbs is Q (for 5 s)"
+        clock[0] += 150
+        await b.poll()
+        assert ctx.status["env1"] == "PBS job 1.pbs is Q (for 2 min)"
+        b.queue["1.pbs"].state = "R"
+        clock[0] += 150
+        await b.poll()
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled 10.0.0.1:8999 "
+                                             "yet: if this lasts, check that the job's nodes can reach 10.0.0.1:8999")
+        clock[0] += 7
+        await b.poll()
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 7 s) but")
+        assert b.enrolment_open("env1") is True
+        ctx.connected.add("env1")
+        await b.poll()
+        assert ctx.status["env1"] == "PBS job 1.pbs is R" and ctx.failed == []
+
+    run(main())
+
+
+def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None:
+    ctx = Ctx()
+    b = backend(ctx, connect_timeout=30.0)
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
+
+    async def main() -> None:
+        await b.provision(env())
+        b.queue["1.pbs"].state = "R"
+        await b.poll()  # seen running now
+        clock[0] += 30
+        await b.poll()
+        assert ctx.failed == [] and b.queue["1.pbs"].state == "R"  # 30 s: not longer than the timeout
+        clock[0] += 1
+        await b.poll()
+        [(agent, reason, failed)] = ctx.failed
+        assert agent == "env1" and failed and b.queue["1.pbs"].state == "C"
+        assert reason.startswith("PBS job nni_exp_exp1_env_1 ran for 30 s but its agent never dialled 10.0.0.1:8999")
+        assert reason.endswith("; the job was stopped")
+        await b.poll()
+        assert len(ctx.failed) == 1  # reported once
+
+    run(main())
+
+
+def test_a_job_missing_from_three_listings_in_a_row_is_gone() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+
+    async def main() -> None:
+        await b.provision(env())
+        saved = b.queue.pop("1.pbs")
+        await b.poll()
+        await b.poll()
+        b.queue["1.pbs"] = saved  # a glitch: back in the listing, the count starts again
+        await b.poll()
+        del b.queue["1.pbs"]
+        await b.poll()
+        await b.poll()
+        assert ctx.failed == []
+        await b.poll()
+        assert ctx.failed == [("env1", "PBS job nni_exp_exp1_env_1 is no longer known to PBS", False)]
+
+    run(main())
+
+
+@pytest.mark.parametrize("state, failed", [("X", True), ("C", False), ("F", False), ("Z", False)])
+def test_a_job_that_ends_on_its_own_ends_its_trials_in_the_platforms_words(state: str, failed: bool) -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+
+    async def main() -> None:
+        await b.provision(env("trial-a", "a"))
+        b.queue["1.pbs"].state, b.queue["1.pbs"].comment = state, " (exit 3)"
+        await b.poll()
+        assert ctx.failed == [("trial-a", f"PBS job 1.pbs is {state} (exit 3)", failed)]
+        assert b.jobs["trial-a"].done
+
+    run(main())
+
+
+def test_a_released_job_is_cancelled_and_its_end_is_not_news() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+
+    async def main() -> None:
+        await b.provision(env())
+        await b.release("env1")
+        assert b.queue["1.pbs"].state == "C"
+        await b.poll()
+        assert ctx.failed == [] and b.jobs["env1"].done
+
+    run(main())
+
+
+def test_a_refusal_raises_and_the_job_is_not_watched() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.down = True
+
+    async def main() -> None:
+        with pytest.raises(PbsError, match="qsub: cannot connect"):
+            await b.provision(env())
+        assert b.jobs["env1"].done and not b.jobs["env1"].submitted
+
+    run(main())
+
+
+def test_reattach_finds_wanted_jobs_fails_gone_ones_and_stops_unwanted_ones() -> None:
+    ctx = Ctx(envs=[env("env1"), env("env2")])
+    b = backend(ctx)
+    b.queue = {"7.pbs": Queued("nni_exp_exp1_env_1", "R"), "8.pbs": Queued("nni_exp_exp1_env_9", "R"),
+               "9.pbs": Queued("nni_exp_exp1_env_8", "F")}
+
+    async def main() -> None:
+        await b.start(ctx)  # type: ignore[arg-type]
+        try:
+            assert b.jobs["env1"].ref == "7.pbs" and not b.jobs["env1"].done
+            assert ctx.failed == [("env2", "PBS job nni_exp_exp1_env_2 is gone (it ended while the manager was down)",
+                                   False)]
+            assert (b.queue["8.pbs"].state, b.queue["9.pbs"].state) == ("C", "F")  # only the live one is stopped
+        finally:
+            await b.stop()
+
+    run(main())
+
+
+def test_start_fails_when_the_scheduler_cannot_list_and_nothing_is_to_reattach() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.down = True
+    with pytest.raises(PbsError, match="qstat"):
+        run(b.start(ctx))  # type: ignore[arg-type]
+
+
+def test_stop_all_cancels_known_and_listed_jobs_then_waits_for_their_end() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.queue["1.pbs"] = Queued("nni_exp_exp1_env_5", "R")  # an earlier manager's job, by prefix
+    b.queue["2.pbs"] = Queued("nni_exp_other_env_1", "R")  # another experiment's: not ours
+
+    async def main() -> None:
+        await b.provision(env())
+        b._opened = True
+        await b.stop()
+        assert {r: q.state for r, q in b.queue.items()} == {"1.pbs": "C", "2.pbs": "R", "3.pbs": "C"}
+        assert b.calls[-1] == "qstat"  # it looked once more and saw nothing live
+
+    run(main())
