@@ -8,7 +8,7 @@ dependencies on the path, and execs `python -m nni_agent <agent arguments>`. Eve
 one line on stderr starting "nni-agent: " (and in --message-file, e.g. a pod's termination log):
 the backends make it the trial's or the environment's message. Exit status 3 on failure.
 
-The manager builds this command line (nni_manager/backends/agent_command.py); the script travels
+The manager builds this command line (its backends/agent_command.py); the script travels
 as a file (the agent wheel, a ConfigMap) or inline (`python -c`), so it holds no template tag
 (OpenPAI renders its `<` `%` tags in commands) and reads nothing but its arguments.
 """

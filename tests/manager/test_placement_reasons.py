@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import PlacementHints
-from nni_manager.placement import AgentView, Placer, Request
+from nni_manager.service.placement import AgentView, Placer, Request
 
 
 def gpus(n: int) -> pb.GpuReport:
