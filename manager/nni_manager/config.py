@@ -619,7 +619,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         leftover = trial.rest() if trial is not None else {}
         if leftover:
             raise ConfigError(trial.at(next(iter(leftover))) if trial else "trial", "is not used in hybrid mode",
-                              "remove it (trial roles belong to cluster platforms, which hybrid mode cannot combine)")
+                              "remove it (in hybrid mode a cluster platform's roles go in its own trainingService entry)")
         config.training_service = config_hybrid.parse(
             hybrid, lambda s: _training_service(s, ConfigSection({}, "", base), None, base, config, nni_manager_ip),
             nni_manager_ip)

@@ -22,7 +22,6 @@ REFUSED = {
     # NNI's own error: email/password/team come from DLTS's job variables when not in dltsConfig
     "examples/trials/mnist-tfv1/config_dlts.yml": "`email` field in `dltsConfig` is not configured.",
     "examples/trials/mnist-pytorch/config_adl.yml": "adl",
-    "examples/trials/mnist-pytorch/config_hybrid.yml": "hybrid mode",
     "examples/trials/mnist-sharedstorage/config_nfs.yml": "sharedStorage",
     # `password: 12345` unquoted is a YAML integer; NNI's typeguard check refuses it too
     "examples/trials/mnist-pytorch/config_remote.yml": "machineList[1].password`: must be a non-empty string",
@@ -45,7 +44,7 @@ def main(batch_num):
     """@nni.report_final_result(conv_size * learning_rate)"""
 '''
 
-_PLACEHOLDER = re.compile(r"\$?\{(your|replace)[a-z_]*\}")
+_PLACEHOLDER = re.compile(r"\$?\{(your|replace)[^}]*\}")
 
 
 def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:

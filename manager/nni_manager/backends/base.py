@@ -281,6 +281,17 @@ class Backend(abc.ABC):
         return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
                 for r in self.shape().roles for i in range(r.replicas)]
 
+    def environment_backend(self, env_id: str, trial: Any = None) -> Backend:
+        """Elastic capacity: the backend that makes (and is asked about) environment `env_id`;
+        `trial` is the waiting trial it is made for, when the core knows one. A backend is its
+        own; hybrid mode answers with one of its parts (service/hybrid.py)."""
+        return self
+
+    def environment_fits(self, env_id: str, trial: Any) -> bool:
+        """Whether a waiting trial may run on that environment (hybrid mode: its part is the one
+        the trial's placementConstraint names, if it names one)."""
+        return True
+
     @property
     def reuse(self) -> bool:
         """Elastic backends: whether an environment runs trial after trial (reuseMode)."""
