@@ -18,7 +18,6 @@ CONFIGS = sorted(str(p.relative_to(SOURCE)) for p in SOURCE.rglob("*.yml") if st
 
 # config -> the words its refusal must contain (features or platforms not here)
 REFUSED = {
-    "examples/trials/mnist-pytorch/config_dlc.yml": "'dlc' (Alibaba DLC) is not implemented",
     # NNI's own error: email/password/team come from DLTS's job variables when not in dltsConfig
     "examples/trials/mnist-tfv1/config_dlts.yml": "`email` field in `dltsConfig` is not configured.",
     "examples/trials/mnist-pytorch/config_adl.yml": "adl",

@@ -13,7 +13,6 @@ from nni_manager.backends.base import Backend
 GROUP = "nni_manager.backends"
 # NNI platforms this manager knows of but does not run (yet): a config naming one is told so.
 PLANNED = {
-    "dlc": "Alibaba DLC",
     "adl": "AdaptDL",
 }
 
