@@ -20,7 +20,6 @@ CONFIGS = sorted(str(p.relative_to(SOURCE)) for p in SOURCE.rglob("*.yml") if st
 REFUSED = {
     # NNI's own error: email/password/team come from DLTS's job variables when not in dltsConfig
     "examples/trials/mnist-tfv1/config_dlts.yml": "`email` field in `dltsConfig` is not configured.",
-    "examples/trials/mnist-pytorch/config_adl.yml": "adl",
     "examples/trials/mnist-sharedstorage/config_nfs.yml": "sharedStorage",
     # `password: 12345` unquoted is a YAML integer; NNI's typeguard check refuses it too
     "examples/trials/mnist-pytorch/config_remote.yml": "machineList[1].password`: must be a non-empty string",

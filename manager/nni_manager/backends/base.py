@@ -183,6 +183,9 @@ class Backend(abc.ABC):
     elastic: ClassVar[bool] = False
     # Whether trials get the code over the agent stream (False: agents read trialCodeDirectory).
     ships_code: ClassVar[bool] = True
+    # Where trialCodeDirectory is a folder inside the job's image, not on this machine (NNI's adl:
+    # the code is built into the image): it is neither checked here nor shipped.
+    code_in_image: ClassVar[bool] = False
     # False where roles carry their own commands (kubeflow, frameworkcontroller).
     trial_command_required: ClassVar[bool] = True
     # Platforms with no secret store a job can mount (DLTS, AML): an elastic agent's token is a

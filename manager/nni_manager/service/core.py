@@ -414,7 +414,8 @@ class Core:
         if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:
-            start.code_directory = str(Path(cfg.trial_code_directory).expanduser().resolve())
+            code = cfg.trial_code_directory  # in the image: as written (relative: the image's working directory)
+            start.code_directory = str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve())
         self.send(agent_id, start_trial=start)
         for index, value in self.trials.store.parameters(t.id):
             if index >= 1:
