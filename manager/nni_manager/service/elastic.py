@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from nni_agent.v1 import agent_pb2 as pb
-from nni_manager.backends.base import Backend, BackendError, EnvironmentRequest, PlacementHints
+from nni_manager.backends.base import BackendError, EnvironmentRequest, PlacementHints
 from nni_manager.config import ConfigError
 from nni_manager.service import capacity
 from nni_manager.service.agents import (
@@ -79,18 +79,18 @@ class Elastic:
         env_id = f"trial-{trial_id.lower()}" if trial_id else f"env{len(agents.envs) + 1}"
         while env_id in agents.envs:  # trial ids differing only in case
             env_id += "x"
-        backend = self.core.backend.environment_backend(env_id, trial)
+        part = self.core.backend.environment_backend(env_id, trial)  # hybrid mode: the platform that makes it
         env = agents.add_environment(env_id, trial_id)
         specs = []
-        for name, role, index in backend.member_names(env_id):
+        for name, role, index in self.core.backend.member_names(env_id):
             specs.append(agents.add(name, PlacementHints(), env_id, role, index,
-                                    enrol=backend.single_use_credentials))
+                                    enrol=part.single_use_credentials))
             env.members.append(name)
-        self.core.spawn(self._submit(env, EnvironmentRequest(env_id, tuple(specs), trial_id), backend))
+        self.core.spawn(self._submit(env, EnvironmentRequest(env_id, tuple(specs), trial_id)))
 
-    async def _submit(self, env: Environment, request: EnvironmentRequest, backend: Backend) -> None:
+    async def _submit(self, env: Environment, request: EnvironmentRequest) -> None:
         try:
-            await backend.provision(request)
+            await self.core.backend.provision(request)
         except (BackendError, ConfigError) as e:  # the platform refused it: one line, on the trials waiting for it
             log.warning("environment %s: %s", env.env_id, e)
             self.failed(env, str(e) or type(e).__name__, TrialJobStatus.FAILED)
