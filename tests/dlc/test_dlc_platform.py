@@ -19,13 +19,14 @@ from tests.manager.helpers import TRIAL, form, wait_status
 T = 90.0
 
 
-def config(dlc: Any, base: Path, **ts: Any) -> Any:
+def config(dlc: Any, base: Path, manager_ip: str | None = "127.0.0.1", **ts: Any) -> Any:
     code = base / "code"
     code.mkdir(exist_ok=True)
     (code / "trial.py").write_text(TRIAL)
     return load_config({"trialCommand": "python3 trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
                         "experimentWorkingDirectory": str(base / "exps"), "trialGracePeriod": 2,
-                        "nniManagerIp": "127.0.0.1", "trainingService": dlc.training_service(**ts)})
+                        **({"nniManagerIp": manager_ip} if manager_ip else {}),
+                        "trainingService": dlc.training_service(**ts)})
 
 
 def ours(dlc: Any, experiment_id: str) -> list[dict[str, Any]]:
@@ -60,7 +61,8 @@ def test_pool_of_dlc_jobs_runs_trials_and_keeps_the_access_key_secret(dlc: Any, 
 
 
 def test_a_trial_runs_on_every_pod_of_a_job(dlc: Any, short_dir: Path) -> None:
-    cfg = config(dlc, short_dir, podCount=2)
+    # and, as NNI's config_dlc.yml, without nniManagerIp: agents dial where this machine reaches DLC from
+    cfg = config(dlc, short_dir, manager_ip=None, podCount=2)
 
     async def main() -> None:
         async with create_training_service(cfg) as ts:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import logging
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ STATES = {"Creating": "waiting", "Created": "waiting", "Queuing": "waiting", "Wa
           "Restarting": "running", "Succeeded": "succeeded", "Completed": "succeeded", "Failed": "failed",
           "Stopping": "stopped", "Stopped": "stopped"}
 PAGE_SIZE = 100
+log = logging.getLogger(__name__)
 FIXES = {
     "InvalidAccessKeyId.NotFound": "check trainingService.accessKeyId (an AccessKey of the account or a RAM user)",
     "InvalidAccessKeyId.Inactive": "enable that AccessKey in the RAM console, or use an active one",
@@ -179,6 +182,27 @@ class DlcBackend(RestJobBackend):
 
     async def close(self) -> None:
         self.client = None
+
+    async def manager_address(self) -> str | None:
+        """Without `nniManagerIp` (NNI then took this machine's default address): the address this
+        machine reaches the DLC endpoint from, which jobs in the same VPC can dial back."""
+        host, _, port = self.opts.endpoint.rpartition(":")
+        if not port.isdigit():
+            host, port = self.opts.endpoint, "443"
+
+        def probe() -> str:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((host, int(port)))  # a UDP "connect" sends nothing
+                return str(s.getsockname()[0])
+
+        try:
+            address = await asyncio.to_thread(probe)
+        except OSError:
+            return None
+        log.warning("nniManagerIp is not set: the agents in PAI-DLC jobs will dial %s (where this machine reaches "
+                    "%s from); set nniManagerIp if the jobs cannot reach it", address, self.opts.endpoint)
+        return address
 
     # ------------------------------------------------------------------ jobs
     def _agent_id(self, env: EnvironmentRequest) -> str:
