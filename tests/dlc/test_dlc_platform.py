@@ -5,7 +5,6 @@ and no secret in a job, a log or an error."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any
 

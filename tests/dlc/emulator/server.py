@@ -110,9 +110,8 @@ class Dlc:
         if nonce in self.nonces:
             raise signature.SignatureError(400, "SignatureNonceUsed", "Specified signature nonce was used already.")
         self.nonces.add(nonce)
-        action, version = request.headers.get("x-acs-action"), request.headers.get("x-acs-version")
-        if version != VERSION:
-            raise ApiError(400, "InvalidVersion", f"Specified parameter Version is not valid.")
+        if request.headers.get("x-acs-version") != VERSION:
+            raise ApiError(400, "InvalidVersion", "Specified parameter Version is not valid.")
         return ak
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -130,7 +129,7 @@ class Dlc:
         parts = [p for p in request.path.split("/") if p]
         action = request.headers.get("x-acs-action")
         if parts[:3] != ["api", "v1", "jobs"]:
-            raise ApiError(404, "InvalidAction.NotFound", f"Specified api is not found, please check your url and method.")
+            raise ApiError(404, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
         rest = parts[3:]
         if request.method == "POST" and not rest and action == "CreateJob":
             return self.create(ak, json.loads(body or b"{}"))
