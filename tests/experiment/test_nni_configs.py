@@ -110,3 +110,20 @@ def test_nni_config(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert config.use_annotation and set(config.search_space) == {
             "mnist/conv_size/choice", "mnist/learning_rate/uniform"}
     assert config.trial_concurrency >= 1
+
+
+def test_an_unfilled_placeholder_is_named_as_one(tmp_path: Path) -> None:
+    """NNI's config_adl.yml as shipped: `nniManagerIp: {replace_with_your_ip}` is a YAML mapping;
+    the error says it is a placeholder (its codeDir, a folder of the image, is never looked at)."""
+    shutil.copytree(SOURCE / "examples" / "trials" / "mnist-pytorch", tmp_path / "c")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c" / "config_adl.yml")
+    assert info.value.field == "nniManagerIp"
+    assert "`{replace_with_your_ip}`, a placeholder" in str(info.value), str(info.value)
+
+
+def test_adl_code_directory_is_a_folder_of_the_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _prepare(tmp_path, "examples/trials/cifar10_pytorch/config_adl.yml", monkeypatch)
+    config = load_config(path)
+    assert config.training_service.platform == "adl" and str(config.trial_code_directory) == "/cifar10"
+    assert not Path("/cifar10").exists()  # never made nor looked for on this machine
