@@ -146,3 +146,26 @@ def test_config_mistakes_name_the_field(tmp_path: Path, trial: dict, field: str,
     with pytest.raises(ConfigError) as info:
         v1_config(tmp_path, **trial)
     assert info.value.field.endswith(field) and words in str(info.value), str(info.value)
+
+
+@needs_crd
+def test_a_preempted_pod_ends_its_trial_and_leaves_nothing(kube_factory, tmp_path: Path) -> None:
+    """AdaptDL moves an adaptive job by deleting its pod and starting the next group; the trial's
+    process went with the first pod, so the trial ends saying so, and the job is cleaned up."""
+    kube = kube_factory(crd_groups=["adaptdl.petuum.com"])
+    cfg = v1_config(tmp_path, kubeConfig=str(kube.kubeconfig), adaptive=True)
+    custom, core = apis(kube)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0, sleep=60))
+            await wait_status(ts, t.id, "RUNNING", timeout=60)
+            (pod,) = core.list_namespaced_pod(NS, label_selector="adaptdl=true").items
+            core.delete_namespaced_pod(pod.metadata.name, NS)
+            d = await wait_status(ts, t.id, "SYS_CANCELED", "FAILED", timeout=60)
+            assert pod.metadata.name in d.message, d.message
+
+    asyncio.run(asyncio.wait_for(main(), 150))
+    assert custom.list_namespaced_custom_object(*ADL, NS, "adaptdljobs")["items"] == []
+    kube.wait_for(lambda: not core.list_namespaced_pod(NS, label_selector="adaptdl=true").items, 60,
+                  what="no AdaptDL pod left")
