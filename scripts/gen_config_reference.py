@@ -50,6 +50,11 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "dlts": [{"dashboard": "http://dlts.example/", "email": "a@example", "password": "pw", "team": "t",
               "image": "my/image"}],
     "aml": [{"subscriptionId": "s", "resourceGroup": "g", "workspaceName": "w", "computeTarget": "c"}],
+    "dlc": [{"image": "my/image", "podCount": 1, "ecsSpec": "ecs.c6.large", "region": "cn-hangzhou",
+             "workspaceId": "ws", "nasDataSourceId": "d", "accessKeyId": "ak", "accessKeySecret": "sk",
+             "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/"}],
+    "adl": [{"image": "my/image", "checkpoint": {"storageClass": "standard", "storageSize": "1Gi"},
+             "nfs": {"server": "nfs.example", "path": "/x", "containerMountPath": "/data"}}],
 }
 TYPES = {"str_": "string", "path_": "path", "bool_": "boolean", "gpu_indices": "list of GPU indices",
          "mapping": "mapping", "items": "list of mappings", "section": "mapping",

@@ -316,6 +316,9 @@ class ConfigSection:
             if required:
                 raise ConfigError(path, "is required", f"add `{name}: ...`")
             return None
+        if isinstance(value, dict) and len(value) == 1 and next(iter(value.values())) is None:
+            raise ConfigError(path, f"is `{{{next(iter(value))}}}`, a placeholder (YAML reads braces as a mapping)",
+                              f"replace it with your value: `{name}: \"...\"`")
         if not isinstance(value, str) or (required and not value.strip()):
             raise ConfigError(path, f"must be a non-empty string, got {_type_name(value)}",
                               f"write `{name}: \"...\"`")
@@ -576,8 +579,11 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         return getattr(section, kind)(key, **kw)
 
     trial_command = read("str_", "trialCommand", v1="command")
-    code_dir = read("path_", "trialCodeDirectory", v1="codeDir", base=base) or base
-    if not code_dir.is_dir():
+    if _code_in_image(root, ts):  # a folder inside the image (adl): kept as written, never looked at here
+        code_dir = Path(read("str_", "trialCodeDirectory", v1="codeDir") or ".")
+    else:
+        code_dir = read("path_", "trialCodeDirectory", v1="codeDir", base=base) or base
+    if not code_dir.is_dir() and not _code_in_image(root, ts):
         raise ConfigError("trialCodeDirectory", f"{code_dir} is not an existing directory",
                           "point it at the folder holding your trial code (relative paths start at the config file's folder)")
     gpu_number = read("int_", "trialGpuNumber", v1="gpuNum", minimum=0)
@@ -630,7 +636,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         leftover = trial.rest() if trial is not None else {}
         if leftover:
             raise ConfigError(trial.at(next(iter(leftover))) if trial else "trial", "is not used in hybrid mode",
-                              "remove it (trial roles belong to cluster platforms, which hybrid mode cannot combine)")
+                              "remove it (in hybrid mode a cluster platform's roles go in its own trainingService entry)")
         config.training_service = config_hybrid.parse(
             hybrid, lambda s: _training_service(s, ConfigSection({}, "", base), None, base, config, nni_manager_ip),
             nni_manager_ip)
@@ -643,6 +649,23 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
         _annotated_search_space(config)
     root.finish(extra_known=_SHORTCUTS + _TS_COMMON)
     return config
+
+
+def _code_in_image(root: ConfigSection, ts: Any) -> bool:
+    """Whether the platform named (v2 or v1) takes trialCodeDirectory as a folder of its image."""
+    from nni_manager.backends import registry
+
+    platform = None
+    for section, names in ((ts, ("platform",)), (root, ("platform", "trainingServicePlatform"))):
+        if isinstance(section, ConfigSection):
+            wanted = [canonical_key(n) for n in names]
+            platform = next((v for k, v in section.data.items() if canonical_key(k) in wanted), None) or platform
+    if not isinstance(platform, str):
+        return False
+    try:
+        return registry.backend_class(_V1_PLATFORM_NAMES.get(platform, platform)).code_in_image
+    except ValueError:
+        return False
 
 
 def _training_service_section(root: ConfigSection) -> ConfigSection | None:

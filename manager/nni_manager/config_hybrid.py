@@ -106,21 +106,9 @@ def hoist_shortcuts(root: ConfigSection, elements: list[ConfigSection], names: t
 def parse(elements: list[ConfigSection], parse_one: Callable[[ConfigSection], TrainingServiceConfig],
           nni_manager_ip: str | None) -> TrainingServiceConfig:
     """Each entry parsed as a single trainingService; one entry is just that service."""
-    from nni_manager.backends import registry
 
     services: list[TrainingServiceConfig] = []
     for element in elements:
-        platform = _peek(element, "platform")
-        if isinstance(platform, str):
-            try:
-                cls = registry.backend_class(platform)
-            except ValueError:
-                cls = None  # parse_one names the field and the platforms that exist
-            if cls is not None and cls.elastic:
-                raise ConfigError(element.at("platform"),
-                                  f"in hybrid mode, {platform} cannot be combined with other training services yet: "
-                                  "only platforms with a fixed set of machines can (local, remote)",
-                                  f"run {platform} in an experiment of its own, or list only local and remote here")
         ts = parse_one(element)
         if any(s.platform == ts.platform for s in services):
             raise ConfigError(element.at("platform"), f"{ts.platform} is listed twice",

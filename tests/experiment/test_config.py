@@ -46,7 +46,8 @@ MISTAKES = [
     (v2(trainingService={"platform": "local", "maxTrialNumberPerGpu": 2}),
      "trainingService.maxTrialNumberPerGpu", "trialGpuNumber"),
     (v2(trialCodeDirectory="no/such/dir"), "trialCodeDirectory", "folder"),
-    (v2(trainingService={"platform": "dlc"}), "trainingService.platform", "local"),
+    (v2(trainingService={"platform": "nosuch"}), "trainingService.platform", "local"),
+    (v2(trainingService={"platform": "dlc"}), "trainingService.image", "add `image"),
     (v2(trainingService=None), "trainingService.platform", "add `platform"),
     (v2(trainingService={"platform": "remote", "machineList": []}), "trainingService.machineList", "machineList: [{host"),
     (remote({"user": "u"}), "trainingService.machineList[0].host", "add `host"),
@@ -182,9 +183,12 @@ def test_secret_never_in_error(tmp_path: Path) -> None:
     assert info.value.field.endswith("password") and "hunter2" not in str(info.value)
 
 
-def test_planned_platform_says_it_is_not_implemented(tmp_path: Path) -> None:
+def test_planned_platform_says_it_is_not_implemented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nni_manager.backends import registry
+
+    monkeypatch.setitem(registry.PLANNED, "someday", "A Future Cluster")
     with pytest.raises(ConfigError) as info:
-        load_config(v2(trainingService={"platform": "dlc", "host": "pai"}), base_dir=tmp_path)
+        load_config(v2(trainingService={"platform": "someday", "host": "pai"}), base_dir=tmp_path)
     assert info.value.field == "trainingService.platform"
     assert "not implemented in nni-manager yet" in str(info.value) and "kubeflow" in str(info.value)
 

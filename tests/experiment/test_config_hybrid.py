@@ -71,8 +71,9 @@ def test_v1_hybrid(tmp_path: Path) -> None:
 MISTAKES = [
     # (trainingService list or whole-config overrides, field named, words in the fix)
     ([], "trainingService", "at least one"),
-    ([{"platform": "local"}, {"platform": "kubeflow", "operator": "tf-operator"}], "trainingService[1].platform",
-     "only local and remote"),
+    # a cluster platform combines, and its own fields are checked as when alone
+    ([{"platform": "local"}, {"platform": "kubeflow", "operator": "tf-operator"}], "trainingService[1].apiVersion",
+     "apiVersion"),
     ([{"platform": "local"}, {"platform": "local"}], "trainingService[1].platform", "each platform once"),
     ([{"platform": "local"}, {"platform": "remote"}], "trainingService[1].machineList", "machineList"),
     ([{"platform": "local"}, {"platform": "remote", "machineList": [MACHINE], "trialCommand": "other"}],

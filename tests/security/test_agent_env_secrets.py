@@ -1,5 +1,5 @@
 """Secret `agentEnv` values (by the one rule, `config.is_secret`: `WANDB_API_KEY`, `HF_TOKEN`, ...)
-never travel in clear: not in Slurm's batch.sh, a pod spec, an OpenPAI/DLTS/AML job command or the
+never travel in clear: not in Slurm's batch.sh, a pod spec, an OpenPAI/DLTS/AML/DLC job command or the
 remote bootstrap's command line. What each platform would submit (its dry run) holds the other
 variables but not the secret; the trials still get it, over the agent's authenticated stream, and
 the agent process's own environment never holds it."""
@@ -40,6 +40,11 @@ PLATFORMS = {
              "image": "python:3.11", "nniManagerIp": "127.0.0.9"},
     "aml": {"subscriptionId": "s", "resourceGroup": "r", "workspaceName": "w", "computeTarget": "c",
             "dockerImage": "python:3.11", "nniManagerIp": "127.0.0.9"},
+    "dlc": {"image": "python:3.11", "podCount": 1, "ecsSpec": "ecs.c6.large", "region": "cn-hangzhou",
+            "workspaceId": "ws", "nasDataSourceId": "d", "accessKeyId": "ak", "accessKeySecret": SECRET + "-ak",
+            "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/",
+            "nniManagerIp": "127.0.0.9"},
+    "adl": {"image": "python:3.11", "nniManagerIp": "127.0.0.9"},
 }
 
 

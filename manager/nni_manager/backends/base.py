@@ -183,6 +183,9 @@ class Backend(abc.ABC):
     elastic: ClassVar[bool] = False
     # Whether trials get the code over the agent stream (False: agents read trialCodeDirectory).
     ships_code: ClassVar[bool] = True
+    # Where trialCodeDirectory is a folder inside the job's image, not on this machine (NNI's adl:
+    # the code is built into the image): it is neither checked here nor shipped.
+    code_in_image: ClassVar[bool] = False
     # False where roles carry their own commands (kubeflow, frameworkcontroller).
     trial_command_required: ClassVar[bool] = True
     # Platforms with no secret store a job can mount (DLTS, AML): an elastic agent's token is a
@@ -280,6 +283,17 @@ class Backend(abc.ABC):
         Names must be what the member can tell on its own (its pod's name, say)."""
         return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
                 for r in self.shape().roles for i in range(r.replicas)]
+
+    def environment_backend(self, env_id: str, trial: Any = None) -> Backend:
+        """Elastic capacity: the backend that makes (and is asked about) environment `env_id`;
+        `trial` is the waiting trial it is made for, when the core knows one. A backend is its
+        own; hybrid mode answers with one of its parts (service/hybrid.py)."""
+        return self
+
+    def environment_fits(self, env_id: str, trial: Any) -> bool:
+        """Whether a waiting trial may run on that environment (hybrid mode: its part is the one
+        the trial's placementConstraint names, if it names one)."""
+        return True
 
     @property
     def reuse(self) -> bool:

@@ -12,10 +12,7 @@ from nni_manager.backends.base import Backend
 
 GROUP = "nni_manager.backends"
 # NNI platforms this manager knows of but does not run (yet): a config naming one is told so.
-PLANNED = {
-    "dlc": "Alibaba DLC",
-    "adl": "AdaptDL",
-}
+PLANNED: dict[str, str] = {}
 
 
 def _entry_points() -> dict[str, EntryPoint]:

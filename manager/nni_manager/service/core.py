@@ -24,9 +24,10 @@ from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
 from nni_manager.metric_check import metric_problem
-from nni_manager.service.placement import AgentView, Placer, Request
+from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
+from nni_manager.service.hybrid import HybridBackend
 from nni_manager.service.scope import AgentScope
 from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
@@ -295,13 +296,15 @@ class Core:
         env = self.agents.envs.get(t.environment_id or "")
         if env is None:
             return [self.agents.by_id[a].member for a in t.agents if a in self.agents.by_id], Completion()
-        return self.agents.members(env), self.backend.shape().completion
+        return self.agents.members(env), self.backend.environment_backend(env.env_id).shape().completion
 
     def place(self) -> None:
         if self.stopping:
             return
         try:
-            if self.backend.elastic:
+            if isinstance(self.backend, HybridBackend) and self.backend.mixed:
+                self.elastic.tick(self._place_on_machines(mixed=True))
+            elif self.backend.elastic:
                 self.elastic.tick()
             else:
                 self._place_on_machines()
@@ -309,20 +312,43 @@ class Core:
             log.error("cannot store placement decisions in %s: %s; trying again at the next change",
                       self.experiment_dir, e)
 
-    def _place_on_machines(self) -> None:
+    def _place_on_machines(self, mixed: bool = False) -> list[TrialJobDetail]:
+        """Place waiting trials on the fixed machines. `mixed` (hybrid mode with a cluster
+        platform): return the trials left to environments instead of failing or holding them: those
+        whose placementConstraint names the cluster platform, and those no machine takes now."""
         trials, agents = self.trials, self.agents
         waiting = trials.waiting()
         if not waiting:
-            return
+            return []
+        to_elastic: list[TrialJobDetail] = []
+        if mixed:
+            assert isinstance(self.backend, HybridBackend)
+            to_elastic = [t for t in waiting if self.backend.pinned_part(t) is not None]
+            waiting = [t for t in waiting if t not in to_elastic]
         unusable = self.unusable_reason()
         if unusable:  # nothing will ever run them
             for t in waiting:
                 trials.finish(t, TrialJobStatus.FAILED, unusable)
-            return
+            return []
         requests = [_request(t, self.config.trial_gpu_number) for t in waiting]
-        for d in self._placer.place(requests, self._agent_views()):
+        views = self._agent_views()
+        decisions = []
+        if mixed:  # a machine takes one unscheduled trial at a time, as an environment does
+            unscheduled = [r for r in requests if r.device is None and not r.gpu_number]
+            scheduled = [r for r in requests if r not in unscheduled]
+            decisions = self._placer.place(scheduled, views)
+            taken = {d.agent_id for d in decisions if d.agent_id}
+            idle = [v for v in views if not v.trials and v.agent_id not in taken]
+            decisions += self._placer.place(unscheduled, idle) if idle else [
+                Decision(r.trial_id, message="waiting: every machine runs a trial") for r in unscheduled]
+        else:
+            decisions = self._placer.place(requests, views)
+        pinned = {r.trial_id for r in requests if r.device is not None or r.invalid}
+        for d in decisions:
             t = trials.by_id[d.trial_id]
-            if d.failed:
+            if mixed and not d.agent_id and d.trial_id not in pinned:
+                to_elastic.append(t)  # no machine takes it (now or ever): an environment may
+            elif d.failed:
                 trials.finish(t, TrialJobStatus.FAILED, d.message)
             elif d.agent_id:
                 trials.change(t, agents=[d.agent_id], gpu_indices=list(d.gpu_indices) if d.scheduled else None,
@@ -330,6 +356,8 @@ class Core:
                 self.send_start(t, d.agent_id)
             elif d.message != t.message:
                 trials.change(t, message=d.message)
+        order = {t.id: i for i, t in enumerate(trials.waiting())}
+        return sorted(to_elastic, key=lambda t: order.get(t.id, 0))
 
     def _agent_views(self) -> list[AgentView]:
         """Placement's views of the usable agents, rebuilding only the stale ones."""
@@ -339,7 +367,7 @@ class Core:
         trials.by_id.touched.clear()
         for agent_id in stale:
             a = agents.get(agent_id)
-            if a is None or a.failed:
+            if a is None or a.failed or a.env_id is not None:  # environment members: Elastic's
                 views[agent_id] = None
                 continue
             views[agent_id] = AgentView(
@@ -354,6 +382,8 @@ class Core:
     def unusable_reason(self) -> str:
         """Why no trial can ever run (every agent failed for good), or "" while some can. Cheap:
         it stops at the first agent that has not failed."""
+        if isinstance(self.backend, HybridBackend) and self.backend.mixed:  # environments can still be made
+            return ""
         agents = self.agents.by_id.values()
         if agents and all(a.failed for a in agents):
             return "no machine is usable: " + "; ".join(f"{a.name}: {a.failed}" for a in agents)
@@ -368,7 +398,8 @@ class Core:
         if cfg.shared_storage is not None:  # the agent mounts it; the key travels only in StartTrial
             env.update(cfg.shared_storage.agent_env())
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
-            role = next((r for r in self.backend.shape().roles if r.name == agent.role), None)
+            shape = self.backend.environment_backend(agent.env_id).shape()
+            role = next((r for r in shape.roles if r.name == agent.role), None)
             command = (role.command if role and role.command else None) or command
             env.update({"NNI_TRIAL_ROLE": agent.role, "NNI_TRIAL_ROLE_INDEX": str(agent.index),
                         "NNI_TRIAL_ENVIRONMENT": agent.env_id})
@@ -385,7 +416,8 @@ class Core:
         if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:
-            start.code_directory = str(Path(cfg.trial_code_directory).expanduser().resolve())
+            code = cfg.trial_code_directory  # in the image: as written (relative: the image's working directory)
+            start.code_directory = str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve())
         self.send(agent_id, start_trial=start)
         for index, value in self.trials.store.parameters(t.id):
             if index >= 1:

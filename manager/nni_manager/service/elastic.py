@@ -44,12 +44,14 @@ class Elastic:
         self.core = core
         self.start_failures = 0
 
-    def tick(self) -> None:
-        """Provide capacity, then place what waits."""
-        self._provide_capacity()
-        self._place()
+    def tick(self, waiting: list[TrialJobDetail] | None = None) -> None:
+        """Provide capacity, then place what waits (`waiting`: the trials left to environments,
+        in hybrid mode those the fixed machines do not take; default every waiting trial)."""
+        waiting = self.core.trials.waiting() if waiting is None else waiting
+        self._provide_capacity(waiting)
+        self._place(waiting)
 
-    def _provide_capacity(self) -> None:
+    def _provide_capacity(self, waiting: list[TrialJobDetail]) -> None:
         core = self.core
         agents, trials = core.agents, core.trials
         for env in agents.live_envs():
@@ -61,24 +63,30 @@ class Elastic:
         exiting = frozenset(e.env_id for e in agents.live_envs() if e.state == READY and e.trial_id
                             and (t := trials.by_id.get(e.trial_id)) is not None and t.status.is_terminal
                             and now - (t.end_time or now) < EXIT_WAIT_S * 1000)
-        decided = capacity.plan(list(agents.envs.values()), busy, trials.waiting(),
+        decided = capacity.plan(list(agents.envs.values()), busy, waiting,
                                 core.config.trial_concurrency, core.backend.reuse, now=time.monotonic(),
                                 exiting=exiting)
         for env_id in decided.release:
             self.release(agents.envs[env_id])
+        # a pool's new environments are for the waiting trials free ones do not take, the last ones
+        # (hybrid mode: each on the platform its trial names, if it names one)
+        pool_new = [p for p in decided.provision if p is None]
+        for_pool = iter(waiting[len(waiting) - len(pool_new):] if pool_new else [])
         for trial_id in decided.provision:
-            self._provision(trial_id)
+            trial = trials.by_id.get(trial_id) if trial_id else next(for_pool, None)
+            self._provision(trial_id, trial)
 
-    def _provision(self, trial_id: str | None) -> None:
+    def _provision(self, trial_id: str | None, trial: TrialJobDetail | None = None) -> None:
         agents = self.core.agents
         env_id = f"trial-{trial_id.lower()}" if trial_id else f"env{len(agents.envs) + 1}"
         while env_id in agents.envs:  # trial ids differing only in case
             env_id += "x"
+        part = self.core.backend.environment_backend(env_id, trial)  # hybrid mode: the platform that makes it
         env = agents.add_environment(env_id, trial_id)
         specs = []
         for name, role, index in self.core.backend.member_names(env_id):
             specs.append(agents.add(name, PlacementHints(), env_id, role, index,
-                                    enrol=self.core.backend.single_use_credentials))
+                                    enrol=part.single_use_credentials))
             env.members.append(name)
         self.core.spawn(self._submit(env, EnvironmentRequest(env_id, tuple(specs), trial_id)))
 
@@ -105,7 +113,8 @@ class Elastic:
         """We cancel a trial: where the platform shows a stopped job for that (OpenPAI's STOP), its
         one-trial environment is stopped through the platform at once, as NNI did."""
         env = self.core.agents.envs.get(trial.environment_id or "")
-        if env is not None and env.trial_id == trial.id and env.live and self.core.backend.stop_job_on_cancel:
+        if (env is not None and env.trial_id == trial.id and env.live
+                and self.core.backend.environment_backend(env.env_id).stop_job_on_cancel):
             self.release(env)
 
     def stops_members(self, environment_id: str | None, trial_id: str) -> bool:
@@ -145,15 +154,16 @@ class Elastic:
         core.spawn(core.backend.release(env.env_id))
         core.wake()
 
-    def _place(self) -> None:
+    def _place(self, waiting: list[TrialJobDetail]) -> None:
         core = self.core
         agents, trials = core.agents, core.trials
         busy = {t.environment_id for t in trials.live() if t.environment_id and t.agents}
         free = [e for e in agents.envs.values() if e.state == READY and e.env_id not in busy
                 and agents.all_connected(e)]
         starting = [e for e in agents.envs.values() if e.state == PROVISIONING]
-        for t in trials.waiting():
-            env = next((e for e in free if e.trial_id in (None, t.id)), None)
+        for t in waiting:
+            env = next((e for e in free if e.trial_id in (None, t.id) and core.backend.environment_fits(e.env_id, t)),
+                       None)
             if env is None:
                 mine = [e for e in starting if e.trial_id == t.id] or [e for e in starting if e.trial_id is None]
                 if mine:

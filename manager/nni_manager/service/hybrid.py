@@ -7,8 +7,12 @@ Every agent then joins the same hub and the same placement, which spreads trials
 requests, and `placementConstraint`s) over all machines. Backends still never import each
 other: this lives in the core, and finds them through the registry.
 
-Only platforms with a fixed set of machines combine (config_hybrid.py refuses the others):
-the elastic core asks one backend for environments of one shape.
+Cluster platforms (elastic: environments made on demand) combine too. Placement weighs both:
+a waiting trial goes to a fixed machine that can take it now (one unscheduled trial per machine
+at a time, as an environment runs one); what no machine takes is left to environments, which
+the elastic core asks of the cluster parts. A `placementConstraint` of type Device naming a
+machine (host, agent name or hostname) pins the trial there; one naming a cluster platform of
+the experiment (`[[aml, 0]]`) pins it to that platform's environments.
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, PlacementHints
+from nni_manager import constraints
+from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest,
+                                       HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
 from nni_manager.config_hybrid import HYBRID, HybridOptions
@@ -34,10 +40,14 @@ def make_backend(config: ExperimentConfig) -> Backend:
 
 
 class _PartContext:
-    """What one part sees of the core: everything, with the agents it adds remembered as its own."""
+    """What one part sees of the core: everything, with the agents it adds remembered as its own,
+    and only its own environments."""
 
-    def __init__(self, ctx: BackendContext, part: Backend, owners: dict[str, Backend]) -> None:
-        self._ctx, self._part, self._owners = ctx, part, owners
+    def __init__(self, ctx: BackendContext, part: Backend, hybrid: HybridBackend) -> None:
+        self._ctx, self._part, self._owners, self._hybrid = ctx, part, hybrid._owners, hybrid
+
+    def environments(self) -> list[EnvironmentRequest]:
+        return [e for e in self._ctx.environments() if self._hybrid.environment_backend(e.env_id) is self._part]
 
     def add_agent(self, name: str, hints: PlacementHints = PlacementHints()) -> AgentSpec:
         spec = self._ctx.add_agent(name, hints)
@@ -59,9 +69,82 @@ class HybridBackend(Backend):
         ]
         self._owners: dict[str, Backend] = {}
         self._started: list[Backend] = []
-        # Unix-socket agents need nothing more; tunnels need the loopback TCP listener.
-        self.hub = "loopback" if any(p.hub != "unix" for p in self.parts) else "unix"  # type: ignore[misc]
+        self._env_part: dict[str, Backend] = {}
+        self._turn = 0
+        self.fixed_parts = [p for p in self.parts if not p.elastic]
+        self.elastic_parts = [p for p in self.parts if p.elastic]
+        # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
+        # agents the network one (the tunnels then reach it on loopback: see hub_names).
+        kinds = {p.hub for p in self.parts}
+        hub: HubKind = "network" if "network" in kinds else "loopback" if "loopback" in kinds else "unix"
+        self.hub = hub  # type: ignore[misc]
         self.ships_code = any(p.ships_code for p in self.parts)  # type: ignore[misc]
+        self.elastic = bool(self.elastic_parts)  # type: ignore[misc]
+        self.single_use_credentials = any(p.single_use_credentials for p in self.elastic_parts)  # type: ignore[misc]
+
+    @property
+    def mixed(self) -> bool:
+        """Fixed machines and cluster environments in one pool."""
+        return bool(self.fixed_parts) and bool(self.elastic_parts)
+
+    # ------------------------------------------------------------------ elastic capacity
+    def pinned_part(self, trial: Any) -> Backend | None:
+        """The cluster part a trial's placementConstraint Device names by its platform, if any."""
+        c = constraints.parse(trial.form.placement_constraint, None)
+        if c.device is None:
+            return None
+        return next((p for p in self.elastic_parts if p.platform == c.device[0]), None)
+
+    def environment_backend(self, env_id: str, trial: Any = None) -> Backend:
+        part = self._env_part.get(env_id)
+        if part is None:
+            if not self.elastic_parts:
+                return self
+            part = self.pinned_part(trial) if trial is not None else None
+            if part is None:  # round robin over the cluster parts
+                self._turn += 1
+                part = self.elastic_parts[self._turn % len(self.elastic_parts)]
+            self._env_part[env_id] = part
+        return part
+
+    def environment_fits(self, env_id: str, trial: Any) -> bool:
+        pinned = self.pinned_part(trial)
+        return pinned is None or self._env_part.get(env_id) is pinned
+
+    def shape(self) -> Shape:
+        return self.elastic_parts[0].shape() if self.elastic_parts else Shape()
+
+    def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
+        part = self.environment_backend(env_id)
+        names = part.member_names(env_id)
+        for name, _, _ in names:
+            self._owners[name] = part
+        return names
+
+    @property
+    def reuse(self) -> bool:
+        return all(p.reuse for p in self.elastic_parts)
+
+    async def provision(self, env: EnvironmentRequest) -> None:
+        part = self.environment_backend(env.env_id)
+        for m in env.members:
+            self._owners[m.agent_id] = part
+        await part.provision(env)
+
+    async def release(self, env_id: str) -> None:
+        await self.environment_backend(env_id).release(env_id)
+
+    async def manager_address(self) -> str | None:
+        for part in self.elastic_parts:
+            address = await part.manager_address()
+            if address:
+                return address
+        return None
+
+    def hub_names(self) -> list[str]:
+        """The network hub's certificate also names 127.0.0.1, where SSH tunnels deliver."""
+        names = [n for p in self.parts for n in p.hub_names()]
+        return names + (["127.0.0.1"] if any(p.hub == "loopback" for p in self.parts) else [])
 
     @property
     def reconnect_window(self) -> float:
@@ -92,7 +175,7 @@ class HybridBackend(Backend):
         (its machines that merely fail to bootstrap are reported per agent, as usual)."""
         for part in self.parts:
             self._started.append(part)
-            await part.start(_PartContext(ctx, part, self._owners))  # type: ignore[arg-type]
+            await part.start(_PartContext(ctx, part, self))  # type: ignore[arg-type]
 
     async def stop(self) -> None:
         results = await asyncio.gather(*(p.stop() for p in self._started), return_exceptions=True)

@@ -14,8 +14,8 @@ structural schema:
    ``nullable``, ``x-kubernetes-int-or-string``, ``format``), errors worded as the apiserver words
    them (``spec.x: Invalid value: "string": spec.x in body must be of type integer: "string"``).
 
-Served versions are those of the current operators: ``kubeflow.org/v1`` (tfjobs, pytorchjobs) and
-``frameworkcontroller.microsoft.com/v1`` (frameworks); older kubeflow versions (v1alpha2,
+Served versions are those of the current operators: ``kubeflow.org/v1`` (tfjobs, pytorchjobs),
+``adaptdl.petuum.com/v1`` (adaptdljobs: adaptdl.py) and ``frameworkcontroller.microsoft.com/v1`` (frameworks); older kubeflow versions (v1alpha2,
 v1beta1, v1beta2) are not registered, so the server answers 404 for them.
 """
 from __future__ import annotations
@@ -39,7 +39,10 @@ TFJOBS = Resource(KUBEFLOW_GROUP, "v1", "tfjobs", "TFJob")
 PYTORCHJOBS = Resource(KUBEFLOW_GROUP, "v1", "pytorchjobs", "PyTorchJob")
 FRAMEWORKS = Resource(FRAMEWORK_GROUP, "v1", "frameworks", "Framework")
 
+from .adaptdl import ADAPTDL_GROUP, ADAPTDLJOBS, SCHEMA_FILE as ADAPTDL_SCHEMA_FILE  # noqa: E402
+
 SCHEMA_FILES = {
+    ADAPTDLJOBS: ADAPTDL_SCHEMA_FILE,
     TFJOBS: "kubeflow/tfjob-v1.schema.json",
     PYTORCHJOBS: "kubeflow/pytorchjob-v1.schema.json",
     FRAMEWORKS: "frameworkcontroller/framework-v1.schema.json",
@@ -47,6 +50,7 @@ SCHEMA_FILES = {
 GROUP_RESOURCES = {
     KUBEFLOW_GROUP: [TFJOBS, PYTORCHJOBS],
     FRAMEWORK_GROUP: [FRAMEWORKS],
+    ADAPTDL_GROUP: [ADAPTDLJOBS],
 }
 # Versions the pre-v1 operators served; not served any more (404), listed for documentation/tests.
 UNSERVED_VERSIONS = {KUBEFLOW_GROUP: ["v1alpha1", "v1alpha2", "v1beta1", "v1beta2"]}
@@ -427,4 +431,8 @@ def install(cluster, groups: set[str] | Iterable[str]) -> list[Resource]:
     if FRAMEWORK_GROUP in groups:
         from . import framework
         cluster.register_controller(framework.start_framework_controller)
+    if ADAPTDL_GROUP in groups:
+        from . import adaptdl
+        adaptdl.install_claims(cluster)
+        cluster.register_controller(adaptdl.start_adaptdl_controller)
     return installed

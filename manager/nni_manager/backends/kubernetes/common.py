@@ -405,13 +405,19 @@ class KubeBackend(Backend):
             if getattr(e, "status", None) != 404:
                 log.warning("deleting %s: %s", name, e)
 
+    def agent_of_pod(self, pod: dict[str, Any]) -> str:
+        """The agent a pod runs: the pod's name (platforms whose operator names pods unpredictably
+        say otherwise)."""
+        return str(pod.get("metadata", {}).get("name", ""))
+
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         ctx = self._ctx
         if ctx is None:
             return
-        name = pod.get("metadata", {}).get("name", "")
+        pod_name = pod.get("metadata", {}).get("name", "")
+        name = self.agent_of_pod(pod)
         if kind == "DELETED":
-            state, words = "gone", f"pod {name} was deleted"
+            state, words = "gone", f"pod {pod_name} was deleted"
         else:
             state, words = describe_pod(pod)
         if state == "waiting":
