@@ -21,7 +21,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from nni_manager import constraints
+from nni_manager.service import constraints
 from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest,
                                        HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
