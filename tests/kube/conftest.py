@@ -95,7 +95,8 @@ class Kube(EmulatorHandle):
 
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
-                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True) -> Kube:
+                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
+                   pod_network: str = "host") -> Kube:
     state = base / f"kube-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     instance = secrets.token_hex(8)
@@ -121,6 +122,8 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--namespace", ns]
     if watch_history:
         args += ["--watch-history", str(watch_history)]
+    if pod_network != "host":  # "isolated": pods in a network namespace of the emulator's own
+        args += ["--pod-network", pod_network]
     proc = start_emulator_process("tests.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)

@@ -168,6 +168,16 @@ class BackendContext(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class HubRoute:
+    """A hub behind a backend's relay: it listens on `bind` ("host:port", port 0: any) and agents
+    dial `advertise` ("host:port", the relay's); the certificate also carries `names`."""
+
+    bind: str
+    advertise: str
+    names: tuple[str, ...] = ()
+
+
 class Backend(abc.ABC):
     """Base class of every platform backend. Subclasses set `platform` and implement
     `start` and `stop` (fixed) or `provision` and `release` too (elastic)."""
@@ -298,6 +308,11 @@ class Backend(abc.ABC):
     async def manager_address(self) -> str | None:
         """Network hubs: the address agents reach this manager at when `nniManagerIp` is not
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
+        return None
+
+    async def hub_route(self) -> HubRoute | None:
+        """Network hubs reached through a relay of the backend's own (Kubernetes' tunnel through
+        the API server): where the hub listens and what agents dial; None: `nniManagerIp`."""
         return None
 
     def hub_names(self) -> list[str]:

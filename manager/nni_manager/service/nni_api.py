@@ -100,9 +100,10 @@ class TrainingService:
             store.set_experiment_status("RUNNING")
         with heap.bulk():  # 100,000 trials after a long run
             trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
-        listen, tls = await hub_setup.listen_address(self._backend, store, self.experiment_dir, self.experiment_id)
+        hub_plan = await hub_setup.plan(self._backend, store, self.experiment_dir, self.experiment_id)
+        listen, tls = hub_plan.listen, hub_plan.tls
         self._hub = hub = Hub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=store,
-                              reconnect_window=self.reconnect_window, tcp=listen, tls=tls)
+                              reconnect_window=self.reconnect_window, tcp=listen, tls=tls, advertise=hub_plan.advertise)
         agents = Agents(store, hub, tls.ca_certificate if tls else b"")
         bundle = None
         if self._backend.ships_code:  # agents elsewhere get the code over the channel
