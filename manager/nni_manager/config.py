@@ -52,6 +52,8 @@ class TrainingServiceConfig:
     # `hubTunnel` (Kubernetes family): agents reach the hub through a relay pod and the API
     # server's port-forward; None: on when `nniManagerIp` is not given.
     hub_tunnel: bool | None = None
+    # `hubTunnelImage`: the relay pod's image (any image with `python3`; a mirror in private clusters).
+    hub_tunnel_image: str | None = None
     # Our extensions. `reconnectWindow`: how long a silent agent's trials are kept alive (and
     # how long an orphaned agent waits for its manager); None = the backend's default.
     reconnect_window: float | None = None
@@ -721,9 +723,11 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     ts_config.hub_ca_file = ts.path_("hubCaFile", base=base)
     ts_config.hub_bind_address = _bind_address(ts)
     ts_config.hub_tunnel = ts.bool_("hubTunnel")
-    if ts_config.hub_tunnel and platform not in ("kubernetes", "kubeflow", "frameworkcontroller"):
-        raise ConfigError(ts.at("hubTunnel"), f"is not supported on platform {platform}",
-                          "remove it (only the Kubernetes platforms tunnel through their API server)")
+    ts_config.hub_tunnel_image = ts.str_("hubTunnelImage")
+    for name, value in (("hubTunnel", ts_config.hub_tunnel), ("hubTunnelImage", ts_config.hub_tunnel_image)):
+        if value and platform not in ("kubernetes", "kubeflow", "frameworkcontroller"):
+            raise ConfigError(ts.at(name), f"is not supported on platform {platform}",
+                              "remove it (only the Kubernetes platforms tunnel through their API server)")
     if (ts_config.hub_cert_file is None) != (ts_config.hub_key_file is None):
         missing = "hubKeyFile" if ts_config.hub_key_file is None else "hubCertFile"
         raise ConfigError(ts.at(missing), "is required with " + ("hubCertFile" if missing == "hubKeyFile" else "hubKeyFile"),

@@ -88,6 +88,10 @@ class Kube(EmulatorHandle):
     def pod_processes(self, ns: str, pod: str) -> list[int]:
         return self._call("GET", f"/emulator/v1/namespaces/{ns}/pods/{pod}/processes")["pids"]
 
+    def drop_port_forwards(self) -> int:
+        """End every open `pods/portforward` stream (an API server restart, a proxy timing out)."""
+        return self._call("POST", "/emulator/v1/portforward/drop", {})["dropped"]
+
     def history(self, kind: str, ns: str | None, name: str) -> list[dict]:
         """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
         return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]

@@ -162,6 +162,10 @@ class BackendContext(Protocol):
         """Whether the agent currently holds an open stream to the hub."""
         ...
 
+    def hub_listen_address(self) -> str:
+        """Where the hub listens on TCP ("host:port"), for a relay of the backend's own to dial."""
+        ...
+
     def environments(self) -> list[EnvironmentRequest]:
         """Elastic backends: the environments the core knows (after a restart: to re-attach
         to, or to release what the store no longer wants)."""
@@ -310,7 +314,7 @@ class Backend(abc.ABC):
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
         return None
 
-    async def hub_route(self) -> HubRoute | None:
+    async def hub_route(self, experiment_id: str) -> HubRoute | None:
         """Network hubs reached through a relay of the backend's own (Kubernetes' tunnel through
         the API server): where the hub listens and what agents dial; None: `nniManagerIp`."""
         return None

@@ -61,7 +61,7 @@ async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_
     if backend.hub == "loopback":
         return HubPlan("127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id))
     ts = backend.config.training_service
-    route = await backend.hub_route()
+    route = await backend.hub_route(experiment_id)
     if route is not None:  # agents dial the backend's relay; the hub listens where only the relay's far end reaches
         host = bare_host(route.bind.rpartition(":")[0])
         tls = (experiment_tls(experiment_dir / "tls", [host, *route.names, *backend.hub_names()], experiment_id)

@@ -23,6 +23,8 @@ from .api import PODS, ApiError, bad_request, not_found
 PROTOCOLS = ("v4.channel.k8s.io", "v5.channel.k8s.io")
 CLONE_NEWNET = 0x40000000
 _executors: dict[str, ThreadPoolExecutor] = {}
+ACTIVE: set[web.WebSocketResponse] = set()  # open streams (a test control drops them all)
+served = 0  # streams served so far
 _lock = threading.Lock()
 
 
@@ -91,6 +93,9 @@ async def serve(request: web.Request, store, netns: str | None, ns: str, name: s
         raise bad_request("unable to upgrade connection: the request must be a WebSocket upgrade offering "
                           "v4.channel.k8s.io")
     await ws.prepare(request)
+    global served
+    served += 1
+    ACTIVE.add(ws)
     uid = pod["metadata"].get("uid", "")
     writers: dict[int, asyncio.StreamWriter] = {}
     pumps: list[asyncio.Task] = []
@@ -126,6 +131,8 @@ async def serve(request: web.Request, store, netns: str | None, ns: str, name: s
         reader, writer = await asyncio.open_connection(sock=sock)
         writers[2 * i] = writer
         pumps.append(asyncio.create_task(pump(i, reader)))
+    if not writers:  # no port could be forwarded: the stream ends after its errors
+        await ws.close()
     try:
         async for msg in ws:
             if msg.type != WSMsgType.BINARY or not msg.data:
@@ -142,4 +149,13 @@ async def serve(request: web.Request, store, netns: str | None, ns: str, name: s
         for w in writers.values():
             w.close()
         await ws.close()
+        ACTIVE.discard(ws)
     return ws
+
+
+async def drop_all() -> int:
+    """Close every open port-forward stream (and so its connection into the pod)."""
+    dropped = list(ACTIVE)
+    for ws in dropped:
+        await ws.close()
+    return len(dropped)

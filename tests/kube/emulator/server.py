@@ -504,6 +504,9 @@ class ApiServer:
         if len(parts) == 4 and parts[0] == "history":
             plural, ns, name = parts[1], parts[2], parts[3]
             return web.json_response({"statuses": self.store.status_history.get((plural, "" if ns == "-" else ns, name), [])})
+        if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
+            from . import portforward
+            return web.json_response({"dropped": await portforward.drop_all()})
         if parts == ["shutdown"]:
             asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True})
