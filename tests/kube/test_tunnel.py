@@ -129,8 +129,8 @@ def test_dry_run_prints_the_relay_objects(kube, base: Path) -> None:
     cfg = config(kube, base, pods_service(), nniManagerIp=None)
     dry = backend_class("kubernetes")(cfg).render()
     kinds = [o["kind"] for o in dry.requests]
-    assert kinds[-3:] == ["ConfigMap", "Pod", "Service"] and "nni-relay-" in dry.text and "portforward" in dry.text
-    relay_pod = dry.requests[-2]
+    assert kinds[:3] == ["ConfigMap", "Pod", "Service"] and "nni-relay-" in dry.text and "portforward" in dry.text
+    relay_pod = dry.requests[1]
     assert relay_pod["spec"]["containers"][0]["image"] == tunnel.DEFAULT_IMAGE
     # with nniManagerIp the hub is dialled directly: no relay
     direct = backend_class("kubernetes")(config(kube, base, pods_service())).render()

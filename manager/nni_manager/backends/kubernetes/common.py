@@ -576,12 +576,13 @@ class KubeBackend(Backend):
         text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
                 f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
                 + yaml.safe_dump_all(objects, sort_keys=False))
-        if self.tunnelled:
+        if self.tunnelled:  # first, so that the environment's main object stays the last request
             relay = self._relay_objects(self.experiment_id)
             relay[0]["data"] = {tunnel.RELAY_FILE: "<the relay program, nni_manager/backends/kubernetes/relay.py>"}
-            text += ("---\n# the hub relay, once per experiment (hubTunnel): agents dial its Service; the manager "
-                     "reaches it through the API server's pods/portforward\n" + yaml.safe_dump_all(relay, sort_keys=False))
-            objects += relay
+            text = ("# the hub relay, once per experiment (hubTunnel): agents dial its Service; the manager "
+                    "reaches it through the API server's pods/portforward\n" + yaml.safe_dump_all(relay, sort_keys=False)
+                    + "---\n" + text)
+            objects = relay + objects
         return DryRun(self.platform, objects, text)
 
 
