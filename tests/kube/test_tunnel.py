@@ -135,3 +135,65 @@ def test_dry_run_prints_the_relay_objects(kube, base: Path) -> None:
     # with nniManagerIp the hub is dialled directly: no relay
     direct = backend_class("kubernetes")(config(kube, base, pods_service())).render()
     assert "Service" not in [o["kind"] for o in direct.requests]
+
+
+# ----------------------------------------------------------------------------- bind one, advertise another
+
+def _plan(tmp_path: Path, ts: dict[str, Any], ip: str | None) -> Any:
+    from nni_manager.backends.registry import backend_class
+    from nni_manager.config import load_config
+    from nni_manager.service.hub_setup import plan
+
+    cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
+                       **({"nniManagerIp": ip} if ip else {}),
+                       "trainingService": {"platform": "kubernetes", "dockerImage": "x", **ts}})
+    return asyncio.run(plan(backend_class("kubernetes")(cfg), None, tmp_path, "exp1"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ip, bind, listen", [
+    ("203.0.113.7", None, "0.0.0.0:8443"),  # a public IP or NAT port-forward  # not dialed
+    ("nni.example.org", None, "0.0.0.0:8443"),  # a DNS name, e.g. a Service in front of the manager
+    ("2001:db8::7", None, "[::]:8443"),  # an IPv6 address  # not dialed
+    ("203.0.113.7", "127.0.0.1", "127.0.0.1:8443"),  # hubBindAddress wins  # not dialed
+    ("127.0.0.1", None, "127.0.0.1:8443"),  # a loopback address binds itself, never every interface
+])
+def test_the_hub_binds_one_address_and_advertises_another(tmp_path, ip, bind, listen) -> None:
+    from cryptography import x509
+
+    hub = _plan(tmp_path, {"hubPort": 8443, **({"hubBindAddress": bind} if bind else {})}, ip)
+    assert (hub.listen, hub.advertise) == (listen, ip)
+    cert = x509.load_pem_x509_certificate(hub.tls.certificate)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = [str(v) for v in san.get_values_for_type(x509.IPAddress)] + san.get_values_for_type(x509.DNSName)
+    assert ip in names  # the certificate names what agents dial
+
+
+def test_hub_bind_address_must_be_an_ip_and_the_tunnel_is_kubernetes_only(tmp_path) -> None:
+    from nni_manager.config import load_config
+
+    base = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path)}
+    with pytest.raises(ConfigError) as e:
+        load_config({**base, "trainingService": {"platform": "kubernetes", "dockerImage": "x",
+                                                 "hubBindAddress": "nni.example.org"}})
+    assert e.value.field == "trainingService.hubBindAddress" and "nniManagerIp" in e.value.fix
+    with pytest.raises(ConfigError) as e:
+        load_config({**base, "trainingService": {"platform": "local", "hubTunnel": True}})
+    assert e.value.field == "trainingService.hubTunnel"
+
+
+def test_agents_dial_the_advertised_name_while_the_hub_binds_an_address(kube, base: Path) -> None:
+    """nniManagerIp `localhost` (a DNS name) is what agents dial and what the certificate names; the hub
+    binds 127.0.0.1 (hubBindAddress): the pod's --manager says one, the hub listens on the other."""
+    cfg = config(kube, base, pods_service(hubBindAddress="127.0.0.1"), nniManagerIp="localhost")
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0))
+            await wait_status(ts, job.id, "SUCCEEDED", timeout=T)
+            hub = ts.core.hub
+            port = hub.address.rpartition(":")[2]
+            assert hub.address == f"127.0.0.1:{port}" and hub.public_address == f"localhost:{port}"
+            assert _manager_arg(kube, f"nniexp{ts.experiment_id.lower()}") == f"localhost:{port}"
+            assert not ts._backend.tunnelled
+
+    run(main())
