@@ -68,11 +68,14 @@ def task_role(name: str, number: int, min_failed: int, min_succeed: int) -> dict
             "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": min_failed, "minSucceedTaskCount": min_succeed}}
 
 
-def experiment(kube: Any, tmp_path: Path, platform: str, *, concurrency: int = 1, **ts: Any):
+def experiment(kube: Any, tmp_path: Path, platform: str, *, concurrency: int = 1,
+               manager_ip: str | None = "127.0.0.1", **ts: Any):
+    """manager_ip: pods on the emulator's host network dial the hub there; None: the hub tunnel."""
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "trial.py").write_text(ROLE_TRIAL)
     return load_config({
+        **({"nniManagerIp": manager_ip} if manager_ip else {}),
         "trialCodeDirectory": str(code), "trialConcurrency": concurrency,
         "experimentWorkingDirectory": str(tmp_path / "exps"), "trialGracePeriod": 2,
         "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig), **ts},

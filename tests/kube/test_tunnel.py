@@ -197,3 +197,29 @@ def test_agents_dial_the_advertised_name_while_the_hub_binds_an_address(kube, ba
             assert not ts._backend.tunnelled
 
     run(main())
+
+
+# ----------------------------------------------------------------------------- the operators, through the tunnel
+
+@pytest.mark.parametrize("platform", ["kubeflow", "frameworkcontroller"])
+def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path, platform: str) -> None:
+    from tests.kube.test_operator_platforms import experiment, role, task_role
+
+    kube = kube_factory(pod_network="isolated", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    if platform == "kubeflow":  # a pool: both trials on the environments the tunnel already carries
+        cfg = experiment(kube, tmp_path, "kubeflow", concurrency=2, manager_ip=None, operator="tf-operator",
+                         apiVersion="v1", reuseMode=True, worker=role(2))
+    else:  # one Framework per trial: every trial's agents dial the relay afresh
+        cfg = experiment(kube, tmp_path, "frameworkcontroller", manager_ip=None, reuseMode=False,
+                         taskRoles=[task_role("worker", 2, 1, 1)])
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            assert ts._backend.tunnelled
+            jobs = [await ts.submit_trial_job(form(i, linger={"worker-0": 0.3})) for i in range(2)]
+            for j in jobs:
+                done = await wait_status(ts, j.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=T)
+                assert done.status.value == "SUCCEEDED", done.message
+            assert ts._backend._tunnel.paired >= 2  # two agents per environment, each through a stream
+
+    run(main())
