@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 AGENT_PORT = 4000  # the Service's and the relay's agent port
 BACK_PORT = 4001  # the relay's back port, on the pod's loopback only
 POOL = 4  # idle streams kept open; one more is opened for every agent that pairs
+QUIET = 30.0  # failures this young are the relay pod starting: logged at INFO only
 PROTOCOL = "v4.channel.k8s.io"
 APP = "nni-hub-relay"
 RELAY_FILE = "relay.py"
@@ -85,6 +87,8 @@ class Tunnel:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._failures = 0
+        self._failing_since: float | None = None
+        self._warned = False
         self.opened = 0  # streams opened so far (tests, bench)
         self.paired = 0  # agent connections carried so far
         self.idle = 0
@@ -140,7 +144,7 @@ class Tunnel:
                                                 heartbeat=30.0, max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             await self._failed(f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}",
-                               gone=e.status == 404)
+                               gone=e.status in (400, 404))  # gone, or not running: re-created if it ended
             return
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             await self._failed(f"cannot reach the API server for the port-forward: {e}")
@@ -174,7 +178,7 @@ class Tunnel:
                     paired = True
                     self.idle -= 1
                     self.paired += 1
-                    self._failures = 0
+                    self._failures, self._failing_since, self._warned = 0, None, False  # it works
                     self._spawn()  # keep the pool full for the next agent
                     payload = payload[1:]
                     host, _, port = self._hub().rpartition(":")
@@ -200,11 +204,21 @@ class Tunnel:
                 self._spawn(0.2)
 
     async def _failed(self, why: str, gone: bool = False) -> None:
+        """Retry with backoff. Quiet while the relay pod starts; a warning once it lasts
+        (`QUIET` s) and every 50 failures after."""
         if self._stopping:
             return
         self._failures += 1
-        if self._failures == 1 or self._failures % 50 == 0:
-            log.warning("hub tunnel: %s (retrying)", why)
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        lasting = now - self._failing_since > QUIET
+        if lasting and (not self._warned or self._failures % 50 == 0):
+            self._warned = True
+            log.warning("hub tunnel: %s (for %.0f s; retrying): agents cannot reach the manager meanwhile",
+                        why, now - self._failing_since)
+        else:
+            log.info("hub tunnel: %s (retrying)", why)
         if gone and self._on_gone is not None:
             try:
                 await self._on_gone()
