@@ -13,6 +13,7 @@ connection within WAIT seconds is closed and redials.
 Usage: python3 relay.py AGENT_PORT BACK_PORT
 """
 import asyncio
+import socket
 import sys
 
 WAIT = 30.0
@@ -81,7 +82,18 @@ class Relay:
         await asyncio.gather(copy(reader, back_writer), copy(back_reader, writer))
 
 
+def no_delay(writer):
+    """Small writes (gRPC frames) go at once, never held for the peer's delayed ACK."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
 async def copy(reader, writer):
+    no_delay(writer)
     try:
         while True:
             data = await reader.read(CHUNK)
