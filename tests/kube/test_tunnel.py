@@ -223,3 +223,25 @@ def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path
             assert ts._backend._tunnel.paired >= 2  # two agents per environment, each through a stream
 
     run(main())
+
+
+def test_port_forward_forbidden_says_what_to_grant_at_once(kube_factory, base: Path, caplog) -> None:
+    import logging
+
+    from tests.kube.harness import kubeconfig_with_token
+
+    kube = kube_factory(pod_network="isolated", tokens=[
+        "no-pf-token=alice:*/pods,*/secrets,*/configmaps,*/services,*/nodes,*/events"])
+    cfg = config(kube, base, pods_service(kubeConfig=str(kubeconfig_with_token(kube, base / "kc", "no-pf-token"))),
+                 nniManagerIp=None)
+
+    async def main() -> None:
+        with caplog.at_level(logging.WARNING, logger="nni_manager.backends.kubernetes.tunnel"):
+            async with create_training_service(cfg) as ts:
+                await until(lambda: [r for r in caplog.records if "pods/portforward" in r.getMessage()], 20,
+                            "the RBAC warning")  # at once: not after the relay's start-up grace
+                assert ts._backend._tunnel.opened == 0  # nothing reached the relay the forbidden way
+
+    run(main())
+    warning = next(r.getMessage() for r in caplog.records if "pods/portforward" in r.getMessage())
+    assert "403" in warning and "grant `create`" in warning and "namespace default" in warning, warning

@@ -146,7 +146,11 @@ class KubeBackend(Backend):
         self.experiment_id = experiment_id
         ns = self.namespace
         await self._ensure_pull_secret()
-        cluster_ip = await self._ensure_relay(experiment_id)
+        try:
+            cluster_ip = await self._ensure_relay(experiment_id)
+        except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
+            await self._delete_relay()
+            raise
         ts = self.config.training_service
         return HubRoute(bind=host_port(ts.hub_bind_address or "127.0.0.1", ts.hub_port or 0),
                         advertise=tunnel.advertise(cluster_ip),

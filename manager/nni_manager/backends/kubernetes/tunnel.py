@@ -144,8 +144,13 @@ class Tunnel:
             ws = await self._session.ws_connect(self._url(), protocols=(PROTOCOL,), headers=await self._headers(),
                                                 heartbeat=30.0, max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
-            await self._failed(f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}",
-                               gone=e.status in (400, 404))  # gone, or not running: re-created if it ended
+            if e.status in (401, 403):  # no waiting this out: say what to grant at once
+                why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `create` on "
+                       f"`pods/portforward` in namespace {self.namespace} to your user or service account (RBAC)")
+            else:
+                why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
+            await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended
+                               urgent=e.status in (401, 403))
             return
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             await self._failed(f"cannot reach the API server for the port-forward: {e}")
@@ -204,19 +209,18 @@ class Tunnel:
             else:
                 self._spawn(0.2)
 
-    async def _failed(self, why: str, gone: bool = False) -> None:
+    async def _failed(self, why: str, gone: bool = False, urgent: bool = False) -> None:
         """Retry with backoff. Quiet while the relay pod starts; a warning once it lasts
-        (`QUIET` s) and every 50 failures after."""
+        (`QUIET` s), or at once when `urgent` (refused credentials), and every 50 failures after."""
         if self._stopping:
             return
         self._failures += 1
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
-        lasting = now - self._failing_since > QUIET
-        if lasting and (not self._warned or self._failures % 50 == 0):
+        if (urgent or now - self._failing_since > QUIET) and (not self._warned or self._failures % 50 == 0):
             self._warned = True
-            log.warning("hub tunnel: %s (for %.0f s; retrying): agents cannot reach the manager meanwhile",
+            log.warning("hub tunnel: %s (failing for %.0f s; retrying): agents cannot reach the manager meanwhile",
                         why, now - self._failing_since)
         else:
             log.info("hub tunnel: %s (retrying)", why)
