@@ -61,6 +61,9 @@ async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_
     if backend.hub == "loopback":
         return HubPlan("127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id))
     ts = backend.config.training_service
+    if not ts.hub_tls:
+        log.warning("trainingService.hubTls is false: agents talk to the hub in PLAIN TEXT (tokens, metrics and "
+                    "code readable on the network); use it only on a network you trust")
     route = await backend.hub_route(experiment_id)
     if route is not None:  # agents dial the backend's relay; the hub listens where only the relay's far end reaches
         host = bare_host(route.bind.rpartition(":")[0])
@@ -80,8 +83,6 @@ async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_
         port = int(remembered.rpartition(":")[2]) if remembered and remembered.rpartition(":")[0] == host_port(bind, 0).rpartition(":")[0] else 0
     listen = host_port(bind, port)
     if not ts.hub_tls:
-        log.warning("trainingService.hubTls is false: agents talk to the hub in PLAIN TEXT (tokens, metrics and "
-                    "code readable on the network); use it only on a network you trust")
         return HubPlan(listen, None, advertise)
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
         return HubPlan(listen, user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file), advertise)
