@@ -45,6 +45,15 @@ class TrainingServiceConfig:
     hub_cert_file: Path | None = None
     hub_key_file: Path | None = None
     hub_ca_file: Path | None = None
+    # `hubBindAddress`: where the hub listens (default: every interface when agents come from the
+    # network, the address itself when `nniManagerIp` is loopback); `nniManagerIp` is only what
+    # agents are told to dial, so a public IP, a NAT port-forward or a DNS name can be advertised.
+    hub_bind_address: str | None = None
+    # `hubTunnel` (Kubernetes family): agents reach the hub through a relay pod and the API
+    # server's port-forward; None: on when `nniManagerIp` is not given.
+    hub_tunnel: bool | None = None
+    # `hubTunnelImage`: the relay pod's image (any image with `python3`; a mirror in private clusters).
+    hub_tunnel_image: str | None = None
     # Our extensions. `reconnectWindow`: how long a silent agent's trials are kept alive (and
     # how long an orphaned agent waits for its manager); None = the backend's default.
     reconnect_window: float | None = None
@@ -739,6 +748,13 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     ts_config.hub_cert_file = ts.path_("hubCertFile", base=base)
     ts_config.hub_key_file = ts.path_("hubKeyFile", base=base)
     ts_config.hub_ca_file = ts.path_("hubCaFile", base=base)
+    ts_config.hub_bind_address = _bind_address(ts)
+    ts_config.hub_tunnel = ts.bool_("hubTunnel")
+    ts_config.hub_tunnel_image = ts.str_("hubTunnelImage")
+    for name, value in (("hubTunnel", ts_config.hub_tunnel), ("hubTunnelImage", ts_config.hub_tunnel_image)):
+        if value and platform not in ("kubernetes", "kubeflow", "frameworkcontroller"):
+            raise ConfigError(ts.at(name), f"is not supported on platform {platform}",
+                              "remove it (only the Kubernetes platforms tunnel through their API server)")
     if (ts_config.hub_cert_file is None) != (ts_config.hub_key_file is None):
         missing = "hubKeyFile" if ts_config.hub_key_file is None else "hubCertFile"
         raise ConfigError(ts.at(missing), "is required with " + ("hubCertFile" if missing == "hubKeyFile" else "hubKeyFile"),
@@ -756,6 +772,23 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
         raise ConfigError("trialCommand", "is required", "add `trialCommand: python3 trial.py` (the command each trial runs)")
     ts.finish(where=f"for platform {platform}")
     return ts_config
+
+
+def _bind_address(ts: ConfigSection) -> str | None:
+    """`hubBindAddress`: an IP literal of this machine (or 0.0.0.0 / ::), never a name."""
+    import ipaddress
+
+    value = ts.str_("hubBindAddress")
+    if value is None:
+        return None
+    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        raise ConfigError(ts.at("hubBindAddress"), f"must be an IP address of this machine, got {value!r}",
+                          "use 0.0.0.0 (every interface), :: or one of this machine's addresses; "
+                          "put a DNS name or public address in nniManagerIp instead") from None
+    return bare
 
 
 def check_per_gpu(per_gpu: int, gpu_number: int | None, field: str) -> None:

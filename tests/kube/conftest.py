@@ -88,6 +88,10 @@ class Kube(EmulatorHandle):
     def pod_processes(self, ns: str, pod: str) -> list[int]:
         return self._call("GET", f"/emulator/v1/namespaces/{ns}/pods/{pod}/processes")["pids"]
 
+    def drop_port_forwards(self) -> int:
+        """End every open `pods/portforward` stream (an API server restart, a proxy timing out)."""
+        return self._call("POST", "/emulator/v1/portforward/drop", {})["dropped"]
+
     def history(self, kind: str, ns: str | None, name: str) -> list[dict]:
         """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
         return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
@@ -95,7 +99,8 @@ class Kube(EmulatorHandle):
 
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
-                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True) -> Kube:
+                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
+                   pod_network: str = "host") -> Kube:
     state = base / f"kube-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     instance = secrets.token_hex(8)
@@ -121,6 +126,8 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--namespace", ns]
     if watch_history:
         args += ["--watch-history", str(watch_history)]
+    if pod_network != "host":  # "isolated": pods in a network namespace of the emulator's own
+        args += ["--pod-network", pod_network]
     proc = start_emulator_process("tests.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)

@@ -37,6 +37,9 @@ def config_dict(kube: Any, base: Path, training_service: dict[str, Any], **top: 
     `top` overrides top-level keys (trialConcurrency, maxTrialDuration, ...)."""
     ts = {"kubeConfig": str(kube.kubeconfig), **training_service}
     out: dict[str, Any] = {
+        # pods share the host network in the default emulator: the hub is reached directly (tests of
+        # the tunnel through the API server pass nniManagerIp=None, on an isolated pod network)
+        "nniManagerIp": "127.0.0.1",
         "trialCommand": "python trial.py",
         "trialCodeDirectory": str(code_dir(base)),
         "trialConcurrency": 1,
@@ -45,6 +48,8 @@ def config_dict(kube: Any, base: Path, training_service: dict[str, Any], **top: 
         "trainingService": ts,
     }
     out.update(top)
+    if out["nniManagerIp"] is None:
+        del out["nniManagerIp"]
     return out
 
 

@@ -14,8 +14,8 @@ import yaml
 
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ConfigError, load_config
-from nni_manager.hub.address import bare_host, host_port
-from nni_manager.service.hub_setup import listen_address
+from nni_manager.hub.address import advertised, bare_host, host_port
+from nni_manager.service.hub_setup import plan
 from tests.kube.emulator import crds
 
 FC = ("frameworkcontroller.microsoft.com", "v1")
@@ -132,8 +132,11 @@ def test_ipv6_hub_address_and_certificate_names(tmp_path):
     cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
                        "nniManagerIp": "fd00::5", "trainingService": {"platform": "kubernetes", "hubPort": 8443}})
     backend = backend_class("kubernetes")(cfg)
-    address, tls = asyncio.run(listen_address(backend, None, tmp_path, "exp1"))  # type: ignore[arg-type]
-    assert address == "[fd00::5]:8443"
+    hub = asyncio.run(plan(backend, None, tmp_path, "exp1"))  # type: ignore[arg-type]
+    # fd00::5 is advertised, not bound: the hub listens on every IPv6 interface at hubPort
+    assert (hub.listen, hub.advertise) == ("[::]:8443", "fd00::5")
+    assert advertised(hub.advertise, 8443) == "[fd00::5]:8443"
+    tls = hub.tls
     assert tls is not None
     cert = x509.load_pem_x509_certificate(tls.certificate)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

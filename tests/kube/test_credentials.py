@@ -27,7 +27,8 @@ def test_in_cluster_service_account(kube, tmp_path: Path, monkeypatch: pytest.Mo
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    config = load_config({"trialCommand": "python trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
+    config = load_config({"nniManagerIp": "127.0.0.1",  # pods on the emulator's host network dial the hub
+                          "trialCommand": "python trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
                           "trialGracePeriod": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
                           "trainingService": {"platform": "kubernetes", "dockerImage": "nni-test/python:3.11",
                                               "memorySize": 256, "reuseMode": False}})

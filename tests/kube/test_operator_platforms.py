@@ -68,11 +68,14 @@ def task_role(name: str, number: int, min_failed: int, min_succeed: int) -> dict
             "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": min_failed, "minSucceedTaskCount": min_succeed}}
 
 
-def experiment(kube: Any, tmp_path: Path, platform: str, *, concurrency: int = 1, **ts: Any):
+def experiment(kube: Any, tmp_path: Path, platform: str, *, concurrency: int = 1,
+               manager_ip: str | None = "127.0.0.1", **ts: Any):
+    """manager_ip: pods on the emulator's host network dial the hub there; None: the hub tunnel."""
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "trial.py").write_text(ROLE_TRIAL)
     return load_config({
+        **({"nniManagerIp": manager_ip} if manager_ip else {}),
         "trialCodeDirectory": str(code), "trialConcurrency": concurrency,
         "experimentWorkingDirectory": str(tmp_path / "exps"), "trialGracePeriod": 2,
         "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig), **ts},
@@ -605,10 +608,16 @@ def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, pla
     dry = backend_class(platform)(cfg).render()
     kinds = [o["kind"] for o in dry.requests]
     main_kind = "TFJob" if platform == "kubeflow" else "Framework"
-    assert kinds == ["Secret", main_kind], kinds
-    secret, main = dry.requests
+    # NNI's configs name no nniManagerIp: the hub relay comes first (hubTunnel)
+    assert kinds == ["ConfigMap", "Pod", "Service", "Secret", main_kind], kinds
+    *relay, secret, main = dry.requests
     assert main["metadata"]["name"] in dry.text
     api = kube.api_client()
+    config_map, relay_pod, service = relay
+    core = client.CoreV1Api(api)
+    core.create_namespaced_config_map(NS, config_map, dry_run="All", field_validation="Strict")
+    core.create_namespaced_pod(NS, relay_pod, dry_run="All", field_validation="Strict")
+    core.create_namespaced_service(NS, service, dry_run="All", field_validation="Strict")
     created = client.CoreV1Api(api).create_namespaced_secret(NS, secret, dry_run="All", field_validation="Strict")
     assert created.metadata.name == secret["metadata"]["name"]
     group, version = main["apiVersion"].split("/")

@@ -92,6 +92,7 @@ def test_non_root_image_reads_its_token(kube_factory, non_root_image, tmp_path: 
 
 def _operator_config(kube: Any, tmp_path: Path, platform: str, **ts: Any) -> Any:
     return load_config({
+        "nniManagerIp": "127.0.0.1",  # pods on the emulator's host network dial the hub directly
         "trialCodeDirectory": str(code_dir(tmp_path)), "trialConcurrency": 1, "trialGracePeriod": 2,
         "experimentWorkingDirectory": str(tmp_path / "exps"),
         "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig), "reuseMode": False, **ts},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
@@ -15,12 +16,17 @@ def start(config: Path, mode: str):  # -> Popen[str]
     return start_manager("KubeRestart1", mode, 2, "--config", str(config), "--step-sleep", "0.3")
 
 
-def test_manager_sigkill_and_restart_reattaches_running_pods(kube, tmp_path: Path) -> None:
+@pytest.mark.parametrize("route", ["direct", "tunnel"])
+def test_manager_sigkill_and_restart_reattaches_running_pods(kube_factory, tmp_path: Path, route: str) -> None:
+    """direct: pods on the host network dial nniManagerIp; tunnel: pods on an isolated pod network reach
+    the restarted manager only through the same relay pod, over new port-forward streams."""
+    kube = kube_factory(pod_network="isolated" if route == "tunnel" else "host")
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump({
+        **({"nniManagerIp": "127.0.0.1"} if route == "direct" else {}),
         "trialCommand": "python trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
         "trialGracePeriod": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
         "trainingService": {"platform": "kubernetes", "kubeConfig": str(kube.kubeconfig), "reuseMode": True,
@@ -29,8 +35,11 @@ def test_manager_sigkill_and_restart_reattaches_running_pods(kube, tmp_path: Pat
     exp_dir = tmp_path / "exps" / "KubeRestart1"
     first = start(config, "new")
     out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
-    pods = {p.metadata.name for p in kube.core().list_namespaced_pod("default").items}
+    ours = "app=nni-kubernetes-trial,expId=KubeRestart1"
+    pods = {p.metadata.name for p in kube.core().list_namespaced_pod("default", label_selector=ours).items}
     assert len(pods) == 2  # the trials' pods keep running without a manager
+    relay = "app=nni-hub-relay,expId=KubeRestart1"
+    assert len(kube.core().list_namespaced_pod("default", label_selector=relay).items) == (route == "tunnel")
 
     second = start(config, "resume")
     out2, err2 = second.communicate(timeout=120)
@@ -40,8 +49,9 @@ def test_manager_sigkill_and_restart_reattaches_running_pods(kube, tmp_path: Pat
     # re-attached, not restarted: the same pods ran the trials to their end
     assert {t.environment_id for t in trials} == {"env1", "env2"}
     core = kube.core()
-    ours = "app=nni-kubernetes-trial,expId=KubeRestart1"
     kube.wait_for(lambda: not core.list_namespaced_pod("default", label_selector=ours).items, 30, what="pods gone")
     assert not core.list_namespaced_secret("default", label_selector=ours).items
     assert not core.list_namespaced_config_map("default", label_selector=ours).items
+    kube.wait_for(lambda: not core.list_namespaced_pod("default", label_selector=relay).items, 30, what="relay gone")
+    assert not core.list_namespaced_service("default", label_selector=relay).items
     kube.wait_for(lambda: not kube.leftover_processes(), 30, what="no pod process left")

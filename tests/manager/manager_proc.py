@@ -27,8 +27,9 @@ async def main(config: Any, experiment_id: str, mode: str, n: int, steps: int, s
         d = json.loads(m.data)
         print("METRIC", m.id, d["type"], d["sequence"], flush=True)
 
-    async with create_training_service(config, experiment_id=experiment_id) as ts:
-        ts.add_trial_job_metric_listener(on_metric)
+    ts = create_training_service(config, experiment_id=experiment_id)
+    ts.add_trial_job_metric_listener(on_metric)  # before start: agents that redial at once flush what they kept
+    async with ts:
         if mode == "new":
             for i in range(n):
                 await ts.submit_trial_job(form(i, steps=steps, step_sleep=step_sleep))

@@ -162,10 +162,24 @@ class BackendContext(Protocol):
         """Whether the agent currently holds an open stream to the hub."""
         ...
 
+    def hub_listen_address(self) -> str:
+        """Where the hub listens on TCP ("host:port"), for a relay of the backend's own to dial."""
+        ...
+
     def environments(self) -> list[EnvironmentRequest]:
         """Elastic backends: the environments the core knows (after a restart: to re-attach
         to, or to release what the store no longer wants)."""
         ...
+
+
+@dataclass(frozen=True)
+class HubRoute:
+    """A hub behind a backend's relay: it listens on `bind` ("host:port", port 0: any) and agents
+    dial `advertise` ("host:port", the relay's); the certificate also carries `names`."""
+
+    bind: str
+    advertise: str
+    names: tuple[str, ...] = ()
 
 
 class Backend(abc.ABC):
@@ -312,6 +326,11 @@ class Backend(abc.ABC):
     async def manager_address(self) -> str | None:
         """Network hubs: the address agents reach this manager at when `nniManagerIp` is not
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
+        return None
+
+    async def hub_route(self, experiment_id: str) -> HubRoute | None:
+        """Network hubs reached through a relay of the backend's own (Kubernetes' tunnel through
+        the API server): where the hub listens and what agents dial; None: `nniManagerIp`."""
         return None
 
     def hub_names(self) -> list[str]:

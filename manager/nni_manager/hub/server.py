@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
 import re
 import secrets
 import sqlite3
@@ -32,6 +31,7 @@ from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from nni_manager import bundle
 from nni_manager.errors import AgentUnavailableError
+from nni_manager.hub.address import advertised
 from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
 from nni_manager.hub.logfiles import LogFiles, LogWrite
 from nni_manager.hub.tls import TlsMaterial
@@ -172,12 +172,16 @@ class Hub(pb_grpc.AgentHubServicer):
         gpu_sample_interval: float = 1.0,
         tcp: str | None = "127.0.0.1:0",
         tls: TlsMaterial | None = None,
+        advertise: str | None = None,
     ) -> None:
         self.experiment_id = experiment_id
         # Besides the Unix socket (always there): a TCP "host:port" to listen on (port 0: any
         # free one), for tunnels (127.0.0.1) or for agents on a network (then with `tls`).
         self.tcp = tcp
         self.tls = tls
+        # What agents are told to dial when it differs from where the hub listens: a host (the
+        # bound port is added) or host:port (a relay's or a NAT's own port).
+        self.advertise = advertise
         self.experiment_dir = experiment_dir
         self.socket_path = experiment_dir / "hub.sock"
         self.reconnect_window = reconnect_window
@@ -194,6 +198,14 @@ class Hub(pb_grpc.AgentHubServicer):
         self.files = FileFetches()
         self.log_files = LogFiles()
         self._unauthenticated: dict[str, int] = {}  # streams still to prove a token, by peer address
+
+    @property
+    def public_address(self) -> str:
+        """The "host:port" agents dial: `advertise` (with the bound port when it names none),
+        else the bound address."""
+        if not self.advertise or not self.address:
+            return self.address
+        return advertised(self.advertise, self.address.rpartition(":")[2])
 
     def _handler(self) -> HubHandler:
         assert self.handler is not None, "Hub.handler must be set before start()"

@@ -110,7 +110,7 @@ class Agents:
             known = self.store.agent_by_name(a.name)
             assert known is not None
             token = known["token"]
-        return AgentSpec(agent_id=agent_id, token=token, hub_address=self.hub.address,
+        return AgentSpec(agent_id=agent_id, token=token, hub_address=self.hub.public_address,
                          hub_unix_socket=self.hub.socket_path, ca_certificate=self.ca_certificate,
                          role=a.role, index=a.index)
 

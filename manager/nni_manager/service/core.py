@@ -155,6 +155,9 @@ class Core:
     def agent_connected(self, agent_id: str) -> bool:
         return self.hub.connected(agent_id)
 
+    def hub_listen_address(self) -> str:
+        return self.hub.address
+
     def environments(self) -> list[EnvironmentRequest]:
         return [EnvironmentRequest(e.env_id, tuple(self.agents.spec(a) for a in e.members), e.trial_id)
                 for e in self.agents.envs.values() if e.live]

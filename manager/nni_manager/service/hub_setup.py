@@ -4,14 +4,17 @@ unix: only the socket in the (0700) experiment directory; file permissions authe
 sides (only the experiment's owner can connect to it, or put a socket there), so it needs no TLS.
 loopback: also 127.0.0.1 TCP for tunnels, always with TLS from the experiment's own CA: a worker's
 end of a tunnel is a port any local user may bind once the SSH link drops, and an agent must
-not hand its token to (or obey) whoever does. network: `nniManagerIp`:`hubPort` with TLS (the
-experiment's own CA unless the user brings a certificate); the port is kept in the store so a
+not hand its token to (or obey) whoever does. network: `hubBindAddress`:`hubPort` with TLS (the
+experiment's own CA unless the user brings a certificate), advertised to agents as `nniManagerIp`
+or through a backend's relay (`Backend.hub_route`); the port is kept in the store so a
 restarted manager listens where running agents redial. The CA stays in the experiment
 directory, so a restarted manager is trusted by the agents already running.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from nni_manager.backends.base import Backend
@@ -25,28 +28,73 @@ log = logging.getLogger(__name__)
 _KEY = "hub_address"
 
 
-async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
-                         experiment_id: str) -> tuple[str | None, TlsMaterial | None]:
+@dataclass(frozen=True)
+class HubPlan:
+    """Where the hub listens (`listen`, None: the Unix socket only), with which TLS material,
+    and what agents are told to dial when that differs (`advertise`: a host, or host:port)."""
+
+    listen: str | None
+    tls: TlsMaterial | None
+    advertise: str | None = None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(bare_host(host)).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _every_interface(advertise: str) -> str:
+    try:
+        return "::" if ipaddress.ip_address(bare_host(advertise)).version == 6 else "0.0.0.0"
+    except ValueError:  # a DNS name
+        return "0.0.0.0"
+
+
+async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
+    """Bind one address, advertise another: `hubBindAddress` (default every interface, or the
+    advertised address itself when that is loopback), `nniManagerIp` (an address or DNS name
+    agents dial: a public IP, a NAT port-forward, a Service name), or the backend's relay."""
     if backend.hub == "unix":
-        return None, None
+        return HubPlan(None, None)
     if backend.hub == "loopback":
-        return "127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id)
+        return HubPlan("127.0.0.1:0", experiment_tls(experiment_dir / "tls", ["127.0.0.1"], experiment_id))
     ts = backend.config.training_service
-    host = bare_host(ts.nni_manager_ip or await backend.manager_address() or "")
-    if not host:
-        raise ConfigError("nniManagerIp", f"is required for platform {backend.platform}",
-                          "set it to an address of this machine that the workers can reach")
-    port = ts.hub_port
-    if port is None:
-        remembered = store.setting(_KEY)
-        port = int(remembered.rpartition(":")[2]) if remembered and remembered.rpartition(":")[0] == host_port(host, 0).rpartition(":")[0] else 0
     if not ts.hub_tls:
         log.warning("trainingService.hubTls is false: agents talk to the hub in PLAIN TEXT (tokens, metrics and "
                     "code readable on the network); use it only on a network you trust")
-        return host_port(host, port), None
+    route = await backend.hub_route(experiment_id)
+    if route is not None:  # agents dial the backend's relay; the hub listens where only the relay's far end reaches
+        host = bare_host(route.bind.rpartition(":")[0])
+        tls = (experiment_tls(experiment_dir / "tls", [host, *route.names, *backend.hub_names()], experiment_id)
+               if ts.hub_tls else None)
+        if ts.hub_tls and ts.hub_cert_file is not None and ts.hub_key_file is not None:
+            tls = user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
+        return HubPlan(route.bind, tls, route.advertise)
+    advertise = bare_host(ts.nni_manager_ip or await backend.manager_address() or "")
+    if not advertise:
+        raise ConfigError("nniManagerIp", f"is required for platform {backend.platform}",
+                          "set it to an address or DNS name of this machine that the workers can reach")
+    bind = bare_host(ts.hub_bind_address or (advertise if _is_loopback(advertise) else _every_interface(advertise)))
+    port = ts.hub_port
+    if port is None:
+        remembered = store.setting(_KEY) if store is not None else None
+        port = int(remembered.rpartition(":")[2]) if remembered and remembered.rpartition(":")[0] == host_port(bind, 0).rpartition(":")[0] else 0
+    listen = host_port(bind, port)
+    if not ts.hub_tls:
+        return HubPlan(listen, None, advertise)
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
-        return host_port(host, port), user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
-    return host_port(host, port), experiment_tls(experiment_dir / "tls", [host, *backend.hub_names()], experiment_id)
+        return HubPlan(listen, user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file), advertise)
+    names = [advertise, *([bind] if bind not in ("0.0.0.0", "::") else []), *backend.hub_names()]
+    return HubPlan(listen, experiment_tls(experiment_dir / "tls", names, experiment_id), advertise)
+
+
+async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
+                         experiment_id: str) -> tuple[str | None, TlsMaterial | None]:
+    """(where the hub listens, its TLS material): `plan` without the advertised address."""
+    p = await plan(backend, store, experiment_dir, experiment_id)
+    return p.listen, p.tls
 
 
 def remember(store: Store, hub: Hub) -> None:

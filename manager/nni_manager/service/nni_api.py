@@ -107,9 +107,10 @@ class TrainingService:
         storage = self.config.shared_storage
         if storage is not None:  # NNI: the manager's machine mounts it (nnimount) before any worker starts
             self._storage_mounted = await asyncio.to_thread(shared_storage.prepare_local, storage, self.experiment_id)
-        listen, tls = await hub_setup.listen_address(self._backend, store, self.experiment_dir, self.experiment_id)
+        hub_plan = await hub_setup.plan(self._backend, store, self.experiment_dir, self.experiment_id)
+        listen, tls = hub_plan.listen, hub_plan.tls
         self._hub = hub = Hub(experiment_id=self.experiment_id, experiment_dir=self.experiment_dir, store=store,
-                              reconnect_window=self.reconnect_window, tcp=listen, tls=tls)
+                              reconnect_window=self.reconnect_window, tcp=listen, tls=tls, advertise=hub_plan.advertise)
         agents = Agents(store, hub, tls.ca_certificate if tls else b"")
         bundle = None
         if self._backend.ships_code:  # agents elsewhere get the code over the channel

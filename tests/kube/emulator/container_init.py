@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 MS_RDONLY, MS_BIND, MS_REC, MS_PRIVATE = 1, 4096, 16384, 1 << 18
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -55,6 +55,10 @@ def ensure_paths(targets, scratch):
 
 def main():
     spec = json.load(open(sys.argv[1]))
+    if spec.get("netns"):  # the pod network (a namespace of the emulator's own), not the host's
+        fd = os.open(spec["netns"], os.O_RDONLY)
+        _check(libc.setns(fd, CLONE_NEWNET), "setns")
+        os.close(fd)
     if spec.get("namespaces"):
         _check(libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
         mount(None, "/", None, MS_REC | MS_PRIVATE)

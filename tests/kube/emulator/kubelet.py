@@ -77,8 +77,11 @@ class PodRun:
 
 class Kubelet:
     def __init__(self, store: Store, state: Path, instance: str, images: list[str], nodes: list[str],
-                 start_delay: float, use_namespaces: bool):
+                 start_delay: float, use_namespaces: bool, pod_netns: str | None = None):
         self.store, self.state, self.instance = store, state, instance
+        # --pod-network isolated: every container joins this network namespace (loopback only),
+        # so pods reach each other but never the manager's loopback (the root namespace's)
+        self.pod_netns = pod_netns
         self.images = {}
         for spec in images:
             name, _, bindir = spec.partition("=")
@@ -506,7 +509,8 @@ class Kubelet:
         scratch = cdir / f"scratch{c.restart_count}"
         scratch.mkdir(exist_ok=True)
         spec = {"namespaces": self.use_namespaces, "hostname": run.name, "scratch": str(scratch), "mounts": mounts,
-                "workingDir": c.spec.get("workingDir") or "/", "argv": argv, "env": env, "user": user}
+                "workingDir": c.spec.get("workingDir") or "/", "argv": argv, "env": env, "user": user,
+                "netns": self.pod_netns}
         spec_file = cdir / f"spec{c.restart_count}.json"
         spec_file.write_text(json.dumps(spec))
         if self.use_namespaces:

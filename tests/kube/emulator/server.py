@@ -11,6 +11,7 @@ import ipaddress
 import json
 import os
 import secrets
+import subprocess
 import signal
 import ssl
 import time
@@ -238,7 +239,7 @@ class ApiServer:
         if sub is not None:
             allowed_subs = {"status"} if (is_custom or res in (PODS, NAMESPACES, NODES)) else set()
             if res == PODS:
-                allowed_subs |= {"log"}
+                allowed_subs |= {"log", "portforward"}
             if sub not in allowed_subs:
                 return page_not_found()
         if ns is None and res.namespaced and name is not None:
@@ -253,8 +254,11 @@ class ApiServer:
             verb = "deletecollection"
         if not verb:
             return web.json_response(ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource").status(), status=405)
+        if sub == "portforward":  # a connect subresource: authorized as `create` (KEP-4006), any method
+            verb = "create"
         res_name = plural + (f"/{sub}" if sub else "")
-        if not Auth.allowed(user[1], verb, res_name, group, ns) and not Auth.allowed(user[1], verb, plural, group, ns):
+        if not Auth.allowed(user[1], verb, res_name, group, ns) and (
+                sub == "portforward" or not Auth.allowed(user[1], verb, plural, group, ns)):
             raise forbidden(user[0], verb, res_name, group, ns, name)
         fv = q.get("fieldValidation", "Warn")
         if fv not in ("Strict", "Warn", "Ignore"):
@@ -263,6 +267,9 @@ class ApiServer:
             if name is not None:
                 if sub == "log":
                     return await self.pod_log(request, ns, name)
+                if sub == "portforward":
+                    from . import portforward
+                    return await portforward.serve(request, self.store, self.kubelet.pod_netns, ns, name)
                 obj = self.store.get(res, ns, name)
                 if obj is None:
                     raise not_found(res, name)
@@ -497,6 +504,9 @@ class ApiServer:
         if len(parts) == 4 and parts[0] == "history":
             plural, ns, name = parts[1], parts[2], parts[3]
             return web.json_response({"statuses": self.store.status_history.get((plural, "" if ns == "-" else ns, name), [])})
+        if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
+            from . import portforward
+            return web.json_response({"dropped": await portforward.drop_all()})
         if parts == ["shutdown"]:
             asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True})
@@ -526,6 +536,9 @@ def parse_args(argv=None):
     p.add_argument("--instance-id", default=None)
     p.add_argument("--watch-history", type=int, default=2000)
     p.add_argument("--no-namespaces", action="store_true", help="run containers without mount namespaces")
+    p.add_argument("--pod-network", choices=("host", "isolated"), default="host",
+                   help="isolated: pods share a network namespace of the emulator's own (loopback only), "
+                        "so they cannot reach anything on the host's loopback")
     return p.parse_args(argv)
 
 
@@ -541,8 +554,14 @@ async def amain(args) -> None:
             store.create(NAMESPACES, {"metadata": {"name": ns}})
     tokens = args.token or ["emulator-admin-token=admin"]
     auth = Auth(tokens)
+    netns = None
+    if args.pod_network == "isolated":
+        netns = f"kemu-{instance[:10]}"
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
     kubelet = Kubelet(store, state, instance, images=args.image, nodes=args.node or ["node-1=8,16384,0"],
-                      start_delay=args.pod_start_delay, use_namespaces=not args.no_namespaces)
+                      start_delay=args.pod_start_delay, use_namespaces=not args.no_namespaces,
+                      pod_netns=f"/run/netns/{netns}" if netns else None)
     if args.crd_group:
         try:
             crds = importlib.import_module(__package__ + ".crds")
@@ -576,6 +595,8 @@ async def amain(args) -> None:
         t.cancel()
     await kubelet.shutdown()
     await runner.cleanup()
+    if netns:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
 
 
 def main(argv=None) -> None:

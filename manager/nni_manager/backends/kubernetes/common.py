@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
-from nni_manager.backends.kubernetes import boot, nodes
+from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, HubRoute
+from nni_manager.backends.kubernetes import boot, nodes, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
-from nni_manager.hub.address import host_port
+from nni_manager.config import ConfigError
+from nni_manager.hub.address import bare_host, host_port
 
 if TYPE_CHECKING:
     from kubernetes.aio import client as k8s
@@ -77,6 +78,7 @@ class KubeBackend(Backend):
         self._pull_secret: str | None = None
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
+        self._tunnel: tunnel.Tunnel | None = None
 
     @property
     def kube(self) -> KubeConfig:
@@ -118,9 +120,108 @@ class KubeBackend(Backend):
             self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
         return self._core, self._custom
 
+    @property
+    def tunnelled(self) -> bool:
+        """Agents reach the hub through the relay and the API server (`hubTunnel`; default: on
+        unless `nniManagerIp` says where the cluster can reach this machine)."""
+        ts = self.config.training_service
+        return ts.hub_tunnel if ts.hub_tunnel is not None else ts.nni_manager_ip is None
+
     async def manager_address(self) -> str | None:
         await self._client()
-        return manager_ip_for(self._api.configuration.host)
+        host = self._api.configuration.host
+        address = manager_ip_for(host)
+        if _loopback(address):  # kind, minikube: pods would dial their own loopback and wait 6 minutes
+            raise ConfigError("trainingService.hubTunnel",
+                              f"is false and nniManagerIp is not set, but the API server ({host}) is on this "
+                              "machine's loopback: pods cannot reach the manager at a loopback address",
+                              "remove `hubTunnel: false` (agents then reach the manager through the API server), "
+                              "or set nniManagerIp to an address or DNS name of this machine that pods can reach")
+        return address
+
+    async def hub_route(self, experiment_id: str) -> HubRoute | None:
+        """With the tunnel: the hub listens on loopback only and agents dial the relay's Service."""
+        if not self.tunnelled:
+            return None
+        self.experiment_id = experiment_id
+        ns = self.namespace
+        await self._ensure_pull_secret()
+        try:
+            cluster_ip = await self._ensure_relay(experiment_id)
+        except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
+            await self._delete_relay()
+            raise
+        ts = self.config.training_service
+        return HubRoute(bind=host_port(ts.hub_bind_address or "127.0.0.1", ts.hub_port or 0),
+                        advertise=tunnel.advertise(cluster_ip),
+                        names=tunnel.certificate_names(experiment_id, ns, cluster_ip))
+
+    def _relay_objects(self, experiment_id: str) -> list[dict[str, Any]]:
+        overrides: dict[str, Any] = {}
+        if self._pull_secret:
+            overrides["imagePullSecrets"] = [{"name": self._pull_secret}]
+        for key in ("nodeSelector", "tolerations", "priorityClassName"):  # where the cluster lets pods run
+            if key in self.kube.pod_spec:
+                overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
+        image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
+        return tunnel.relay_objects(experiment_id, self.namespace, image, overrides)
+
+    async def _ensure_relay(self, experiment_id: str) -> str:
+        """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
+        Service's cluster IP."""
+        core, _ = await self._client()
+        ns = self.namespace
+        config_map, pod, service = self._relay_objects(experiment_id)
+        name = pod["metadata"]["name"]
+        try:
+            await core.create_namespaced_config_map(ns, config_map, field_validation="Strict")
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
+            await core.replace_namespaced_config_map(name, ns, config_map)
+        await self._ensure_relay_pod(pod)
+        try:
+            created = await core.create_namespaced_service(ns, service, field_validation="Strict")
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                raise api_error(e, f"creating the hub relay's Service {name}") from None
+            created = await core.read_namespaced_service(name, ns)
+        cluster_ip = created.spec.cluster_ip
+        if not cluster_ip or cluster_ip == "None":
+            raise KubeError(f"the hub relay's Service {name} got no cluster IP; delete it and start again")
+        return cluster_ip
+
+    async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
+        core, _ = await self._client()
+        ns = self.namespace
+        pod = pod or self._relay_objects(self.experiment_id)[1]
+        name = pod["metadata"]["name"]
+        try:
+            existing = await core.read_namespaced_pod(name, ns)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                raise api_error(e, f"reading the hub relay pod {name}") from None
+            existing = None
+        if existing is not None and existing.status.phase in ("Failed", "Succeeded") or (
+                existing is not None and existing.metadata.deletion_timestamp):
+            log.warning("hub relay pod %s is %s: re-creating it", name, existing.status.phase)
+            try:
+                await core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            except Exception:
+                pass
+            for _ in range(100):
+                try:
+                    await core.read_namespaced_pod(name, ns)
+                except Exception:
+                    break
+                await asyncio.sleep(0.1)
+            existing = None
+        if existing is None:
+            try:
+                await core.create_namespaced_pod(ns, pod, field_validation="Strict")
+            except Exception as e:
+                if getattr(e, "status", None) != 409:
+                    raise api_error(e, f"creating the hub relay pod {name}") from None
 
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
@@ -145,6 +246,10 @@ class KubeBackend(Backend):
         await self._ensure_wheel_configmap()
         await self._ensure_pull_secret()
         self._nodes = await nodes.list_nodes(self._api)
+        if self.tunnelled:
+            self._tunnel = tunnel.Tunnel(self._api, ns, tunnel.relay_name(self.experiment_id),
+                                         ctx.hub_listen_address, on_gone=self._ensure_relay_pod)
+            await self._tunnel.start()
         await self._reattach()
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
@@ -264,8 +369,30 @@ class KubeBackend(Backend):
         except Exception as e:
             log.error("cleaning up experiment %s: %s", self.experiment_id, api_error(e, "deleting objects"))
         finally:
+            if self._tunnel is not None:
+                await self._tunnel.stop()
+                self._tunnel = None
+            await self._delete_relay()
             await self._api.close()
             self._core = self._custom = None
+
+    async def _delete_relay(self) -> None:
+        if not self.tunnelled or self._core is None:
+            return
+        core, ns = self._core, self.namespace
+        name = tunnel.relay_name(self.experiment_id)
+        # the answers (the object or a Status, by server version) are not needed: not parsed
+        for what, call in (("Service", core.delete_namespaced_service_without_preload_content),
+                           ("Pod", core.delete_namespaced_pod_without_preload_content),
+                           ("ConfigMap", core.delete_namespaced_config_map_without_preload_content)):
+            try:
+                response = await call(name, ns)
+                if response.status >= 400 and response.status != 404:
+                    log.error("deleting the hub relay's %s %s: %s %s", what, name, response.status,
+                              (await response.read())[:300].decode(errors="replace"))
+            except Exception as e:
+                if getattr(e, "status", None) != 404:
+                    log.error("deleting the hub relay's %s %s: %s", what, name, api_error(e, "deleting"))
 
     # ------------------------------------------------------------------ objects
     def _secret(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -455,7 +582,23 @@ class KubeBackend(Backend):
         text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
                 f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
                 + yaml.safe_dump_all(objects, sort_keys=False))
+        if self.tunnelled:  # first, so that the environment's main object stays the last request
+            relay = self._relay_objects(self.experiment_id)
+            relay[0]["data"] = {tunnel.RELAY_FILE: "<the relay program, nni_manager/backends/kubernetes/relay.py>"}
+            text = ("# the hub relay, once per experiment (hubTunnel): agents dial its Service; the manager "
+                    "reaches it through the API server's pods/portforward\n" + yaml.safe_dump_all(relay, sort_keys=False)
+                    + "---\n" + text)
+            objects = relay + objects
         return DryRun(self.platform, objects, text)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(bare_host(host)).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def merge_pod_spec(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""The hub relay: runs in a pod of the experiment (plain Python, standard library only) so that
+agents reach a manager the cluster cannot route to (kind, minikube, a laptop behind NAT).
+
+Agents dial the relay's Service on the agent port. The manager keeps a few idle "back"
+connections open to the back port, each through the API server's `pods/portforward` (the back
+port listens on the pod's loopback only: nothing but a port-forward, which RBAC guards, reaches
+it). Each agent connection is paired with one idle back connection: the relay writes one byte
+(0x01) on it so the manager dials its hub, then copies bytes both ways until either end closes.
+It never reads them: TLS stays end to end between agent and hub. A back connection closing
+while idle (the manager gone, a dropped stream) is discarded; an agent finding no back
+connection within WAIT seconds is closed and redials.
+
+Usage: python3 relay.py AGENT_PORT BACK_PORT
+"""
+import asyncio
+import socket
+import sys
+
+WAIT = 30.0
+CHUNK = 65536
+
+
+class Relay:
+    def __init__(self):
+        self.idle = []  # [(reader, writer, watcher task)]
+        self.arrived = None  # asyncio.Event, set whenever a back connection arrives
+
+    async def back(self, reader, writer):
+        """An idle back connection: the manager sends nothing until paired, so any read result
+        (EOF included) means it is gone."""
+        entry = [reader, writer, None]
+
+        async def watch():
+            try:
+                await reader.read(1)
+            except (ConnectionError, OSError):
+                pass
+            if entry in self.idle:
+                self.idle.remove(entry)
+            writer.close()
+
+        entry[2] = asyncio.ensure_future(watch())
+        self.idle.append(entry)
+        self.arrived.set()
+
+    async def take(self):
+        loop = asyncio.get_event_loop()
+        deadline = loop.time() + WAIT
+        while True:
+            while self.idle:
+                reader, writer, watcher = self.idle.pop(0)
+                watcher.cancel()
+                try:
+                    await watcher
+                except asyncio.CancelledError:
+                    pass
+                if not writer.is_closing():
+                    return reader, writer
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return None
+
+    async def agent(self, reader, writer):
+        paired = await self.take()
+        if paired is None:
+            sys.stderr.write("relay: no connection from the manager within %gs; closing an agent connection\n" % WAIT)
+            writer.close()
+            return
+        back_reader, back_writer = paired
+        try:
+            back_writer.write(b"\x01")
+            await back_writer.drain()
+        except (ConnectionError, OSError):
+            writer.close()
+            back_writer.close()
+            return
+        await asyncio.gather(copy(reader, back_writer), copy(back_reader, writer))
+
+
+def no_delay(writer):
+    """Small writes (gRPC frames) go at once, never held for the peer's delayed ACK."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+async def copy(reader, writer):
+    no_delay(writer)
+    try:
+        while True:
+            data = await reader.read(CHUNK)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main(agent_port, back_port):
+    relay = Relay()
+    relay.arrived = asyncio.Event()
+    agents = await asyncio.start_server(relay.agent, None, agent_port)
+    back = await asyncio.start_server(relay.back, "127.0.0.1", back_port)
+    sys.stderr.write("relay: agents on port %d, the manager's port-forwards on 127.0.0.1:%d\n" % (agent_port, back_port))
+    sys.stderr.flush()
+    async with agents, back:
+        await asyncio.gather(agents.serve_forever(), back.serve_forever())
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
