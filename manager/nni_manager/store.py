@@ -248,9 +248,11 @@ class Store:
 
     # ------------------------------------------------------------------ metrics
     def add_metric(
-        self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int
+        self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int,
+        message: dict[str, Any] | None = None,
     ) -> None:
-        kind, sequence = _metric_kind(data)
+        """`message` is `data` already decoded (the ingest check did), saving a parse per metric."""
+        kind, sequence = _metric_kind(data) if message is None else _kind_of(message)
         self._conn.execute(
             "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (trial_id, agent_id, boot_id, agent_seq, trial_seq, kind, sequence, data, timestamp),
@@ -323,7 +325,13 @@ def _form_json(form: TrialJobApplicationForm) -> str:
 def _metric_kind(data: str) -> tuple[str, int]:
     """(type, sequence) of an NNI metric JSON; unparsable data is kept as CUSTOM."""
     try:
-        obj = json.loads(data)
+        return _kind_of(json.loads(data))
+    except (ValueError, TypeError):
+        return "CUSTOM", 0
+
+
+def _kind_of(obj: Any) -> tuple[str, int]:
+    try:
         return str(obj.get("type", "CUSTOM")), int(obj.get("sequence", 0) or 0)
     except (ValueError, AttributeError, TypeError):
         return "CUSTOM", 0

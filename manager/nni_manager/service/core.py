@@ -23,7 +23,7 @@ from nni_manager.backends.base import AgentSpec, Backend, Completion, Environmen
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
-from nni_manager.metric_check import metric_problem
+from nni_manager.metrics import checked
 from nni_manager.placement import AgentView, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
@@ -196,11 +196,15 @@ class Core:
                         self.apply_status(agent_id, r.status, notes)
                 elif kind == "metric":
                     m = r.metric
-                    if not self.scope.allows(agent_id, m.trial_id, "a metric") or not self._metric_ok(agent_id, m):
+                    if not self.scope.allows(agent_id, m.trial_id, "a metric"):
                         continue
-                    store.add_metric(m.trial_id, agent_id, boot_id, r.seq, m.trial_seq, m.data, m.time_ms or now_ms())
+                    message = self._metric_ok(agent_id, m)
+                    if message is None:
+                        continue
+                    store.add_metric(m.trial_id, agent_id, boot_id, r.seq, m.trial_seq, m.data, m.time_ms or now_ms(),
+                                     message)
                     if m.trial_id in trials.by_id:
-                        notes.append(("metric", TrialJobMetric(id=m.trial_id, data=m.data)))
+                        notes.append(("metric", TrialJobMetric(m.trial_id, m.data, message)))
                 elif kind == "parameter_request" and self.scope.allows(
                         agent_id, r.parameter_request.trial_id, "a parameter request"):
                     notes.append(("parameter", (r.parameter_request.trial_id, r.parameter_request.parameter_index)))
@@ -268,16 +272,16 @@ class Core:
             return base / "replicas" / self.agents.by_id[agent_id].member.label / name
         return base / name
 
-    def _metric_ok(self, agent_id: str, m: pb.Metric) -> bool:
-        """A metric every reader can show; a malformed one is refused here (with a warning, the
-        first time per agent and trial), so that no reader ever meets it."""
-        problem = metric_problem(m.data)
+    def _metric_ok(self, agent_id: str, m: pb.Metric) -> dict[str, Any] | None:
+        """The metric decoded, when every reader can show it; a malformed one is refused here
+        (None, with a warning the first time per agent and trial), so that no reader ever meets it."""
+        message, problem = checked(m.data)
         if problem and (agent_id, m.trial_id) not in self._bad_metrics:
             if len(self._bad_metrics) < 4096:
                 self._bad_metrics.add((agent_id, m.trial_id))
             log.warning("agent %s sent a malformed metric for trial %s (%s): refused", self.agents.name(agent_id),
                         m.trial_id, problem)
-        return not problem
+        return message
 
     # ------------------------------------------------------------------ trials
     def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:

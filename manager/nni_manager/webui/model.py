@@ -23,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nni_manager.metric_check import metric_message
+from nni_manager.metrics import Sequences, metric_message
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui.views import dumps, metric_record
 
 T = TypeVar("T")
+_WHERE = "the WebUI"  # who skips a malformed row, in its warning
 _CHUNK = 500  # SQLite's host-parameter limit is 999 on old builds
 
 
@@ -52,7 +53,8 @@ class DataModel:
         self._stored: list[TrialJobDetail] = []
         self.finals: dict[str, list[dict[str, Any]]] = {}  # non-PERIODICAL records, arrival order
         self.latest: dict[str, dict[str, Any]] = {}  # the latest PERIODICAL record
-        self.periodical: dict[str, int] = {}  # how many PERIODICAL records
+        self._sequences = Sequences()  # numbers PERIODICAL records as they arrive
+        self.periodical = self._sequences.periodical  # trial -> how many PERIODICAL records
         self.last_rowid: dict[str, int] = {}  # trial -> rowid of its newest metric (ETags of ranges)
         self.parameters: dict[str, dict[int, str]] = {}  # trial -> parameter index -> record JSON
         self._refreshing: asyncio.Future[None] | None = None
@@ -143,16 +145,14 @@ class DataModel:
         self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
         if kind == "REQUEST_PARAMETER":
             return
-        message = _message(data, trial_id)
+        message = metric_message(data, _WHERE, trial_id)
         if message is None:
             return
+        record = metric_record(trial_id, message, timestamp, self._sequences.number(trial_id, kind, message))
         if kind == "PERIODICAL":
-            n = self.periodical.get(trial_id, 0)
-            self.periodical[trial_id] = n + 1
-            self.latest[trial_id] = metric_record(trial_id, message, timestamp, n)
+            self.latest[trial_id] = record
         else:
-            self.finals.setdefault(trial_id, []).append(metric_record(trial_id, message, timestamp,
-                                                                      int(message.get("sequence") or 0)))
+            self.finals.setdefault(trial_id, []).append(record)
 
     def _first_load(self, conn: sqlite3.Connection) -> None:
         """Aggregates instead of every row: a store of a million metrics loads in a second."""
@@ -176,7 +176,7 @@ class DataModel:
             for rowid, data, timestamp in conn.execute(
                     f"SELECT rowid, data, timestamp FROM metrics WHERE rowid IN ({marks})", chunk):
                 trial_id, count = latest[rowid]
-                message = _message(data, trial_id)
+                message = metric_message(data, _WHERE, trial_id)
                 if message is not None:
                     self.periodical[trial_id] = count
                     self.latest[trial_id] = metric_record(trial_id, message, timestamp, count - 1)
@@ -198,23 +198,15 @@ class DataModel:
         if len(batches) > 1:
             rows.sort()
         out: list[dict[str, Any]] = []
-        counts: dict[str, int] = {}
+        sequences = Sequences()
         for _, trial_id, row_kind, data, timestamp in rows:
             if row_kind == "REQUEST_PARAMETER":
                 continue
-            message = _message(data, trial_id)
+            message = metric_message(data, _WHERE, trial_id)
             if message is None:
                 continue
-            if row_kind == "PERIODICAL":
-                sequence = counts.get(trial_id, 0)
-                counts[trial_id] = sequence + 1
-            else:
-                sequence = int(message.get("sequence") or 0)
+            sequence = sequences.number(trial_id, row_kind, message)
             if kind is None or row_kind == kind:
                 out.append(metric_record(trial_id, message, timestamp, sequence))
         return out
 
-
-def _message(data: str, trial_id: str = "", where: str = "the WebUI") -> dict[str, Any] | None:
-    """A stored metric's message, or None for a malformed row (skipped with a warning)."""
-    return metric_message(data, where, trial_id)

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nni_manager.metrics import Sequences, metric_message
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from nni_manager.webui import manifest
-from nni_manager.webui.model import _message
 from nni_manager.webui.views import dumps, hyper_parameter, metric_record, nni_params, trial_log_file
 
 # NNI 3.0's createTables (core/sqlDatabase.ts), statement for statement
@@ -199,20 +199,15 @@ def _events(trials: list[TrialJobDetail], parameters: dict[str, dict[int, str]],
 
 
 def _metrics(source: sqlite3.Connection, counter: list[int]) -> Iterator[tuple[Any, ...]]:
-    periodical: dict[str, int] = {}
+    sequences = Sequences()
     for trial_id, kind, data, timestamp in source.execute(
             "SELECT trial_id, type, data, timestamp FROM metrics ORDER BY rowid"):
         if kind == "REQUEST_PARAMETER":
             continue
-        message = _message(data, trial_id, "the NNI export")
+        message = metric_message(data, "the NNI export", trial_id)
         if message is None:
             continue
-        if kind == "PERIODICAL":
-            sequence = periodical.get(trial_id, 0)
-            periodical[trial_id] = sequence + 1
-        else:
-            sequence = int(message.get("sequence") or 0)
-        r = metric_record(trial_id, message, timestamp, sequence)
+        r = metric_record(trial_id, message, timestamp, sequences.number(trial_id, kind, message))
         counter[0] += 1
         yield r["timestamp"], r["trialJobId"], r["parameterId"], r["type"], r["sequence"], r["data"]
 
