@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -23,12 +24,27 @@ _INT_RANGE = 1 << 63  # SQLite's INTEGER
 _MAX_WARNED = 1024  # distinct bad rows warned about per process; readers re-read rows every poll
 _warned: set[tuple[str, str]] = set()
 _loads = json.loads
+_scan = json.JSONDecoder().scan_once  # the C scanner json.loads ends in, without its three Python frames
+
+
+def _parse(data: str) -> Any:
+    """json.loads(data), 2x faster for what metrics are (an object, no surrounding blanks): the
+    WebUI's full dump parses a million of them. Anything else takes json.loads itself."""
+    if type(data) is str and data[:1] == "{" and data[-1:] == "}":
+        try:
+            obj, end = _scan(data, 0)
+        except (StopIteration, ValueError, RecursionError):
+            pass
+        else:
+            if end == len(data):
+                return obj
+    return _loads(data)
 
 
 def checked(data: str) -> tuple[dict[str, Any] | None, str]:
     """`data` parsed, or None and why it is no metric message the readers can show."""
     try:
-        message = _loads(data)
+        message = _parse(data)
     except (ValueError, TypeError, RecursionError):
         return None, "not JSON"
     if type(message) is not dict:
@@ -100,3 +116,36 @@ class Sequences:
             self.periodical[trial_id] = n + 1
             return n
         return int(message.get("sequence") or 0)
+
+
+def numbered(rows: Iterable[tuple[str, str, str, int]], where: str) -> Iterator[tuple[str, str, dict[str, Any], int, int]]:
+    """Stored rows (trial, type, data, timestamp) in arrival order -> (trial, type, message,
+    timestamp, sequence), NNI's MetricData: REQUEST_PARAMETER rows and malformed ones (with a
+    warning) left out, PERIODICAL ones numbered. `checked` and `Sequences` inlined: a full dump
+    is a million rows, and this loop is most of its time."""
+    periodical: dict[str, int] = {}
+    scan, low, high = _scan, -_INT_RANGE, _INT_RANGE
+    for trial_id, kind, data, timestamp in rows:
+        if kind == "REQUEST_PARAMETER":
+            continue
+        try:
+            message, end = scan(data, 0)
+        except (StopIteration, ValueError, RecursionError, TypeError):
+            message = None
+        else:
+            if end != len(data) or type(message) is not dict:
+                message = None
+            else:
+                t, s = message.get("type"), message.get("sequence")
+                if not ((t is None or type(t) is str) and (s is None or (type(s) is int and low <= s < high))):
+                    message = None
+        if message is None:  # anything unusual takes the whole check (and its warning)
+            message = metric_message(data, where, trial_id)
+            if message is None:
+                continue
+        if kind == "PERIODICAL":
+            sequence = periodical.get(trial_id, 0)
+            periodical[trial_id] = sequence + 1
+        else:
+            sequence = int(message.get("sequence") or 0)
+        yield trial_id, kind, message, timestamp, sequence

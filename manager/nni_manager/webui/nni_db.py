@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nni_manager.metrics import Sequences, metric_message
+from nni_manager.metrics import numbered
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from nni_manager.webui import manifest
@@ -199,15 +199,9 @@ def _events(trials: list[TrialJobDetail], parameters: dict[str, dict[int, str]],
 
 
 def _metrics(source: sqlite3.Connection, counter: list[int]) -> Iterator[tuple[Any, ...]]:
-    sequences = Sequences()
-    for trial_id, kind, data, timestamp in source.execute(
-            "SELECT trial_id, type, data, timestamp FROM metrics ORDER BY rowid"):
-        if kind == "REQUEST_PARAMETER":
-            continue
-        message = metric_message(data, "the NNI export", trial_id)
-        if message is None:
-            continue
-        r = metric_record(trial_id, message, timestamp, sequences.number(trial_id, kind, message))
+    rows = source.execute("SELECT trial_id, type, data, timestamp FROM metrics ORDER BY rowid")
+    for trial_id, _, message, timestamp, sequence in numbered(rows, "the NNI export"):
+        r = metric_record(trial_id, message, timestamp, sequence)
         counter[0] += 1
         yield r["timestamp"], r["trialJobId"], r["parameterId"], r["type"], r["sequence"], r["data"]
 
