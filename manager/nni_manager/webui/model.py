@@ -61,6 +61,9 @@ class DataModel:
         self.last_rowid: dict[str, int] = {}  # trial -> rowid of its newest metric (ETags of ranges)
         self.parameters: dict[str, dict[int, str]] = {}  # trial -> parameter index -> record JSON
         self._refreshing: asyncio.Future[None] | None = None
+        self._summary: asyncio.Future[None] | None = None  # the summary's loading, until awaited
+        self._summary_top: int | None = None  # the first load's last rowid, until its summary is loaded
+        self._others: dict[str, int] = {}  # meanwhile: trial -> its metrics that are not PERIODICAL
 
     def close(self) -> None:
         def shut() -> None:
@@ -94,20 +97,28 @@ class DataModel:
                 out.append(latest)
         return out
 
-    async def refresh(self) -> None:
-        """Take in what the store gained since the last call; concurrent callers share one."""
+    async def refresh(self, finals_only: bool = False) -> None:
+        """Take in what the store gained since the last call; concurrent callers share one.
+        `finals_only`: the caller reads trials, parameters and finals only (the trial table),
+        so need not wait for the first load's per-trial summary."""
         if not self._db.exists():  # the manager has not opened the experiment yet
             return
         if self._refreshing is not None:
             await asyncio.shield(self._refreshing)
-            return
-        loop = asyncio.get_running_loop()
-        self._refreshing = loop.create_future()
-        try:
-            await self._run(self._refresh)
-        finally:
-            done, self._refreshing = self._refreshing, None
-            done.set_result(None)
+        else:
+            loop = asyncio.get_running_loop()
+            self._refreshing = loop.create_future()
+            try:
+                await self._run(self._refresh)
+                if self._summary_top is not None:
+                    # queued on the DB thread: every later call runs after it
+                    self._summary = asyncio.wrap_future(self._pool.submit(self._with_conn, self._load_summary))
+            finally:
+                done, self._refreshing = self._refreshing, None
+                done.set_result(None)
+        if not finals_only and self._summary is not None:
+            await asyncio.shield(self._summary)
+            self._summary = None
 
     async def metrics_json(self, trial_ids: list[str] | None = None, kind: str | None = None) -> str:
         """A JSON array of MetricDataRecords, in arrival order: all of them, or those of some
@@ -118,11 +129,12 @@ class DataModel:
 
     # ------------------------------------------------------------------ the DB thread
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def call() -> T:
-            if self._conn is None:
-                self._conn = sqlite3.connect(f"file:{self._db}?mode=ro", uri=True, isolation_level=None)
-            return fn(self._conn)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._with_conn, fn)
+
+    def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = sqlite3.connect(f"file:{self._db}?mode=ro", uri=True, isolation_level=None)
+        return fn(self._conn)
 
     def _refresh(self, conn: sqlite3.Connection) -> None:
         store = Store(conn)
@@ -155,25 +167,32 @@ class DataModel:
             self.finals.setdefault(trial_id, []).append(record)
 
     def _first_load(self, store: Store) -> None:
-        """Aggregates instead of every row: a store of a million metrics loads in well under a
-        second (the finals through their own index, the rest from `metric_summary`)."""
+        """Aggregates instead of every row, in two steps: the finals through their own index
+        now, the per-trial summary (`_load_summary`) right after."""
         top = store.last_metric_rowid()
         if top is None:
             return
-        others: dict[str, int] = {}  # trial -> its rows that are not PERIODICAL
         for rowid, trial_id, kind, data, timestamp in store.final_rows(top):
-            others[trial_id] = others.get(trial_id, 0) + 1
+            self._others[trial_id] = self._others.get(trial_id, 0) + 1
             self._take(trial_id, kind, data, timestamp, rowid)
-        for trial_id, count, newest, rowid, data, timestamp in store.metric_summary(top):
+        self._metric_rowid = self._summary_top = top
+
+    def _load_summary(self, conn: sqlite3.Connection) -> None:
+        """The latest PERIODICAL record, the count of them and the newest rowid of every trial,
+        up to the first load's last row (later rows are `_take`n on top, after this)."""
+        top, self._summary_top = self._summary_top, None
+        if top is None:
+            return
+        for trial_id, count, newest, rowid, data, timestamp in Store(conn).metric_summary(top):
             self.last_rowid[trial_id] = max(newest, self.last_rowid.get(trial_id, 0))
             if rowid is None:
                 continue
             message = metric_message(data, _WHERE, trial_id)
             if message is not None:
-                periodical = count - others.get(trial_id, 0)
+                periodical = count - self._others.get(trial_id, 0)
                 self.periodical[trial_id] = periodical
                 self.latest[trial_id] = metric_record(trial_id, message, timestamp, periodical - 1)
-        self._metric_rowid = top
+        self._others.clear()
 
     def _query_metrics(self, conn: sqlite3.Connection, trial_ids: list[str] | None,
                        kind: str | None) -> str:
