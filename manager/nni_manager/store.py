@@ -261,6 +261,12 @@ class Store:
             (trial_id, agent_id, boot_id, agent_seq, trial_seq, kind, sequence, data, timestamp),
         )
 
+    def add_metrics(self, rows: list[tuple[str, str, str, int, int, str, int, dict[str, Any]]]) -> None:
+        """`add_metric` for many at once (one executemany per record batch): (trial_id, agent_id,
+        boot_id, agent_seq, trial_seq, data, timestamp, data decoded)."""
+        self._conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(t, a, b, s, n, *_kind_of(m), d, ts) for t, a, b, s, n, d, ts, m in rows])
+
     def metrics(self, trial_id: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT trial_id, type, sequence, data, timestamp FROM metrics"
         args: tuple[Any, ...] = ()
