@@ -22,7 +22,7 @@ from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
-from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job
+from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job, trial_job_json
 
 API = "/api/v1/nni"
 _CORS = {"Access-Control-Allow-Headers": "Origin, X-Requested-With, Content-Type, Accept",
@@ -134,8 +134,10 @@ class Api:
     async def trial_jobs(self, request: web.Request) -> web.Response:
         await self.model.refresh(finals_only=True)
         status = request.query.get("status")
-        jobs = [self._job(t) for t in self._trials() if status is None or t.status.value == status]
-        return _json(jobs)
+        model, log_path = self.model, self._log_path
+        return _raw_json("[" + ",".join([trial_job_json(t, model.parameters.get(t.id, {}), model.final_json.get(t.id),
+                                                        log_path(t))
+                                         for t in self._trials() if status is None or t.status.value == status]) + "]")
 
     async def trial_job(self, request: web.Request) -> web.Response:
         await self.model.refresh(finals_only=True)

@@ -55,6 +55,7 @@ class DataModel:
         self._data_version: int | None = None
         self._stored: list[TrialJobDetail] = []
         self.finals: dict[str, list[dict[str, Any]]] = {}  # non-PERIODICAL records, arrival order
+        self.final_json: dict[str, str] = {}  # trial -> `final()` as JSON, for the trial table
         self.latest: dict[str, dict[str, Any]] = {}  # the latest PERIODICAL record
         self._sequences = Sequences()  # numbers PERIODICAL records as they arrive
         self.periodical = self._sequences.periodical  # trial -> how many PERIODICAL records
@@ -160,11 +161,14 @@ class DataModel:
         message = metric_message(data, _WHERE, trial_id)
         if message is None:
             return
-        record = metric_record(trial_id, message, timestamp, self._sequences.number(trial_id, kind, message))
+        sequence = self._sequences.number(trial_id, kind, message)
+        record = metric_record(trial_id, message, timestamp, sequence)
         if kind == "PERIODICAL":
             self.latest[trial_id] = record
         else:
             self.finals.setdefault(trial_id, []).append(record)
+            if record["type"] == "FINAL" and trial_id not in self.final_json:
+                self.final_json[trial_id] = metric_record_json(trial_id, message, timestamp, sequence)
 
     def _first_load(self, store: Store) -> None:
         """Aggregates instead of every row, in two steps: the finals through their own index

@@ -106,6 +106,32 @@ def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, An
     return job
 
 
+def _value(v: Any) -> str:
+    return _quote(v) if type(v) is str else str(v) if type(v) is int else dumps(v)
+
+
+def trial_job_json(t: TrialJobDetail, parameters: dict[int, str], final_json: str | None, log_path: str) -> str:
+    """`dumps(trial_job(...))` written directly, `final_json` being the final's record as JSON:
+    the trial table of 10,000 trials is the first thing a WebUI asks for."""
+    if not parameters:
+        parameters = {t.form.hyper_parameters.index: t.form.hyper_parameters.value}
+    status = t.status
+    out = ['{"trialJobId":', _value(t.id), ',"status":', _value(status.value), ',"hyperParameters":[',
+           ",".join([_quote(hyper_parameter(v, i)) for i, v in sorted(parameters.items())]),
+           '],"startTime":', _value(t.start_time or t.submit_time), ',"logPath":', _value(log_path),
+           ',"sequenceId":', _value(t.sequence_id)]
+    if t.end_time is not None and status.is_terminal:
+        out += [',"endTime":', _value(t.end_time)]
+    if t.message:
+        out += [',"message":', _value(t.message)]
+    if status == TrialJobStatus.SUCCEEDED and final_json is not None:
+        out += [',"finalMetricData":[', final_json, "]"]
+    if status == TrialJobStatus.FAILED:
+        out += [',"stderrPath":', _value(log_path + "/stderr")]
+    out.append("}")
+    return "".join(out)
+
+
 def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any]) -> dict[str, Any] | None:
     """`/export-data`: the parameters of the final's parameter id, `value` decoded once."""
     records = []
