@@ -31,6 +31,7 @@ from nni_agent.keeper import Keeper
 from nni_agent.outbox import Outbox
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
+from nni_agent.wire import varint as _varint
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +52,6 @@ class Refused(Exception):
 
 class LinkLost(Exception):
     """The stream ended or went silent; redial."""
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def frame_records(records: list[bytes]) -> bytes:

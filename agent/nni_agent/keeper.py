@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from nni_agent.bundles import BundleCache, BundleError
 from nni_agent.outbox import Outbox
 from nni_agent.v1 import agent_pb2 as pb
+from nni_agent.wire import metric_record
 
 if TYPE_CHECKING:  # the trial runtime loads with the first trial: an idle agent stays small
     from nni_agent.http_channel import HttpChannelServer
@@ -83,7 +84,8 @@ class Keeper:
     def metric(self, trial_id: str, data: str) -> None:
         n = self._trial_seq.get(trial_id, 0) + 1
         self._trial_seq[trial_id] = n
-        self._emit(metric=pb.Metric(trial_id=trial_id, trial_seq=n, data=data, time_ms=_now_ms()))
+        seq = self.outbox.next_seq()
+        self.outbox.append(seq, metric_record(seq, trial_id, n, data, _now_ms()))
 
     def log(self, trial_id: str, stream: int, offset: int, data: bytes) -> None:
         self._emit(log=pb.LogChunk(trial_id=trial_id, stream=stream, offset=offset, data=data))  # type: ignore[arg-type]

@@ -70,10 +70,27 @@ def metric_from_stdout_line(line: bytes) -> str | None:
     return line[start:end].decode("utf-8", errors="replace")
 
 
+_scan = json.JSONDecoder().scan_once  # the C scanner json.loads ends in, without its Python frames
+
+
+def _parse(data: str) -> object:
+    """json.loads(data), 2x faster for what metrics are (an object, no surrounding blanks):
+    every metric passes here, and a trial may report tens of thousands a second."""
+    if data[:1] == "{" and data[-1:] == "}":
+        try:
+            obj, end = _scan(data, 0)
+        except (StopIteration, ValueError, RecursionError):
+            pass
+        else:
+            if end == len(data):
+                return obj
+    return json.loads(data)
+
+
 def route_metric(sink: MetricSink, trial_id: str, data: str) -> None:
     """Send one metric JSON to the sink, turning REQUEST_PARAMETER into a parameter request."""
     try:
-        parsed = json.loads(data)
+        parsed = _parse(data)
     except ValueError:
         log.warning("trial %s reported a metric that is not JSON, dropped: %.200r", trial_id, data)
         return

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nni_manager.config import ConfigError, load_config
-from nni_manager.metric_check import metric_message
+from nni_manager.metrics import metric_number, metric_value
 from nni_manager.types import TrialJobDetail
 
 EXIT_TUNER_FAILED = 1
@@ -367,7 +367,7 @@ def _open_store(experiment_dir: Path):  # -> Store
 def _trials(experiment_dir: Path) -> int:
     from rich.console import Console
 
-    from nni_manager.experiment import TrialSummary, metric_number
+    from nni_manager.experiment import TrialSummary
     from nni_manager.ui import status_line, trial_table
 
     store = _open_store(experiment_dir)
@@ -385,7 +385,7 @@ def _trials(experiment_dir: Path) -> int:
         trial = summaries.get(m["trial_id"])
         if trial is None:
             continue
-        value = _metric_value(m["data"], m["trial_id"])
+        value = metric_value(m["data"], "nni-manager trials", m["trial_id"])
         if m["type"] == "FINAL":
             trial.final, trial.metric = value, metric_number(value)
         elif m["type"] == "PERIODICAL":
@@ -395,14 +395,6 @@ def _trials(experiment_dir: Path) -> int:
     console.print(trial_table(rows))
     console.print(status_line(rows, experiment_dir))
     return 0
-
-
-def _metric_value(data: str, trial_id: str = "") -> object:
-    """A stored metric's value; None for a malformed row (skipped with a warning)."""
-    from nni_manager.experiment import decode_metric_value
-
-    message = metric_message(data, "nni-manager trials", trial_id)
-    return None if message is None else decode_metric_value(message.get("value"))
 
 
 def _open_log(experiment_dir: Path, trial: TrialJobDetail, name: str, platform: str) -> BinaryIO | None:

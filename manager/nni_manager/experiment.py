@@ -29,7 +29,7 @@ from typing import Any
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
 from nni_manager.dispatcher.base import parameter_record
-from nni_manager.metric_check import metric_message
+from nni_manager.metrics import decode_metric_value, metric_number, metric_value
 from nni_manager.types import (
     HyperParameters,
     TrialJobApplicationForm,
@@ -38,7 +38,8 @@ from nni_manager.types import (
     TrialJobStatus,
 )
 
-__all__ = ["DispatcherError", "Experiment", "NoWorkerError", "ExperimentResult", "TrialSummary", "metric_number", "parameter_record"]
+__all__ = ["DispatcherError", "Experiment", "NoWorkerError", "ExperimentResult", "TrialSummary", "decode_metric_value",
+           "metric_number", "parameter_record"]
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +90,6 @@ class ExperimentResult:
     trials: list[TrialSummary] = field(default_factory=list)
     best: TrialSummary | None = None
     error: str = ""  # why the experiment failed (the tuner, or no usable worker), when it did
-
-
-def metric_number(value: Any) -> float | None:
-    """NNI's metric rule: a number, or a dict whose "default" is a number."""
-    if isinstance(value, dict):
-        value = value.get("default")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 class Experiment:
@@ -363,7 +355,7 @@ class Experiment:
         try:
             for m in store.metrics():
                 if m["type"] == "FINAL":
-                    finals[m["trial_id"]] = _metric_value(m["data"], m["trial_id"])
+                    finals[m["trial_id"]] = metric_value(m["data"], "resuming the experiment", m["trial_id"])
         finally:
             store.close()
         history = []
@@ -392,12 +384,16 @@ class Experiment:
 
     def _on_metric(self, metric: TrialJobMetric) -> None:
         trial = self.trials.get(metric.id)
-        try:
-            message = json.loads(metric.data)
-        except ValueError:
+        if trial is None:
             return
-        if trial is None or not isinstance(message, dict):
-            return
+        message = metric.message  # decoded once, at ingest
+        if message is None:
+            try:
+                message = json.loads(metric.data)
+            except ValueError:
+                return
+            if not isinstance(message, dict):
+                return
         if self.dispatcher is not None and metric.id not in self._resumed:
             self.dispatcher.report_metric(metric.data)  # REPORT_METRIC_DATA, exactly as the trial sent it
         value = decode_metric_value(message.get("value"))
@@ -455,19 +451,3 @@ def _log_file(experiment_dir: Path, level: str, secrets: set[str] | None = None)
 def _no_usable_machine(ts: Any) -> str:
     """Why no trial can ever run (every machine failed for good), or "" while some can."""
     return ts.unusable_reason()
-
-
-def _metric_value(data: str, trial_id: str = "") -> Any:
-    """The value of a stored NNI metric message (its JSON), decoded; None for a malformed row."""
-    message = metric_message(data, "resuming the experiment", trial_id)
-    return None if message is None else decode_metric_value(message.get("value"))
-
-
-def decode_metric_value(value: Any) -> Any:
-    """Metric values travel JSON-encoded inside the metric JSON (NNI >= 1.4)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value

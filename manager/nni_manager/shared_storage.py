@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from nni_manager.config import MISSING, ConfigError, ConfigSection, redacted_repr
 

@@ -13,7 +13,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS metrics (
     timestamp INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_trial ON metrics (trial_id);
+-- the few rows that are not intermediate results (finals): what a viewer loads first; intermediate
+-- rows, nearly all of them, skip it on insert
+CREATE INDEX IF NOT EXISTS metrics_final ON metrics (trial_id) WHERE type != 'PERIODICAL';
 CREATE TABLE IF NOT EXISTS agents (
     agent_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, token TEXT NOT NULL, hints TEXT NOT NULL,
     boot_id TEXT NOT NULL DEFAULT '', applied_seq INTEGER NOT NULL DEFAULT 0,
@@ -248,13 +251,21 @@ class Store:
 
     # ------------------------------------------------------------------ metrics
     def add_metric(
-        self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int
+        self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int,
+        message: dict[str, Any] | None = None,
     ) -> None:
-        kind, sequence = _metric_kind(data)
+        """`message` is `data` already decoded (the ingest check did), saving a parse per metric."""
+        kind, sequence = _metric_kind(data) if message is None else _kind_of(message)
         self._conn.execute(
             "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (trial_id, agent_id, boot_id, agent_seq, trial_seq, kind, sequence, data, timestamp),
         )
+
+    def add_metrics(self, rows: list[tuple[str, str, str, int, int, str, int, dict[str, Any]]]) -> None:
+        """`add_metric` for many at once (one executemany per record batch): (trial_id, agent_id,
+        boot_id, agent_seq, trial_seq, data, timestamp, data decoded)."""
+        self._conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               [(t, a, b, s, n, *_kind_of(m), d, ts) for t, a, b, s, n, d, ts, m in rows])
 
     def metrics(self, trial_id: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT trial_id, type, sequence, data, timestamp FROM metrics"
@@ -265,6 +276,64 @@ class Store:
         rows = self._conn.execute(sql + " ORDER BY rowid", args).fetchall()
         keys = ("trial_id", "type", "sequence", "data", "timestamp")
         return [dict(zip(keys, r)) for r in rows]
+
+    # ------------------------------------------------------------------ metrics, as viewers read them
+    # (the WebUI's model and `export --nni-db`: rows in arrival order, rowid their cursor)
+    def data_version(self) -> int:
+        """Changes when another connection commits (PRAGMA data_version)."""
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def parameters_since(self, rowid: int) -> sqlite3.Cursor:
+        """(rowid, trial_id, idx, value) of parameter records stored after `rowid`."""
+        return self._conn.execute(
+            "SELECT rowid, trial_id, idx, value FROM parameters WHERE rowid > ? ORDER BY rowid", (rowid,))
+
+    def last_metric_rowid(self) -> int | None:
+        return self._conn.execute("SELECT max(rowid) FROM metrics").fetchone()[0]
+
+    def metric_rows_since(self, rowid: int) -> sqlite3.Cursor:
+        """(rowid, trial_id, type, data, timestamp) of every metric stored after `rowid`."""
+        return self._conn.execute(
+            "SELECT rowid, trial_id, type, data, timestamp FROM metrics WHERE rowid > ? ORDER BY rowid", (rowid,))
+
+    def final_rows(self, top: int) -> list[tuple[int, str, str, str, int]]:
+        """(rowid, trial_id, type, data, timestamp) of the metrics up to `top` that are not
+        PERIODICAL: through `metrics_final` (a store last opened by an older manager lacks it
+        until a manager opens it again, and is scanned)."""
+        indexed = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'metrics_final'").fetchone()
+        return self._conn.execute(
+            "SELECT rowid, trial_id, type, data, timestamp FROM metrics"
+            f"{' INDEXED BY metrics_final' if indexed else ''} WHERE type != 'PERIODICAL' AND rowid <= ?"
+            " ORDER BY rowid", (top,)).fetchall()
+
+    def metric_summary(self, top: int) -> list[tuple[str, int, int, int | None, str | None, int | None]]:
+        """Per trial, over the metrics up to `top`: (trial_id, count of all its metrics, its
+        newest rowid, and the rowid, data and timestamp of its newest PERIODICAL one or NULLs).
+        One pass over the covering `metrics_trial` index plus an index probe per trial, where
+        grouping the PERIODICAL rows would read every row."""
+        return self._conn.execute(
+            "SELECT g.trial_id, g.n, g.top, m.rowid, m.data, m.timestamp FROM"
+            " (SELECT trial_id, count(*) AS n, max(rowid) AS top FROM metrics WHERE rowid <= ?1 GROUP BY trial_id) g"
+            " LEFT JOIN metrics m ON m.rowid = (SELECT p.rowid FROM metrics p WHERE p.trial_id = g.trial_id"
+            " AND p.type = 'PERIODICAL' AND p.rowid <= ?1 ORDER BY p.rowid DESC LIMIT 1)", (top,)).fetchall()
+
+    def metric_rows(self, trial_ids: list[str] | None = None, chunk: int = 500) -> Iterable[tuple[str, str, str, int]]:
+        """(trial_id, type, data, timestamp) in arrival order: every metric but REQUEST_PARAMETER,
+        streamed, or all those of some trials (`chunk` ids per query: old SQLite builds take at
+        most 999 parameters)."""
+        sql = "SELECT rowid, trial_id, type, data, timestamp FROM metrics"
+        if trial_ids is None:
+            return self._conn.execute(
+                "SELECT trial_id, type, data, timestamp FROM metrics WHERE type != 'REQUEST_PARAMETER' ORDER BY rowid")
+        rows: list[tuple[int, str, str, str, int]] = []
+        for i in range(0, len(trial_ids), chunk):
+            part = trial_ids[i:i + chunk]
+            rows.extend(self._conn.execute(
+                sql + f" WHERE trial_id IN ({','.join('?' * len(part))}) ORDER BY rowid", part).fetchall())
+        if len(trial_ids) > chunk:
+            rows.sort()
+        return [r[1:] for r in rows]
 
     # ------------------------------------------------------------------ agents
     def agent_by_name(self, name: str) -> dict[str, Any] | None:
@@ -323,7 +392,13 @@ def _form_json(form: TrialJobApplicationForm) -> str:
 def _metric_kind(data: str) -> tuple[str, int]:
     """(type, sequence) of an NNI metric JSON; unparsable data is kept as CUSTOM."""
     try:
-        obj = json.loads(data)
+        return _kind_of(json.loads(data))
+    except (ValueError, TypeError):
+        return "CUSTOM", 0
+
+
+def _kind_of(obj: Any) -> tuple[str, int]:
+    try:
         return str(obj.get("type", "CUSTOM")), int(obj.get("sequence", 0) or 0)
     except (ValueError, AttributeError, TypeError):
         return "CUSTOM", 0

@@ -67,3 +67,6 @@ class TrialJobDetail:
 class TrialJobMetric:
     id: str  # trial id
     data: str  # the NNI metric JSON string (nni-training-service.md §1.4)
+    # the same, decoded once at ingest (nni_manager.metrics) so listeners need not parse it again;
+    # shared by every listener: read it, never change it
+    message: dict[str, Any] | None = field(default=None, compare=False, repr=False)

@@ -14,6 +14,7 @@ import time
 from typing import Any, Protocol
 
 from nni_manager.dispatcher.tuners import Tuner
+from nni_manager.metrics import checked, decode_metric_value, metric_number
 
 
 class DispatcherError(RuntimeError):
@@ -115,13 +116,8 @@ class BuiltinDispatcher(Dispatcher):
             self._events.new_trial(parameter_record(parameter_id, params))
 
     def report_metric(self, metric_json: str) -> None:
-        from nni_manager.experiment import decode_metric_value, metric_number
-
-        try:
-            message = json.loads(metric_json)
-        except ValueError:
-            return
-        if not isinstance(message, dict) or message.get("type") != "FINAL":
+        message, _ = checked(metric_json)
+        if message is None or message.get("type") != "FINAL":
             return
         value = metric_number(decode_metric_value(message.get("value")))
         parameter_id = message.get("parameter_id")

@@ -23,7 +23,7 @@ from nni_manager.backends.base import AgentSpec, Backend, Completion, Environmen
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
-from nni_manager.metric_check import metric_problem
+from nni_manager.metrics import checked
 from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
@@ -66,7 +66,7 @@ class Background:
         for cb in list(listeners):
             try:
                 result = cb(*args)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):
                     self.spawn(result)
             except Exception:
                 log.exception("listener %r failed", cb)
@@ -191,27 +191,40 @@ class Core:
     def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
         trials, store = self.trials, self.trials.store
         notes: list[tuple[str, Any]] = []
+        metrics: list[tuple[str, str, str, int, int, str, int, dict[str, Any]]] = []  # one executemany
+        allows, by_id = self.scope.allows, trials.by_id
         with trials.undone_on_failure({r.status.trial_id for r in records if r.HasField("status")}), \
                 store.transaction():
             for r in records:
                 kind = r.WhichOneof("body")
-                if kind == "status":
-                    if self.scope.allows(agent_id, r.status.trial_id, "a status"):
-                        self.apply_status(agent_id, r.status, notes)
-                elif kind == "metric":
+                if kind == "metric":
                     m = r.metric
-                    if not self.scope.allows(agent_id, m.trial_id, "a metric") or not self._metric_ok(agent_id, m):
+                    trial_id, data = m.trial_id, m.data
+                    if not allows(agent_id, trial_id, "a metric"):
                         continue
-                    store.add_metric(m.trial_id, agent_id, boot_id, r.seq, m.trial_seq, m.data, m.time_ms or now_ms())
-                    if m.trial_id in trials.by_id:
-                        notes.append(("metric", TrialJobMetric(id=m.trial_id, data=m.data)))
-                elif kind == "parameter_request" and self.scope.allows(
+                    message = self._metric_ok(agent_id, trial_id, data)
+                    if message is None:
+                        continue
+                    metrics.append((trial_id, agent_id, boot_id, r.seq, m.trial_seq, data, m.time_ms or now_ms(),
+                                    message))
+                    if trial_id in by_id:
+                        notes.append(("metric", TrialJobMetric(trial_id, data, message)))
+                elif kind == "status":
+                    if allows(agent_id, r.status.trial_id, "a status"):
+                        if metrics:  # stored first, in arrival order
+                            store.add_metrics(metrics)
+                            metrics = []
+                        self.apply_status(agent_id, r.status, notes)
+                elif kind == "parameter_request" and allows(
                         agent_id, r.parameter_request.trial_id, "a parameter request"):
                     notes.append(("parameter", (r.parameter_request.trial_id, r.parameter_request.parameter_index)))
+            if metrics:
+                store.add_metrics(metrics)
             store.set_agent_progress(agent_id, boot_id, last_seq)
+        metric_listeners = self.listeners.metric
         for what, payload in notes:
             if what == "metric":
-                self.notify(self.listeners.metric, payload)
+                self.notify(metric_listeners, payload)
             elif what == "parameter":
                 self.notify(self.listeners.parameter, *payload)
             else:
@@ -272,16 +285,16 @@ class Core:
             return base / "replicas" / self.agents.by_id[agent_id].member.label / name
         return base / name
 
-    def _metric_ok(self, agent_id: str, m: pb.Metric) -> bool:
-        """A metric every reader can show; a malformed one is refused here (with a warning, the
-        first time per agent and trial), so that no reader ever meets it."""
-        problem = metric_problem(m.data)
-        if problem and (agent_id, m.trial_id) not in self._bad_metrics:
+    def _metric_ok(self, agent_id: str, trial_id: str, data: str) -> dict[str, Any] | None:
+        """The metric decoded, when every reader can show it; a malformed one is refused here
+        (None, with a warning the first time per agent and trial), so that no reader ever meets it."""
+        message, problem = checked(data)
+        if problem and (agent_id, trial_id) not in self._bad_metrics:
             if len(self._bad_metrics) < 4096:
-                self._bad_metrics.add((agent_id, m.trial_id))
+                self._bad_metrics.add((agent_id, trial_id))
             log.warning("agent %s sent a malformed metric for trial %s (%s): refused", self.agents.name(agent_id),
-                        m.trial_id, problem)
-        return not problem
+                        trial_id, problem)
+        return message
 
     # ------------------------------------------------------------------ trials
     def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:

@@ -22,7 +22,7 @@ from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
-from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job
+from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job, trial_job_json
 
 API = "/api/v1/nni"
 _CORS = {"Access-Control-Allow-Headers": "Origin, X-Requested-With, Content-Type, Accept",
@@ -91,7 +91,7 @@ class Api:
         return _json({"status": status, "errors": errors})
 
     async def get_experiment(self, request: web.Request) -> web.Response:
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         trials = self._trials()
         next_sequence = max((t.sequence_id for t in trials), default=-1) + 1
         return _json(self.side.profile(next_sequence))
@@ -132,13 +132,15 @@ class Api:
 
     # ------------------------------------------------------------------ trials
     async def trial_jobs(self, request: web.Request) -> web.Response:
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         status = request.query.get("status")
-        jobs = [self._job(t) for t in self._trials() if status is None or t.status.value == status]
-        return _json(jobs)
+        model, log_path = self.model, self._log_path
+        return _raw_json("[" + ",".join([trial_job_json(t, model.parameters.get(t.id, {}), model.final_json.get(t.id),
+                                                        log_path(t))
+                                         for t in self._trials() if status is None or t.status.value == status]) + "]")
 
     async def trial_job(self, request: web.Request) -> web.Response:
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         t = self._find(request.match_info["id"])
         return _empty() if t is None else _json(self._job(t))
 
@@ -153,11 +155,11 @@ class Api:
         return _error("Error: customized trials are not supported by nni-manager yet")
 
     async def job_statistics(self, request: web.Request) -> web.Response:
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         return _json(job_statistics(self._trials()))
 
     async def export_data(self, request: web.Request) -> web.Response:
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         out = []
         for t in self._trials():
             final = self.model.final(t.id)
@@ -197,7 +199,7 @@ class Api:
     # ------------------------------------------------------------------ files
     async def trial_file(self, request: web.Request) -> web.Response:
         trial_id, name = request.match_info["id"], request.match_info["filename"]
-        await self.model.refresh()
+        await self.model.refresh(finals_only=True)
         t = self._find(trial_id)
         if t is None:
             return _error(f"Error: no trial {trial_id!r}", 404)

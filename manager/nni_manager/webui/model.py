@@ -7,7 +7,10 @@ final and latest intermediate result plus 20-trial chunks of all metrics. So:
   experiment) the store's `trials` table, re-read only when another connection committed;
 * finals, the latest intermediate result and the count of intermediate results per trial are
   kept in memory and extended by reading only metric rows past the last rowid seen;
-* whole metric lists are one indexed query (`metrics_trial`) per request.
+* whole metric lists are one indexed query (`metrics_trial`) per request, written as JSON row by
+  row without building the records (a full dump is a million rows).
+
+The SQL is the store's (`Store`'s viewer methods); this module keeps the aggregates.
 
 All SQLite work runs on one thread of its own with a read-only connection (WAL lets it read
 while the manager writes), so a large `/metric-data` never stalls the experiment's event loop.
@@ -23,12 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nni_manager.metric_check import metric_message
+from nni_manager.metrics import Sequences, metric_message, numbered
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail
-from nni_manager.webui.views import dumps, metric_record
+from nni_manager.webui.views import metric_record, metric_record_json
 
 T = TypeVar("T")
+_WHERE = "the WebUI"  # who skips a malformed row, in its warning
 _CHUNK = 500  # SQLite's host-parameter limit is 999 on old builds
 
 
@@ -51,11 +55,16 @@ class DataModel:
         self._data_version: int | None = None
         self._stored: list[TrialJobDetail] = []
         self.finals: dict[str, list[dict[str, Any]]] = {}  # non-PERIODICAL records, arrival order
+        self.final_json: dict[str, str] = {}  # trial -> `final()` as JSON, for the trial table
         self.latest: dict[str, dict[str, Any]] = {}  # the latest PERIODICAL record
-        self.periodical: dict[str, int] = {}  # how many PERIODICAL records
+        self._sequences = Sequences()  # numbers PERIODICAL records as they arrive
+        self.periodical = self._sequences.periodical  # trial -> how many PERIODICAL records
         self.last_rowid: dict[str, int] = {}  # trial -> rowid of its newest metric (ETags of ranges)
         self.parameters: dict[str, dict[int, str]] = {}  # trial -> parameter index -> record JSON
         self._refreshing: asyncio.Future[None] | None = None
+        self._summary: asyncio.Future[None] | None = None  # the summary's loading, until awaited
+        self._summary_top: int | None = None  # the first load's last rowid, until its summary is loaded
+        self._others: dict[str, int] = {}  # meanwhile: trial -> its metrics that are not PERIODICAL
 
     def close(self) -> None:
         def shut() -> None:
@@ -89,53 +98,59 @@ class DataModel:
                 out.append(latest)
         return out
 
-    async def refresh(self) -> None:
-        """Take in what the store gained since the last call; concurrent callers share one."""
+    async def refresh(self, finals_only: bool = False) -> None:
+        """Take in what the store gained since the last call; concurrent callers share one.
+        `finals_only`: the caller reads trials, parameters and finals only (the trial table),
+        so need not wait for the first load's per-trial summary."""
         if not self._db.exists():  # the manager has not opened the experiment yet
             return
         if self._refreshing is not None:
             await asyncio.shield(self._refreshing)
-            return
-        loop = asyncio.get_running_loop()
-        self._refreshing = loop.create_future()
-        try:
-            await self._run(self._refresh)
-        finally:
-            done, self._refreshing = self._refreshing, None
-            done.set_result(None)
+        else:
+            loop = asyncio.get_running_loop()
+            self._refreshing = loop.create_future()
+            try:
+                await self._run(self._refresh)
+                if self._summary_top is not None:
+                    # queued on the DB thread: every later call runs after it
+                    self._summary = asyncio.wrap_future(self._pool.submit(self._with_conn, self._load_summary))
+            finally:
+                done, self._refreshing = self._refreshing, None
+                done.set_result(None)
+        if not finals_only and self._summary is not None:
+            await asyncio.shield(self._summary)
+            self._summary = None
 
     async def metrics_json(self, trial_ids: list[str] | None = None, kind: str | None = None) -> str:
         """A JSON array of MetricDataRecords, in arrival order: all of them, or those of some
         trials, optionally of one type. Serialised off the event loop."""
         if not self._db.exists():
             return "[]"
-        return await self._run(lambda conn: dumps(self._query_metrics(conn, trial_ids, kind)))
+        return await self._run(lambda conn: self._query_metrics(conn, trial_ids, kind))
 
     # ------------------------------------------------------------------ the DB thread
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def call() -> T:
-            if self._conn is None:
-                self._conn = sqlite3.connect(f"file:{self._db}?mode=ro", uri=True, isolation_level=None)
-            return fn(self._conn)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._with_conn, fn)
+
+    def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = sqlite3.connect(f"file:{self._db}?mode=ro", uri=True, isolation_level=None)
+        return fn(self._conn)
 
     def _refresh(self, conn: sqlite3.Connection) -> None:
+        store = Store(conn)
         if self._live_trials is None:
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            version = store.data_version()
             if version != self._data_version:
                 self._data_version = version
-                self._stored = Store(conn).trials()
-        for rowid, trial_id, idx, value in conn.execute(
-                "SELECT rowid, trial_id, idx, value FROM parameters WHERE rowid > ? ORDER BY rowid",
-                (self._parameter_rowid,)):
+                self._stored = store.trials()
+        for rowid, trial_id, idx, value in store.parameters_since(self._parameter_rowid):
             self.parameters.setdefault(trial_id, {})[idx] = value
             self._parameter_rowid = rowid
         if self._metric_rowid == 0:
-            self._first_load(conn)
+            self._first_load(store)
             return
-        for rowid, trial_id, kind, data, timestamp in conn.execute(
-                "SELECT rowid, trial_id, type, data, timestamp FROM metrics WHERE rowid > ? ORDER BY rowid",
-                (self._metric_rowid,)):
+        for rowid, trial_id, kind, data, timestamp in store.metric_rows_since(self._metric_rowid):
             self._metric_rowid = rowid
             self._take(trial_id, kind, data, timestamp, rowid)
 
@@ -143,78 +158,54 @@ class DataModel:
         self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
         if kind == "REQUEST_PARAMETER":
             return
-        message = _message(data, trial_id)
+        message = metric_message(data, _WHERE, trial_id)
         if message is None:
             return
+        sequence = self._sequences.number(trial_id, kind, message)
+        record = metric_record(trial_id, message, timestamp, sequence)
         if kind == "PERIODICAL":
-            n = self.periodical.get(trial_id, 0)
-            self.periodical[trial_id] = n + 1
-            self.latest[trial_id] = metric_record(trial_id, message, timestamp, n)
+            self.latest[trial_id] = record
         else:
-            self.finals.setdefault(trial_id, []).append(metric_record(trial_id, message, timestamp,
-                                                                      int(message.get("sequence") or 0)))
+            self.finals.setdefault(trial_id, []).append(record)
+            if record["type"] == "FINAL" and trial_id not in self.final_json:
+                self.final_json[trial_id] = metric_record_json(trial_id, message, timestamp, sequence)
 
-    def _first_load(self, conn: sqlite3.Connection) -> None:
-        """Aggregates instead of every row: a store of a million metrics loads in a second."""
-        top = conn.execute("SELECT max(rowid) FROM metrics").fetchone()[0]
+    def _first_load(self, store: Store) -> None:
+        """Aggregates instead of every row, in two steps: the finals through their own index
+        now, the per-trial summary (`_load_summary`) right after."""
+        top = store.last_metric_rowid()
         if top is None:
             return
-        for rowid, trial_id, kind, data, timestamp in conn.execute(
-                "SELECT rowid, trial_id, type, data, timestamp FROM metrics WHERE type != 'PERIODICAL' AND rowid <= ?"
-                " ORDER BY rowid", (top,)):
+        for rowid, trial_id, kind, data, timestamp in store.final_rows(top):
+            self._others[trial_id] = self._others.get(trial_id, 0) + 1
             self._take(trial_id, kind, data, timestamp, rowid)
-        latest: dict[int, tuple[str, int]] = {}
-        for trial_id, count, rowid in conn.execute(
-                "SELECT trial_id, count(*), max(rowid) FROM metrics WHERE type = 'PERIODICAL' AND rowid <= ?"
-                " GROUP BY trial_id", (top,)):
-            latest[rowid] = (trial_id, count)
-            self.last_rowid[trial_id] = max(rowid, self.last_rowid.get(trial_id, 0))
-        rowids = list(latest)
-        for i in range(0, len(rowids), _CHUNK):
-            chunk = rowids[i:i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for rowid, data, timestamp in conn.execute(
-                    f"SELECT rowid, data, timestamp FROM metrics WHERE rowid IN ({marks})", chunk):
-                trial_id, count = latest[rowid]
-                message = _message(data, trial_id)
-                if message is not None:
-                    self.periodical[trial_id] = count
-                    self.latest[trial_id] = metric_record(trial_id, message, timestamp, count - 1)
-        self._metric_rowid = top
+        self._metric_rowid = self._summary_top = top
+
+    def _load_summary(self, conn: sqlite3.Connection) -> None:
+        """The latest PERIODICAL record, the count of them and the newest rowid of every trial,
+        up to the first load's last row (later rows are `_take`n on top, after this)."""
+        top, self._summary_top = self._summary_top, None
+        if top is None:
+            return
+        for trial_id, count, newest, rowid, data, timestamp in Store(conn).metric_summary(top):
+            self.last_rowid[trial_id] = max(newest, self.last_rowid.get(trial_id, 0))
+            if rowid is None:
+                continue
+            message = metric_message(data, _WHERE, trial_id)
+            if message is not None:
+                periodical = count - self._others.get(trial_id, 0)
+                self.periodical[trial_id] = periodical
+                self.latest[trial_id] = metric_record(trial_id, message, timestamp, periodical - 1)
+        self._others.clear()
 
     def _query_metrics(self, conn: sqlite3.Connection, trial_ids: list[str] | None,
-                       kind: str | None) -> list[dict[str, Any]]:
-        sql = "SELECT rowid, trial_id, type, data, timestamp FROM metrics"
-        batches: list[tuple[str, list[Any]]] = []
-        if trial_ids is None:
-            batches.append((sql + " WHERE type != 'REQUEST_PARAMETER' ORDER BY rowid", []))
-        else:
-            for i in range(0, len(trial_ids), _CHUNK):
-                chunk = trial_ids[i:i + _CHUNK]
-                batches.append((sql + f" WHERE trial_id IN ({','.join('?' * len(chunk))}) ORDER BY rowid", chunk))
-        rows: list[tuple[int, str, str, str, int]] = []
-        for query, args in batches:
-            rows.extend(conn.execute(query, args).fetchall())
-        if len(batches) > 1:
-            rows.sort()
-        out: list[dict[str, Any]] = []
-        counts: dict[str, int] = {}
-        for _, trial_id, row_kind, data, timestamp in rows:
-            if row_kind == "REQUEST_PARAMETER":
-                continue
-            message = _message(data, trial_id)
-            if message is None:
-                continue
-            if row_kind == "PERIODICAL":
-                sequence = counts.get(trial_id, 0)
-                counts[trial_id] = sequence + 1
-            else:
-                sequence = int(message.get("sequence") or 0)
+                       kind: str | None) -> str:
+        """The JSON array itself, each record written directly (`metric_record_json`): the whole
+        dump of 10,000 trials x 101 results is a million rows, and per-row Python is its cost."""
+        out: list[str] = []
+        append = out.append
+        for trial_id, row_kind, message, timestamp, sequence in numbered(Store(conn).metric_rows(trial_ids, _CHUNK),
+                                                                          _WHERE):
             if kind is None or row_kind == kind:
-                out.append(metric_record(trial_id, message, timestamp, sequence))
-        return out
-
-
-def _message(data: str, trial_id: str = "", where: str = "the WebUI") -> dict[str, Any] | None:
-    """A stored metric's message, or None for a malformed row (skipped with a warning)."""
-    return metric_message(data, where, trial_id)
+                append(metric_record_json(trial_id, message, timestamp, sequence))
+        return "[" + ",".join(out) + "]"

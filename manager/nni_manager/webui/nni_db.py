@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nni_manager.metrics import numbered
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from nni_manager.webui import manifest
-from nni_manager.webui.model import _message
 from nni_manager.webui.views import dumps, hyper_parameter, metric_record, nni_params, trial_log_file
 
 # NNI 3.0's createTables (core/sqlDatabase.ts), statement for statement
@@ -109,7 +109,7 @@ def export_nni_db(experiment_dir: Path, out: Path | None = None, register: bool 
         in_place = target == experiment_dir
         trials = store.trials()
         parameters: dict[str, dict[int, str]] = {}
-        for trial_id, idx, value in source.execute("SELECT trial_id, idx, value FROM parameters ORDER BY rowid"):
+        for _, trial_id, idx, value in store.parameters_since(0):
             parameters.setdefault(trial_id, {})[idx] = value
         for name in ("db", "log"):
             (target / name).mkdir(parents=True, exist_ok=True)
@@ -130,7 +130,7 @@ def export_nni_db(experiment_dir: Path, out: Path | None = None, register: bool 
             db.execute("BEGIN")
             db.executemany("insert into TrialJobEvent values (?,?,?,?,?,?,?,?)", events)
             counter = [0]
-            db.executemany("insert into MetricData values (?,?,?,?,?,?)", _metrics(source, counter))
+            db.executemany("insert into MetricData values (?,?,?,?,?,?)", _metrics(store, counter))
             db.execute("insert into ExperimentProfile values (?,?,?,?,?,?,?,?)", profile)
             db.execute("COMMIT")
             db.executescript(INDEXES)
@@ -198,20 +198,8 @@ def _events(trials: list[TrialJobDetail], parameters: dict[str, dict[int, str]],
     return [k[3] for k in keyed]
 
 
-def _metrics(source: sqlite3.Connection, counter: list[int]) -> Iterator[tuple[Any, ...]]:
-    periodical: dict[str, int] = {}
-    for trial_id, kind, data, timestamp in source.execute(
-            "SELECT trial_id, type, data, timestamp FROM metrics ORDER BY rowid"):
-        if kind == "REQUEST_PARAMETER":
-            continue
-        message = _message(data, trial_id, "the NNI export")
-        if message is None:
-            continue
-        if kind == "PERIODICAL":
-            sequence = periodical.get(trial_id, 0)
-            periodical[trial_id] = sequence + 1
-        else:
-            sequence = int(message.get("sequence") or 0)
+def _metrics(store: Store, counter: list[int]) -> Iterator[tuple[Any, ...]]:
+    for trial_id, _, message, timestamp, sequence in numbered(store.metric_rows(), "the NNI export"):
         r = metric_record(trial_id, message, timestamp, sequence)
         counter[0] += 1
         yield r["timestamp"], r["trialJobId"], r["parameterId"], r["type"], r["sequence"], r["data"]
