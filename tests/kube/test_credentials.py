@@ -13,14 +13,14 @@ from tests.manager.helpers import TRIAL, form, wait_status
 
 
 def test_in_cluster_service_account(kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes.aio.config import incluster_config
+    from nni_manager.backends.kubernetes import client
 
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "token").write_text(kube.token)
     (account / "ca.crt").write_bytes((kube.state_dir / "ca.crt").read_bytes())
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(account / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(account / "ca.crt"))
+    (account / "namespace").write_text("default")
+    monkeypatch.setattr(client, "SERVICE_ACCOUNT_DIR", account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kube.port))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))  # must not be needed

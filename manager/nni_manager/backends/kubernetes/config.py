@@ -44,7 +44,8 @@ class Storage:
 class KubeConfig:
     """Everything the Kubernetes backends read from `trainingService`."""
 
-    namespace: str = "default"
+    namespace: str = "default"  # else the kubeconfig context's, or in a cluster the pod's own
+    namespace_given: bool = False
     kube_config: Path | None = None  # default: $KUBECONFIG, ~/.kube/config, else in-cluster
     context: str | None = None
     reuse_mode: bool = True
@@ -63,7 +64,8 @@ class KubeConfig:
 
 
 def _common(ts: ConfigSection, kube: KubeConfig) -> None:
-    kube.namespace = ts.str_("namespace") or "default"
+    namespace = ts.str_("namespace")
+    kube.namespace, kube.namespace_given = namespace or "default", bool(namespace)
     kube.kube_config = ts.path_("kubeConfig", "kubeconfig")
     if kube.kube_config is not None and not kube.kube_config.is_file():
         raise ConfigError(ts.at("kubeConfig"), f"{kube.kube_config} does not exist",
