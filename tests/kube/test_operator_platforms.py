@@ -605,8 +605,11 @@ def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, pla
     dry = backend_class(platform)(cfg).render()
     kinds = [o["kind"] for o in dry.requests]
     main_kind = "TFJob" if platform == "kubeflow" else "Framework"
-    assert kinds == ["Secret", main_kind], kinds
-    secret, main = dry.requests
+    # frameworkcontroller: the barrier's read access for the named account comes first
+    assert kinds == (["Secret", main_kind] if platform == "kubeflow" else ["Role", "RoleBinding", "Secret", main_kind]), kinds
+    *access_objects, secret, main = dry.requests
+    for obj in access_objects:
+        assert obj["subjects" if obj["kind"] == "RoleBinding" else "rules"], obj
     assert main["metadata"]["name"] in dry.text
     api = kube.api_client()
     created = client.CoreV1Api(api).create_namespaced_secret(NS, secret, dry_run="All", field_validation="Strict")

@@ -143,7 +143,21 @@ def test_injector_script_format():
 
 @pytest.fixture
 def kf(kube_factory):
-    return kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    k = kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    grant_framework_reads(k, "default")  # the barrier reads its Framework as the pod's account (RBAC)
+    return k
+
+
+def grant_framework_reads(k, account, ns="default"):
+    """What a cluster admin applies for FrameworkController's barrier: get/list/watch frameworks."""
+    from kubernetes import client
+    rbac = client.RbacAuthorizationV1Api(k.api_client())
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "fb-read"}, "rules": [
+        {"apiGroups": [FC[0]], "resources": ["frameworks"], "verbs": ["get", "list", "watch"]}]})
+    rbac.create_namespaced_role_binding(ns, {"metadata": {"name": f"fb-read-{account}"},
+                                             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                         "name": "fb-read"},
+                                             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]})
 
 
 def custom(k):

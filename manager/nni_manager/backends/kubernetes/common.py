@@ -23,7 +23,7 @@ import yaml
 
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
-from nni_manager.backends.kubernetes import boot, nodes
+from nni_manager.backends.kubernetes import access, boot, nodes
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -122,10 +122,34 @@ class KubeBackend(Backend):
         await self._client()
         return manager_ip_for(self._api.configuration.host)
 
+    def required_access(self) -> list[access.Need]:
+        """Every verb the experiment uses in its namespace (checked at start)."""
+        return access.platform_needs(self.custom)
+
+    async def _check_access(self) -> None:
+        """One line per verb the cluster denies, before anything is created."""
+        denied = await access.missing(self._api, self.namespace, self.required_access())
+        if denied:
+            lines = "\n".join("  " + n.line(self.namespace) for n in denied)
+            raise KubeError(f"Kubernetes RBAC denies what the experiment needs:\n{lines}\ngrant these verbs to your "
+                            "user or service account (the minimal Role is in docs/platforms/kubernetes.md; check with "
+                            f"`kubectl auth can-i --list -n {self.namespace}`)")
+
+    async def _prepare(self) -> None:
+        """Platform objects made once per experiment, after the checks (FrameworkController's account)."""
+
+    def extra_objects(self) -> list[dict[str, Any]]:
+        """Per-experiment objects a platform adds to the dry run."""
+        return []
+
+    async def _cleanup_extra(self) -> None:
+        """Delete what `_prepare` made (by the experiment's labels)."""
+
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
         core, custom = await self._client()
+        await self._check_access()
         ns = self.namespace
         try:  # fail at start, before any trial, when credentials or the operator are missing
             await core.list_namespaced_pod(ns, limit=1)
@@ -141,6 +165,7 @@ class KubeBackend(Backend):
                     err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
                                     f"{self.operator_name} installed, and does it serve {version}?")
                 raise err from None
+        await self._prepare()
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
         await self._ensure_wheel_configmap()
         await self._ensure_pull_secret()
@@ -254,6 +279,7 @@ class KubeBackend(Backend):
             await core.delete_collection_namespaced_pod(ns, label_selector=ours)
             await core.delete_collection_namespaced_secret(ns, label_selector=ours)
             await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
+            await self._cleanup_extra()
             deadline = time.monotonic() + self.stop_deadline
             while time.monotonic() < deadline:  # pods end after their grace period
                 if not (await core.list_namespaced_pod(ns, label_selector=ours)).items:
@@ -449,7 +475,7 @@ class KubeBackend(Backend):
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
                                 "<per-agent token, minted at start>" for k in secret.pop("data")}
-        objects = [secret, self.main_object(env, name, meta)]
+        objects = [*self.extra_objects(), secret, self.main_object(env, name, meta)]
         text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
                 f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
                 + yaml.safe_dump_all(objects, sort_keys=False))
