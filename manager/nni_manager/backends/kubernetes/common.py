@@ -23,7 +23,7 @@ import yaml
 
 from nni_manager.backends.agent_wheel import AGENT_MODULES, AgentWheel, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest
-from nni_manager.backends.kubernetes import access, boot, nodes
+from nni_manager.backends.kubernetes import access, boot, nodes, starting
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -65,6 +65,7 @@ class KubeBackend(Backend):
     custom: ClassVar[tuple[str, str, str, str] | None] = None
     # how long an environment may stay stuck (image pull, crash loop) before it fails
     start_timeout: ClassVar[float] = 300.0
+    start_check_interval: ClassVar[float] = 2.0  # how often environments without running pods are looked at
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -77,6 +78,11 @@ class KubeBackend(Backend):
         self._pull_secret: str | None = None
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
+        self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
+        self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
+        self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
+        self._start_check: asyncio.Task[None] | None = None
+        self._last_words: dict[str, str] = {}  # pod name -> what its last event said
 
     @property
     def kube(self) -> KubeConfig:
@@ -174,6 +180,7 @@ class KubeBackend(Backend):
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
                                           name=f"{self.platform}-pod-watch")
+        self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
 
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
@@ -198,6 +205,7 @@ class KubeBackend(Backend):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
+        self._starting[env.env_id] = time.monotonic()
 
     async def _check_fits(self) -> None:
         """Fail a request bigger than every node at once (a Pending pod would wait forever)."""
@@ -243,6 +251,7 @@ class KubeBackend(Backend):
             await asyncio.sleep(0.2)
 
     async def release(self, env_id: str) -> None:
+        self._starting.pop(env_id, None)
         core, custom = await self._client()
         name = self.object_name(env_id)
         await self._await_verdict(name)
@@ -263,9 +272,10 @@ class KubeBackend(Backend):
                 log.warning("deleting secret %s-nni: %s", name, e)
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        for task in (self._watch, self._start_check):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._core is None:
             return
         core, custom = self._core, self._custom
@@ -435,6 +445,63 @@ class KubeBackend(Backend):
             if getattr(e, "status", None) != 404:
                 log.warning("deleting %s: %s", name, e)
 
+    # ------------------------------------------------------------------ environments that do not start
+    async def _check_starts(self) -> None:
+        """Every `start_check_interval`: for environments not all of whose pods run, say why in the
+        cluster's words (object conditions, Warning events) and fail them after environmentStartTimeout."""
+        while True:
+            await asyncio.sleep(self.start_check_interval)
+            try:
+                await self._check_starts_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the API is retried below us; anything else must not stop the checks
+                log.warning("checking environments that have not started: %s", e)
+
+    async def _check_starts_once(self) -> None:
+        ctx = self._ctx
+        if ctx is None or not self._starting:
+            return
+        core, custom = await self._client()
+        try:
+            events = await core.list_namespaced_event(self.namespace)
+            self._warnings = starting.warnings_by_object(
+                [self._api.sanitize_for_serialization(e) for e in events.items])
+        except Exception as e:  # events are a courtesy (a Role without them still runs)
+            log.debug("listing events: %s", e)
+        timeout = self.kube.environment_start_timeout
+        for env_id, since in list(self._starting.items()):
+            pods = [n for n, _, _ in self.member_names(env_id)]
+            states = {n: self._pod_states.get(n) for n in pods}
+            if all(s in ("running", "succeeded", "failed", "oom", "gone") for s in states.values()):
+                self._starting.pop(env_id, None)  # started (or over: the pod events said so)
+                continue
+            words: dict[str, str] = {}
+            if not any(states.values()) and self.custom is not None:  # the operator has made no pod
+                group, version, plural, kind = self.custom
+                name = self.object_name(env_id)
+                try:
+                    obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+                except Exception as e:
+                    obj = None if getattr(e, "status", None) == 404 else {}
+                said = starting.object_words(kind, name, obj, self._warnings.get(name, []), self.operator_name)
+                words = {n: said for n in pods}
+            else:
+                for n, state in states.items():
+                    if state in (None, "waiting"):
+                        base = self._last_words.get(n) or f"pod {n} has not started"
+                        extra = [w for w in self._warnings.get(n, []) if w not in base]
+                        words[n] = "; ".join([base, *extra])
+            if time.monotonic() - since > timeout:
+                self._starting.pop(env_id, None)
+                reason = next(iter(words.values()), "no pod started")
+                for n in pods:
+                    ctx.agent_failed(n, f"{reason} (not started within environmentStartTimeout, {timeout:g} s)",
+                                     failed=True)
+                continue
+            for n, said in words.items():
+                ctx.agent_status(n, said)
+
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         ctx = self._ctx
         if ctx is None:
@@ -444,6 +511,11 @@ class KubeBackend(Backend):
             state, words = "gone", f"pod {name} was deleted"
         else:
             state, words = describe_pod(pod)
+        self._pod_states[name] = state
+        self._last_words[name] = words
+        if state == "waiting" and self._warnings.get(name):  # FailedMount, ... (from the start checks)
+            extra = "; ".join(w for w in self._warnings[name] if w not in words)
+            words += f"; {extra}" if extra else ""
         if state == "waiting":
             since = self._stuck_since.setdefault(name, time.monotonic()) if any(
                 r in words for r in STUCK_REASONS) else None

@@ -58,6 +58,7 @@ class KubeConfig:
     api_version: str = "v1"
     config_path: Path | None = None  # frameworkcontroller v1: a Framework template
     framework_template: dict[str, Any] | None = None  # its content, read at load
+    environment_start_timeout: float = 600.0  # an environment none of whose pods runs by then fails
 
     def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
         return redacted_repr(self)
@@ -74,6 +75,9 @@ def _common(ts: ConfigSection, kube: KubeConfig) -> None:
     reuse = ts.bool_("reuseMode")
     kube.reuse_mode = True if reuse is None else reuse
     kube.service_account_name = ts.str_("serviceAccountName")
+    start_timeout = ts.duration("environmentStartTimeout")
+    if start_timeout is not None:
+        kube.environment_start_timeout = start_timeout
     kube.storage = _storage(ts)
     _pod_overrides(ts, kube)
     for ignored in ("uploadRetryCount", "keyVault", "azureStorage"):  # Azure file shares: not needed here
