@@ -139,3 +139,33 @@ def access_review(store, ident: Identity, spec: dict) -> dict:
     if allowed and ident.rbac:
         out["reason"] = "RBAC: allowed by a role binding"
     return out
+
+
+def escalation(store, ident: Identity, obj: dict, kind: str, ns: str | None) -> str | None:
+    """RBAC's escalation prevention: a Role may only grant what its creator holds (or `escalate`),
+    a RoleBinding only bind a role whose rules its creator holds (or `bind`). The refusal text, or None."""
+    if not ident.rbac:
+        return None
+    if kind == "RoleBinding":
+        ref = obj.get("roleRef") or {}
+        if authorize(store, ident, "bind", "roles" if ref.get("kind") == "Role" else "clusterroles", GROUP, ns,
+                     ref.get("name")):
+            return None
+        role = (store.get(ROLES, ns, ref.get("name", "")) if ref.get("kind") == "Role"
+                else store.get(CLUSTERROLES, None, ref.get("name", "")))
+        rules = (role or {}).get("rules") or []
+    else:
+        if authorize(store, ident, "escalate", "roles", GROUP, ns):
+            return None
+        rules = obj.get("rules") or []
+    missing = []
+    for rule in rules:
+        for g in rule.get("apiGroups") or [""]:
+            for r in rule.get("resources") or []:
+                for v in rule.get("verbs") or []:
+                    if not authorize(store, ident, v, r, g, ns):
+                        missing.append(f"{{APIGroups:[{g!r}], Resources:[{r!r}], Verbs:[{v!r}]}}".replace("'", '"'))
+    if not missing:
+        return None
+    return (f'user "{ident.user}" (groups={ident.groups}) is attempting to grant RBAC permissions not currently '
+            "held:\n" + "\n".join(missing))

@@ -295,6 +295,12 @@ class ApiServer:
                     if md.get("namespace") and md["namespace"] != ns:
                         raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
                     md["namespace"] = ns
+            if res in (rbac.ROLES, rbac.ROLEBINDINGS) and isinstance(body, dict):
+                refused = rbac.escalation(self.store, user, body, res.kind, ns)
+                if refused:
+                    bname = (body.get("metadata") or {}).get("name", "")
+                    raise ApiError(403, "Forbidden", f'{res.plural}.{res.group} "{bname}" is forbidden: {refused}',
+                                   {"name": bname, "group": res.group, "kind": res.plural})
             if q.get("dryRun"):
                 obj = copy.deepcopy(body)
                 self.store._validate(res, obj, None, fv)

@@ -77,6 +77,7 @@ class FrameworkControllerBackend(KubeBackend):
     # access to the account its pods run as: one it creates (unless the config or template names
     # one), through a Role + RoleBinding labelled as the experiment's and deleted with it.
     _account: str | None = None  # the account our pods run as when none is named
+    _granted = False  # whether this experiment made the Role and RoleBinding (and deletes them)
 
     def _named_accounts(self) -> list[str]:
         """Accounts the config (`serviceAccountName`) or the v1 template's pods name."""
@@ -91,12 +92,6 @@ class FrameworkControllerBackend(KubeBackend):
     def _barrier_name(self) -> str:
         return f"nni-fb-{self.experiment_id.lower()}"
 
-    def required_access(self) -> list[access.Need]:
-        needs = super().required_access()
-        if self._named_accounts():
-            needs.append(access.Need("get", "serviceaccounts"))
-        return needs
-
     async def _prepare(self) -> None:
         from kubernetes.aio import client
 
@@ -106,6 +101,8 @@ class FrameworkControllerBackend(KubeBackend):
             try:
                 await core.read_namespaced_service_account(account, ns)
             except Exception as e:
+                if getattr(e, "status", None) == 403:  # may not look: the pods' creation will tell
+                    continue
                 if getattr(e, "status", None) != 404:
                     raise api_error(e, f"reading service account {account}") from None
                 raise KubeError(f"service account {account!r} (serviceAccountName) does not exist in namespace {ns}: "
@@ -139,12 +136,15 @@ class FrameworkControllerBackend(KubeBackend):
             except Exception as e:
                 if getattr(e, "status", None) != 409:  # a restarted manager: already there
                     raise api_error(e, f"creating {obj['kind']} {name} for the frameworkbarrier") from None
+        self._granted = True
         if not named:
             self._account = name
 
     async def _cleanup_extra(self) -> None:
         from kubernetes.aio import client
 
+        if not self._granted:  # the account was the user's, and so is its access
+            return
         ours, ns = selector(labels(self.experiment_id)), self.namespace
         rbac = client.RbacAuthorizationV1Api(self._api)
         await rbac.delete_collection_namespaced_role_binding(ns, label_selector=ours)
