@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -63,6 +64,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_BUDGET_S = 120.0  # one call keeps retrying this long (an API server restart takes tens of seconds)
 IN_CLUSTER_REREAD_S = 60.0  # projected service-account tokens rotate: re-read the file this often
+EXEC_EXPIRY_SKEW_S = 1.0  # re-run an exec plugin this long before its token's expirationTimestamp
 
 
 class Credentials:
@@ -122,9 +124,8 @@ class Credentials:
             return time.monotonic() - self._read_at > IN_CLUSTER_REREAD_S
         if self._expiry is None:
             return False
-        from kubernetes.aio.config.kube_config import _is_expired
-
-        return bool(_is_expired(self._expiry))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return bool(now + datetime.timedelta(seconds=EXEC_EXPIRY_SKEW_S) >= self._expiry)
 
     async def _before_request(self, cfg: Any) -> None:
         if self._stale():
