@@ -544,7 +544,7 @@ class ApiServer:
                                       "left": storm.count if storm else 0})
         if parts == ["restart"] and request.method == "POST" and self.restart is not None:
             asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(
-                self.restart(float(body.get("down", 1.0)))))
+                self.restart(float(body.get("down", 1.0)), body.get("deletePods") or [])))
             return web.json_response({"ok": True})
         if len(parts) == 2 and parts[0] == "operators" and request.method == "PUT":
             if parts[1] not in self.operators:
@@ -621,10 +621,17 @@ async def amain(args) -> None:
     port = site._server.sockets[0].getsockname()[1]
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)
 
-    async def restart(down: float) -> None:
-        """Close the listener and every connection, then listen again on the same port."""
+    async def restart(down: float, delete_pods: list) -> None:
+        """Close the listener and every connection, then listen again on the same port. Pods in
+        `delete_pods` ({namespace, name}) are force-deleted while it is down (as through another
+        API server replica, or by the node's PodGC): a watcher sees the change only by listing."""
         nonlocal runner
         await runner.cleanup()
+        for ref in delete_pods:
+            try:
+                store.delete(PODS, ref.get("namespace", "default"), ref["name"], 0)
+            except ApiError:
+                pass
         await asyncio.sleep(down)
         runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
         await runner.setup()
