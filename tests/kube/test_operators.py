@@ -286,6 +286,36 @@ def test_pytorchjob_env(kf):
         "training.kubeflow.org/job-role"] == "master"
 
 
+def test_training_operator_webhook_rules(kf):
+    """The operator's validating webhooks: PyTorchJob Master replicas must be 1, its replica types are
+    Master / Worker; a TFJob has at most one Chief or Master role."""
+    from kubernetes.client.exceptions import ApiException
+    cmd = "true"
+    cases = [
+        ("pytorchjobs", "PyTorchJob", "pytorchReplicaSpecs",
+         {"Master": replica(cmd, replicas=2, container="pytorch")},
+         "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1"),
+        ("pytorchjobs", "PyTorchJob", "pytorchReplicaSpecs",
+         {"Master": replica(cmd, container="pytorch"), "Worker": replica(cmd, container="main")},
+         "spec.pytorchReplicaSpecs[Worker].template.spec.containers: Required value: There is no container named "
+         "pytorch in Worker"),
+        ("tfjobs", "TFJob", "tfReplicaSpecs", {"Chief": replica(cmd), "Master": replica(cmd)},
+         "spec.tfReplicaSpecs: Forbidden: must not have more than 1 Chief or Master role"),
+    ]
+    for plural, kind, key, specs, expected in cases:
+        job = {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": {"name": "hook"}, "spec": {key: specs}}
+        with pytest.raises(ApiException) as e:
+            custom(kf).create_namespaced_custom_object(*KF, "default", plural, job)
+        body = json.loads(e.value.body)
+        assert e.value.status == 422 and body["reason"] == "Invalid", body
+        assert body["message"].startswith(f'admission webhook "validator.{kind.lower()}.training-operator.kubeflow.org" '
+                                          f'denied the request: {kind}.kubeflow.org "hook" is invalid: '), body
+        assert expected in body["message"], body["message"]
+    ok = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "hook"},
+          "spec": {"pytorchReplicaSpecs": {"Master": replica(cmd, container="pytorch")}}}
+    assert custom(kf).create_namespaced_custom_object(*KF, "default", "pytorchjobs", ok)["metadata"]["name"] == "hook"
+
+
 def test_deleting_job_deletes_pods(kf):
     core = kf.core()
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "long"},
