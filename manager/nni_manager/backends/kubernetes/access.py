@@ -64,7 +64,7 @@ async def missing(api: Any, namespace: str, needs: list[Need]) -> list[Need] | N
     try:
         answers = await asyncio.gather(*(allowed(api, namespace, n) for n in needs))
     except Exception as e:  # a cluster without the authorization API: the calls will tell
-        if getattr(e, "status", None) == 401:
+        if getattr(e, "status", None) in (None, 401):  # unreachable, or refused credentials: say so now
             from nni_manager.backends.kubernetes.client import api_error
 
             raise api_error(e, "checking permissions") from None

@@ -37,6 +37,11 @@ def api_error(e: Exception, doing: str) -> KubeError:
     if status == 401:
         return KubeError(f"{doing}: the cluster refused the credentials (401 Unauthorized): check the token or "
                          "certificate in your kubeconfig (`kubectl auth whoami`)")
+    if status == 403 and "exceeded quota" in message:
+        return KubeError(f"{doing}: the namespace's ResourceQuota refuses it (403): {message}; raise the quota "
+                         "(`kubectl describe resourcequota`) or lower cpuNumber / memorySize / gpuNumber")
+    if status == 403 and "error looking up service account" in message:
+        return KubeError(f"{doing}: {message} (403): create the service account or fix serviceAccountName")
     if status == 403:
         return KubeError(f"{doing}: forbidden (403): {message}; grant that verb on that resource to your user "
                          "or service account (RBAC)")
@@ -131,10 +136,13 @@ class Credentials:
         if self._stale():
             await self.refresh(cfg, stale_only=True)
 
-    async def refresh(self, cfg: Any, stale_only: bool = False) -> None:
-        """Load the credentials again (runs the exec plugin, refreshes OIDC, re-reads token files)."""
+    async def refresh(self, cfg: Any, stale_only: bool = False, refused: Any = None) -> None:
+        """Load the credentials again (runs the exec plugin, refreshes OIDC, re-reads token files);
+        `refused`: the token a 401 answered (no reload when another call has replaced it meanwhile)."""
         async with self._lock:
             if stale_only and not self._stale():  # another call refreshed them meanwhile
+                return
+            if refused is not None and cfg.api_key.get("BearerToken") != refused:
                 return
             cfg.refresh_api_key_hook = None  # the loader reads api_key itself
             await self.load(cfg)
@@ -162,6 +170,9 @@ def _client_class() -> Any:
 
     class RetryingApiClient(client.ApiClient):  # type: ignore[misc]
         credentials: Credentials
+        # False while the experiment starts: a server that cannot be reached then is a wrong
+        # address or a network problem to report at once, not a restart to wait out
+        retry_connections = True
 
         async def _auth_headers(self, headers: dict[str, Any] | None) -> dict[str, Any] | None:
             if headers is None:
@@ -178,11 +189,12 @@ def _client_class() -> Any:
             deadline = loop.time() + RETRY_BUDGET_S
             delay, refreshed = 0.5, False
             while True:
+                sent_token = self.configuration.api_key.get("BearerToken")
                 try:
                     resp = await super().call_api(method, url, header_params, body, post_params,
                                                   _request_timeout, _preload_content)
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError) as e:
-                    if loop.time() + delay > deadline:
+                    if not self.retry_connections or loop.time() + delay > deadline:
                         raise
                     log.info("Kubernetes API %s %s: %s; retrying in %.1f s", method, url.split("?")[0], e or
                              type(e).__name__, delay)
@@ -192,7 +204,7 @@ def _client_class() -> Any:
                 if resp.status == 401 and not refreshed:
                     await resp.read()
                     refreshed = True
-                    await self.credentials.refresh(self.configuration)
+                    await self.credentials.refresh(self.configuration, refused=sent_token)
                     header_params = await self._auth_headers(header_params)
                     continue
                 if resp.status not in RETRY_STATUSES:

@@ -155,6 +155,7 @@ class KubeBackend(Backend):
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
         core, custom = await self._client()
+        self._api.retry_connections = False  # until started: an unreachable server is reported at once
         await self._check_access()
         ns = self.namespace
         try:  # fail at start, before any trial, when credentials or the operator are missing
@@ -181,6 +182,7 @@ class KubeBackend(Backend):
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
                                           name=f"{self.platform}-pod-watch")
         self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
+        self._api.retry_connections = True
 
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
@@ -197,7 +199,9 @@ class KubeBackend(Backend):
         try:
             created = await self._create_main(obj)
         except Exception as e:
-            raise api_error(e, f"creating {obj['kind']} {name}") from None
+            created = await self._existing_main(name, env) if getattr(e, "status", None) == 409 else None
+            if created is None:
+                raise api_error(e, f"creating {obj['kind']} {name}") from None
         owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
                  "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
         try:  # the Secret goes when its object goes (garbage collection), also if we are gone
@@ -217,6 +221,22 @@ class KubeBackend(Backend):
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
         if problem:
             raise KubeError(problem)
+
+    async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
+        """After a 409: the object this environment made already (a create retried after a lost
+        answer, a restarted manager), or None when the name belongs to something else."""
+        core, custom = await self._client()
+        try:
+            if self.custom is None:
+                found = self._api.sanitize_for_serialization(await core.read_namespaced_pod(name, self.namespace))
+            else:
+                group, version, plural, _ = self.custom
+                found = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+        except Exception:
+            return None
+        mine = labels(self.experiment_id, env)
+        have = (found.get("metadata") or {}).get("labels") or {}
+        return found if all(have.get(k) == v for k, v in mine.items()) else None
 
     async def _create_main(self, obj: dict[str, Any]) -> dict[str, Any]:
         core, custom = await self._client()
