@@ -123,3 +123,19 @@ def test_quota_refusal_is_the_waiting_message(kube_factory, tmp_path: Path) -> N
             assert "exceeded quota" in done.message and "environmentStartTimeout" in done.message, done.message
 
     asyncio.run(body())
+
+
+def test_failed_mount_is_the_waiting_message(kube, tmp_path: Path) -> None:
+    spec = {"volumes": [{"name": "creds", "secret": {"secretName": "not-created-yet"}}],
+            "containers": [{"name": "trial", "volumeMounts": [{"name": "creds", "mountPath": "/creds"}]}]}
+    cfg = config(kube, tmp_path, pods_service(reuseMode=False, podSpec=spec, environmentStartTimeout="6s"))
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0, x=1))
+            said = await message_with(ts, job.id, "FailedMount")
+            assert 'MountVolume.SetUp failed for volume "creds" : secret "not-created-yet" not found' in said, said
+            done = await wait_status(ts, job.id, "FAILED", "SYS_CANCELED", timeout=60)
+            assert "FailedMount" in done.message and "environmentStartTimeout, 6 s" in done.message, done.message
+
+    asyncio.run(body())
