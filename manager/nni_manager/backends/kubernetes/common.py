@@ -484,7 +484,7 @@ class KubeBackend(Backend):
             return
         core, custom = await self._client()
         try:
-            events = await core.list_namespaced_event(self.namespace)
+            events = await core.list_namespaced_event(self.namespace, field_selector="type=Warning")
             self._warnings = starting.warnings_by_object(
                 [self._api.sanitize_for_serialization(e) for e in events.items])
         except Exception as e:  # events are a courtesy (a Role without them still runs)
