@@ -96,6 +96,25 @@ class Kube(EmulatorHandle):
         """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
         return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
 
+    def storm(self, status: int, count: int, retry_after: int = 1, path: str = "") -> None:
+        """The next `count` API requests (whose path holds `path`) answer `status` (429 with Retry-After)."""
+        self._call("POST", "/emulator/v1/faults/storm", {"status": status, "count": count,
+                                                         "retryAfter": retry_after, "path": path})
+
+    def faults(self) -> dict:
+        """{"answered": {"429": n, ...}, "left": requests the current storm will still answer}."""
+        return self._call("GET", "/emulator/v1/faults")
+
+    def restart(self, down: float = 1.0, delete_pods: list[tuple[str, str]] = ()) -> None:
+        """Restart the API server (every connection drops; listening again after `down` s); the
+        (namespace, name) pods are deleted while it is down."""
+        self._call("POST", "/emulator/v1/restart", {"down": down, "deletePods": [
+            {"namespace": ns, "name": n} for ns, n in delete_pods]})
+
+    def set_operator(self, name: str, running: bool) -> None:
+        """Stop or start an operator's controller: tfjob, pytorchjob, framework."""
+        self._call("PUT", f"/emulator/v1/operators/{name}", {"running": running})
+
 
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),

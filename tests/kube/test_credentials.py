@@ -13,14 +13,14 @@ from tests.manager.helpers import TRIAL, form, wait_status
 
 
 def test_in_cluster_service_account(kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes.aio.config import incluster_config
+    from nni_manager.backends.kubernetes import client
 
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "token").write_text(kube.token)
     (account / "ca.crt").write_bytes((kube.state_dir / "ca.crt").read_bytes())
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(account / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(account / "ca.crt"))
+    (account / "namespace").write_text("default")
+    monkeypatch.setattr(client, "SERVICE_ACCOUNT_DIR", account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kube.port))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))  # must not be needed
@@ -64,3 +64,125 @@ def test_plain_tcp_hub_only_when_asked_and_with_a_warning(kube, tmp_path: Path, 
     with caplog.at_level("WARNING"):
         asyncio.run(body())
     assert any("PLAIN TEXT" in r.getMessage() for r in caplog.records)
+
+
+# ----------------------------------------------------------------------------- cloud credentials
+EXEC_PLUGIN = r'''
+import json, os, ssl, sys, urllib.request
+# An exec credential plugin (as `aws eks get-token`): asks the identity provider (here the
+# emulator's token issuer) for a short-lived token and prints an ExecCredential.
+req = urllib.request.Request(os.environ["EMU_URL"] + "/emulator/v1/tokens", method="POST",
+                             data=json.dumps({"user": "exec-user", "lifetime": float(os.environ["LIFETIME"])}).encode(),
+                             headers={"Authorization": "Bearer " + os.environ["EMU_ADMIN"]})
+with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=os.environ["EMU_CA"])) as r:
+    issued = json.loads(r.read())
+with open(os.environ["RUNS"], "a") as f:
+    f.write(issued["token"] + "\n")
+status = {"token": issued["token"]}
+if os.environ["WITH_EXPIRY"] == "1":
+    status["expirationTimestamp"] = issued["expirationTimestamp"]
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential", "status": status}))
+'''
+
+
+def exec_kubeconfig(kube, tmp_path: Path, lifetime: float, with_expiry: bool) -> tuple[Path, Path]:
+    import sys
+
+    import yaml
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(EXEC_PLUGIN)
+    runs = tmp_path / "runs.txt"
+    data = yaml.safe_load(kube.kubeconfig.read_text())
+    env = {"EMU_URL": kube.url, "EMU_ADMIN": kube.token, "EMU_CA": str(kube.state_dir / "ca.crt"),
+           "RUNS": str(runs), "LIFETIME": str(lifetime), "WITH_EXPIRY": "1" if with_expiry else "0"}
+    data["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+                                         "args": [str(plugin)], "env": [{"name": k, "value": v} for k, v in env.items()],
+                                         "interactiveMode": "Never"}}
+    path = tmp_path / "exec-kubeconfig"
+    path.write_text(yaml.safe_dump(data))
+    return path, runs
+
+
+@pytest.mark.parametrize("with_expiry", [True, False], ids=["expirationTimestamp", "401-then-refresh"])
+def test_exec_plugin_tokens_are_renewed(kube, tmp_path: Path, with_expiry: bool) -> None:
+    """EKS-style tokens: re-run when their expirationTimestamp passes; without one, the 401 after
+    expiry reloads the credentials and the call is retried once."""
+    from kubernetes.aio import client as aio
+
+    from nni_manager.backends.kubernetes.client import load_client
+    from nni_manager.backends.kubernetes.config import KubeConfig
+
+    path, runs = exec_kubeconfig(kube, tmp_path, lifetime=2.5, with_expiry=with_expiry)
+
+    async def body() -> None:
+        api = await load_client(KubeConfig(kube_config=path))
+        try:
+            core = aio.CoreV1Api(api)
+            await core.list_namespaced_pod("default")
+            assert len(runs.read_text().split()) == 1
+            await asyncio.sleep(3.0)  # the token has expired: the emulator refuses it now
+            first = runs.read_text().split()[0]
+            from kubernetes.client.exceptions import ApiException
+            with pytest.raises(ApiException) as refused:
+                kube.core(first).list_namespaced_pod("default")
+            assert refused.value.status == 401
+            await core.list_namespaced_pod("default")  # renewed, not failed
+            assert len(runs.read_text().split()) == 2
+        finally:
+            await api.close()
+
+    asyncio.run(body())
+
+
+def test_experiment_outlives_its_exec_tokens(kube, tmp_path: Path) -> None:
+    from tests.kube.harness import config, pods_service
+
+    path, runs = exec_kubeconfig(kube, tmp_path, lifetime=3, with_expiry=True)
+    cfg = config(kube, tmp_path, pods_service(kubeConfig=str(path), reuseMode=True))
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            for i in range(3):  # trials spread over several token lifetimes
+                job = await ts.submit_trial_job(form(i, x=i, steps=3, step_sleep=1))
+                done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+                assert done.status.value == "SUCCEEDED", done.message
+
+    asyncio.run(body())
+    assert len(runs.read_text().split()) >= 3  # the plugin ran again as tokens expired
+
+
+def test_kubeconfig_beats_in_cluster_and_in_cluster_namespace_is_the_pods(kube_factory, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.aio import client as aio
+
+    from nni_manager.backends.kubernetes import client
+    from nni_manager.backends.kubernetes.config import KubeConfig
+
+    kube = kube_factory(namespaces=["team-a"])
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("a-token-the-cluster-refuses")
+    (account / "ca.crt").write_bytes((kube.state_dir / "ca.crt").read_bytes())
+    (account / "namespace").write_text("team-a\n")
+    monkeypatch.setattr(client, "SERVICE_ACCOUNT_DIR", account)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kube.port))
+
+    async def namespace_and_listing(kc: KubeConfig) -> tuple[str, bool]:
+        api = await client.load_client(kc)
+        try:
+            await aio.CoreV1Api(api).list_namespaced_pod(kc.namespace)
+            return kc.namespace, True
+        except Exception as e:
+            assert getattr(e, "status", None) == 401, e
+            return kc.namespace, False
+        finally:
+            await api.close()
+
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    assert asyncio.run(namespace_and_listing(KubeConfig())) == ("default", True)  # KUBECONFIG, not the pod's account
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))  # as client-go: a missing file is skipped
+    assert asyncio.run(namespace_and_listing(KubeConfig())) == ("team-a", False)  # in-cluster: the pod's namespace
+    given = KubeConfig(namespace="default", namespace_given=True)
+    assert asyncio.run(namespace_and_listing(given))[0] == "default"  # the config's namespace wins

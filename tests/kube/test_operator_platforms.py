@@ -608,9 +608,13 @@ def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, pla
     dry = backend_class(platform)(cfg).render()
     kinds = [o["kind"] for o in dry.requests]
     main_kind = "TFJob" if platform == "kubeflow" else "Framework"
-    # NNI's configs name no nniManagerIp: the hub relay comes first (hubTunnel)
-    assert kinds == ["ConfigMap", "Pod", "Service", "Secret", main_kind], kinds
-    *relay, secret, main = dry.requests
+    # NNI's configs name no nniManagerIp: the hub relay comes first (hubTunnel), then, for
+    # frameworkcontroller, the barrier's read access for its account
+    access_kinds = [] if platform == "kubeflow" else ["Role", "RoleBinding"]
+    assert kinds == ["ConfigMap", "Pod", "Service", *access_kinds, "Secret", main_kind], kinds
+    relay, access_objects, (secret, main) = dry.requests[:3], dry.requests[3:-2], dry.requests[-2:]
+    for obj in access_objects:
+        assert obj["subjects" if obj["kind"] == "RoleBinding" else "rules"], obj
     assert main["metadata"]["name"] in dry.text
     api = kube.api_client()
     config_map, relay_pod, service = relay

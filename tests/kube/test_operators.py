@@ -143,7 +143,21 @@ def test_injector_script_format():
 
 @pytest.fixture
 def kf(kube_factory):
-    return kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    k = kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    grant_framework_reads(k, "default")  # the barrier reads its Framework as the pod's account (RBAC)
+    return k
+
+
+def grant_framework_reads(k, account, ns="default"):
+    """What a cluster admin applies for FrameworkController's barrier: get/list/watch frameworks."""
+    from kubernetes import client
+    rbac = client.RbacAuthorizationV1Api(k.api_client())
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "fb-read"}, "rules": [
+        {"apiGroups": [FC[0]], "resources": ["frameworks"], "verbs": ["get", "list", "watch"]}]})
+    rbac.create_namespaced_role_binding(ns, {"metadata": {"name": f"fb-read-{account}"},
+                                             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                         "name": "fb-read"},
+                                             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]})
 
 
 def custom(k):
@@ -270,6 +284,36 @@ def test_pytorchjob_env(kf):
         assert core.read_namespaced_pod_log(name, "default").split() == ["pt-master-0", "23456", "3", str(rank)]
     assert core.read_namespaced_pod("pt-master-0", "default").metadata.labels[
         "training.kubeflow.org/job-role"] == "master"
+
+
+def test_training_operator_webhook_rules(kf):
+    """The operator's validating webhooks: PyTorchJob Master replicas must be 1, its replica types are
+    Master / Worker; a TFJob has at most one Chief or Master role."""
+    from kubernetes.client.exceptions import ApiException
+    cmd = "true"
+    cases = [
+        ("pytorchjobs", "PyTorchJob", "pytorchReplicaSpecs",
+         {"Master": replica(cmd, replicas=2, container="pytorch")},
+         "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1"),
+        ("pytorchjobs", "PyTorchJob", "pytorchReplicaSpecs",
+         {"Master": replica(cmd, container="pytorch"), "Worker": replica(cmd, container="main")},
+         "spec.pytorchReplicaSpecs[Worker].template.spec.containers: Required value: There is no container named "
+         "pytorch in Worker"),
+        ("tfjobs", "TFJob", "tfReplicaSpecs", {"Chief": replica(cmd), "Master": replica(cmd)},
+         "spec.tfReplicaSpecs: Forbidden: must not have more than 1 Chief or Master role"),
+    ]
+    for plural, kind, key, specs, expected in cases:
+        job = {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": {"name": "hook"}, "spec": {key: specs}}
+        with pytest.raises(ApiException) as e:
+            custom(kf).create_namespaced_custom_object(*KF, "default", plural, job)
+        body = json.loads(e.value.body)
+        assert e.value.status == 422 and body["reason"] == "Invalid", body
+        assert body["message"].startswith(f'admission webhook "validator.{kind.lower()}.training-operator.kubeflow.org" '
+                                          f'denied the request: {kind}.kubeflow.org "hook" is invalid: '), body
+        assert expected in body["message"], body["message"]
+    ok = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "hook"},
+          "spec": {"pytorchReplicaSpecs": {"Master": replica(cmd, container="pytorch")}}}
+    assert custom(kf).create_namespaced_custom_object(*KF, "default", "pytorchjobs", ok)["metadata"]["name"] == "hook"
 
 
 def test_deleting_job_deletes_pods(kf):

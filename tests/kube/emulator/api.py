@@ -164,4 +164,5 @@ CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICES = Resource("", "v1", "services", "Service")
 EVENTS = Resource("", "v1", "events", "Event")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
-CORE_RESOURCES = [PODS, NAMESPACES, NODES, SECRETS, CONFIGMAPS, SERVICES, EVENTS, SERVICEACCOUNTS]
+RESOURCEQUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
+CORE_RESOURCES = [PODS, NAMESPACES, NODES, SECRETS, CONFIGMAPS, SERVICES, EVENTS, SERVICEACCOUNTS, RESOURCEQUOTAS]

@@ -11,7 +11,9 @@ mounted at the container's ``/mnt/frameworkbarrier`` and exits 0.
 Exit codes as the real one: 0 passed; 201 (ContainerTransientConflictFailed) timeout
 (``BARRIER_CHECK_TIMEOUT_SEC``, default 600, allowed 60..1200); 210 (ContainerPermanentFailed)
 Framework not found or bad configuration (``BARRIER_CHECK_INTERVAL_SEC`` < 5, no framework name).
-Deviation: the store is polled every ``POLL_SECONDS`` (0.1 s) instead of every
+It is a real client of the API server: it GETs its Framework over HTTPS with the token of the pod's
+service account, so RBAC decides (a 401/403 is logged and retried until the timeout, as the real one
+does: nni#4146). Deviation: it polls every ``POLL_SECONDS`` (0.2 s) instead of every
 ``BARRIER_CHECK_INTERVAL_SEC`` (default 10 s), so tests do not wait; the timeout is the real one.
 """
 from __future__ import annotations
@@ -20,16 +22,19 @@ import asyncio
 import json
 import logging
 import re
+import ssl
 import time
 from pathlib import Path
 from typing import Callable
+
+import aiohttp
 
 from .crds import FRAMEWORKS
 
 log = logging.getLogger(__name__)
 
 BARRIER_IMAGE_RE = re.compile(r"^(?:[^/]+\.[^/]+/)?(?:docker\.io/)?frameworkcontroller/frameworkbarrier(?::[^@]*)?(?:@.*)?$")
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.2
 EXIT_SUCCEEDED = 0
 EXIT_TRANSIENT_CONFLICT_FAILED = 201
 EXIT_PERMANENT_FAILED = 210
@@ -138,22 +143,46 @@ async def run_barrier(cluster, pod: dict, volume_dir: Path | str,
             "or greater than 20 * 60")
         return EXIT_PERMANENT_FAILED
     say("Running frameworkbarrier")
+    if (pod.get("spec") or {}).get("automountServiceAccountToken") is False:
+        say("Failed to create kube client: unable to load in-cluster configuration, no service account token")
+        return EXIT_PERMANENT_FAILED
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    token = cluster.service_account_token(pod["metadata"]["namespace"], account)
+    url = f"{cluster.api_url}/apis/{FRAMEWORKS.group}/{FRAMEWORKS.version}/namespaces/{ns}/{FRAMEWORKS.plural}/{name}"
+    tls = ssl.create_default_context(cafile=str(cluster.ca_file))
     deadline = time.monotonic() + timeout
-    while True:
-        f = cluster.get(FRAMEWORKS, ns, name)
-        if f is None:
-            say(f'BarrierPermanentFailed: frameworks.frameworkcontroller.microsoft.com "{name}" not found')
-            return EXIT_PERMANENT_FAILED
-        if is_barrier_passed(f):
-            say("BarrierSucceeded: All Tasks are ready with not nil PodIP.")
-            d = Path(volume_dir)
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "framework.json").write_text(json.dumps(f, separators=(",", ":")))
-            inj = d / "injector.sh"
-            inj.write_text(generate_injector(f))
-            inj.chmod(0o755)
-            return EXIT_SUCCEEDED
-        if time.monotonic() >= deadline:
-            say("BarrierTransientConflictFailed: Timeout to wait all Tasks are ready with not nil PodIP.")
-            return EXIT_TRANSIENT_CONFLICT_FAILED
-        await asyncio.sleep(POLL_SECONDS)
+    last_problem = ""
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        while True:
+            f = None
+            try:  # the real one: client-go in-cluster config, as the pod's service account
+                async with session.get(url, ssl=tls, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    body = await r.json(content_type=None)
+                    if r.status == 200:
+                        f = body
+                    elif r.status == 404:
+                        say(f"BarrierPermanentFailed: {body.get('message', 'not found')}")
+                        return EXIT_PERMANENT_FAILED
+                    else:  # 401/403/5xx: transient to the barrier, retried until its timeout
+                        problem = f"Failed to get Framework object from ApiServer: {body.get('message', r.status)}"
+                        if problem != last_problem:
+                            say(problem)
+                            last_problem = problem
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                problem = f"Failed to get Framework object from ApiServer: {e}"
+                if problem != last_problem:
+                    say(problem)
+                    last_problem = problem
+            if f is not None and is_barrier_passed(f):
+                say("BarrierSucceeded: All Tasks are ready with not nil PodIP.")
+                d = Path(volume_dir)
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "framework.json").write_text(json.dumps(f, separators=(",", ":")))
+                inj = d / "injector.sh"
+                inj.write_text(generate_injector(f))
+                inj.chmod(0o755)
+                return EXIT_SUCCEEDED
+            if time.monotonic() >= deadline:
+                say("BarrierTransientConflictFailed: Timeout to wait all Tasks are ready with not nil PodIP.")
+                return EXIT_TRANSIENT_CONFLICT_FAILED
+            await asyncio.sleep(POLL_SECONDS)

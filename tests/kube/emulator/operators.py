@@ -7,7 +7,7 @@ PyTorch env vars, UpdateJobStatus), with the names, labels and messages of the r
 
 Not emulated: gang scheduling/PodGroups, elastic PyTorch (HPA, PET_RDZV_*), the PyTorch workers'
 ``init-pytorch`` init container (an ``nslookup`` loop on the master's service name, which has no DNS
-here), the validating webhooks, the controller's work-queue retry counting (``backoffLimit``
+here), the validating webhooks (those are in webhooks.py, called by the store), the controller's work-queue retry counting (``backoffLimit``
 counts container restarts and new failures as if the queue never retried), Evaluator/AllWorkers
 subtleties beyond the code below.
 """

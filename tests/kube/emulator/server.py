@@ -21,6 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
+from . import faults, rbac
 from .store import Store
 from .util import json_merge_patch, json_patch, parse_field_selector, parse_label_selector, strategic_merge_patch
 
@@ -96,16 +97,22 @@ def write_kubeconfig(state: Path, port: int, token: str) -> None:
 
 # ------------------------------------------------------------------ auth
 class Auth:
-    """TOKEN=user[:rule,...]; rule = verb/resource[.group][@namespace], '*' wildcards; no rules = all."""
+    """TOKEN=user[:rule,...]; rule = verb/resource[.group][@namespace], '*' wildcards; no rules = all;
+    `TOKEN=user:rbac`: the user is authorized by the stored RBAC objects (rbac.py). Service-account
+    and issued (expiring) tokens come from `tokens`."""
 
     def __init__(self, specs: list[str]):
-        self.tokens: dict[str, tuple[str, list[tuple[str, str, str, str]] | None]] = {}
+        self.tokens: dict[str, rbac.Identity] = {}
+        self.extra = rbac.Tokens()
         for spec in specs:
             tok, _, rest = spec.partition("=")
             user, rules = rest, ""
             head, sep, tail = rest.rpartition(":")
-            if sep and "/" in tail:             # user names may hold ':' (system:serviceaccount:ns:sa)
+            if sep and ("/" in tail or tail == "rbac"):  # user names may hold ':' (system:serviceaccount:ns:sa)
                 user, rules = head, tail
+            if rules == "rbac":
+                self.tokens[tok] = rbac.Identity(user, None, True, ["system:authenticated"])
+                continue
             parsed = None
             if rules:
                 parsed = []
@@ -114,22 +121,14 @@ class Auth:
                     verb, _, resource = r.partition("/")
                     resource, _, group = resource.partition(".")
                     parsed.append((verb, resource, group or ("*" if resource == "*" else ""), ns or "*"))
-            self.tokens[tok] = (user or "admin", parsed)
+            self.tokens[tok] = rbac.Identity(user or "admin", parsed)
 
-    def user(self, request: web.Request) -> tuple[str, list | None] | None:
+    def user(self, request: web.Request, store: Store) -> rbac.Identity | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":  # the scheme is case-insensitive (in-cluster clients send "bearer")
             return None
-        return self.tokens.get(token.strip())
-
-    @staticmethod
-    def allowed(rules, verb: str, resource: str, group: str, ns: str | None) -> bool:
-        if rules is None:
-            return True
-        for v, r, g, n in rules:
-            if v in ("*", verb) and r in ("*", resource) and g in ("*", group) and (n == "*" or n == (ns or "")):
-                return True
-        return False
+        token = token.strip()
+        return self.tokens.get(token) or self.extra.identify(store, token)
 
 
 def forbidden(user: str, verb: str, res_plural: str, group: str, ns: str | None, name: str | None) -> ApiError:
@@ -154,6 +153,10 @@ class ApiServer:
     def __init__(self, store: Store, kubelet, auth: Auth):
         self.store, self.kubelet, self.auth = store, kubelet, auth
         self.stopping = asyncio.Event()
+        self.faults = faults.Faults()
+        self.restart = None  # set by amain: async (down_seconds) -> None
+        self.operators: dict = {}  # name -> (start function, task or None); set by amain
+        store.service_account_token = self.auth.extra.service_account_token  # for the kubelet's pods
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -161,14 +164,21 @@ class ApiServer:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        u = self.auth.user(request)
+        u = self.auth.user(request, self.store)
         if u is None:
             return status_response(ApiError(401, "Unauthorized", "Unauthorized"))
         try:
             path = request.path.rstrip("/")
             parts = [p for p in path.split("/") if p]
             if parts[:2] == ["emulator", "v1"]:
+                if u.rules is not None or u.rbac:
+                    raise ApiError(403, "Forbidden", "the emulator's controls need an unrestricted token")
                 return await self.control(request, parts[2:])
+            stormy = self.faults.intercept(request)
+            if stormy is not None:
+                return stormy
+            if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
+                return await self.self_subject_access_review(request, u)
             if path == "/version":
                 return web.json_response(SERVER_VERSION)
             if path == "/api":
@@ -257,9 +267,8 @@ class ApiServer:
         if sub == "portforward":  # a connect subresource: authorized as `create` (KEP-4006), any method
             verb = "create"
         res_name = plural + (f"/{sub}" if sub else "")
-        if not Auth.allowed(user[1], verb, res_name, group, ns) and (
-                sub == "portforward" or not Auth.allowed(user[1], verb, plural, group, ns)):
-            raise forbidden(user[0], verb, res_name, group, ns, name)
+        if not rbac.authorize(self.store, user, verb, res_name, group, ns, name):
+            raise forbidden(user.user, verb, res_name, group, ns, name)
         fv = q.get("fieldValidation", "Warn")
         if fv not in ("Strict", "Warn", "Ignore"):
             raise bad_request(f'fieldValidation parameter unsupported: "{fv}"; supported values are Ignore, Warn, Strict')
@@ -292,6 +301,12 @@ class ApiServer:
                     if md.get("namespace") and md["namespace"] != ns:
                         raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
                     md["namespace"] = ns
+            if res in (rbac.ROLES, rbac.ROLEBINDINGS) and isinstance(body, dict):
+                refused = rbac.escalation(self.store, user, body, res.kind, ns)
+                if refused:
+                    bname = (body.get("metadata") or {}).get("name", "")
+                    raise ApiError(403, "Forbidden", f'{res.plural}.{res.group} "{bname}" is forbidden: {refused}',
+                                   {"name": bname, "group": res.group, "kind": res.plural})
             if q.get("dryRun"):
                 obj = copy.deepcopy(body)
                 self.store._validate(res, obj, None, fv)
@@ -375,6 +390,23 @@ class ApiServer:
             return web.json_response({"kind": res.list_kind, "apiVersion": res.api_version,
                                       "metadata": {"resourceVersion": str(self.store.rv)}, "items": deleted})
         return page_not_found()
+
+    async def self_subject_access_review(self, request: web.Request, user: rbac.Identity) -> web.Response:
+        """authorization.k8s.io/v1 SelfSubjectAccessReview: create only (system:basic-user)."""
+        if request.method != "POST":
+            return web.json_response(ApiError(405, "MethodNotAllowed", "the server does not allow this method on "
+                                              "the requested resource").status(), status=405)
+        body = await self.json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise bad_request("the object provided is unrecognized (must be of type object)")
+        spec = body["spec"]
+        if not spec.get("resourceAttributes") and not spec.get("nonResourceAttributes"):
+            raise ApiError(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
+                           "spec.resourceAttributes: Invalid value: \"null\": exactly one of "
+                           "nonResourceAttributes or resourceAttributes must be specified")
+        return web.json_response({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                                  "metadata": {"creationTimestamp": None}, "spec": spec,
+                                  "status": rbac.access_review(self.store, user, spec)}, status=201)
 
     def with_warnings(self, resp: web.Response) -> web.Response:
         for w in self.store.last_warnings:
@@ -507,6 +539,33 @@ class ApiServer:
         if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
             from . import portforward
             return web.json_response({"dropped": await portforward.drop_all()})
+        if parts == ["tokens"] and request.method == "POST":  # what an exec plugin's identity provider issues
+            tok, expires = self.auth.extra.issue(body.get("user", "exec-user"), float(body.get("lifetime", 60)),
+                                                 bool(body.get("rbac", False)))
+            stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return web.json_response({"token": tok, "expirationTimestamp": stamp})
+        if parts == ["faults", "storm"] and request.method == "POST":
+            self.faults.start_storm(body)
+            return web.json_response({"ok": True})
+        if parts == ["faults"] and request.method == "GET":
+            storm = self.faults.storm
+            return web.json_response({"answered": {str(k): v for k, v in self.faults.answered.items()},
+                                      "left": storm.count if storm else 0})
+        if parts == ["restart"] and request.method == "POST" and self.restart is not None:
+            asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(
+                self.restart(float(body.get("down", 1.0)), body.get("deletePods") or [])))
+            return web.json_response({"ok": True})
+        if len(parts) == 2 and parts[0] == "operators" and request.method == "PUT":
+            if parts[1] not in self.operators:
+                raise ApiError(404, "NotFound", f"no operator {parts[1]!r}; known: {sorted(self.operators)}")
+            start, task = self.operators[parts[1]]
+            running = bool(body.get("running", True))
+            if not running and task is not None:
+                task.cancel()
+                self.operators[parts[1]] = (start, None)
+            elif running and task is None:
+                self.operators[parts[1]] = (start, asyncio.ensure_future(start(self.store)))
+            return web.json_response({"ok": True})
         if parts == ["shutdown"]:
             asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True})
@@ -572,17 +631,37 @@ async def amain(args) -> None:
         if crds is not None:
             crds.install(store, list(args.crd_group))
     server = ApiServer(store, kubelet, auth)
+    tls = make_tls(state)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=make_tls(state), shutdown_timeout=0.5)
+    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=tls, shutdown_timeout=0.5)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)
+
+    async def restart(down: float, delete_pods: list) -> None:
+        """Close the listener and every connection, then listen again on the same port. Pods in
+        `delete_pods` ({namespace, name}) are force-deleted while it is down (as through another
+        API server replica, or by the node's PodGC): a watcher sees the change only by listing."""
+        nonlocal runner
+        await runner.cleanup()
+        for ref in delete_pods:
+            try:
+                store.delete(PODS, ref.get("namespace", "default"), ref["name"], 0)
+            except ApiError:
+                pass
+        await asyncio.sleep(down)
+        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls, shutdown_timeout=0.5).start()
+    server.restart = restart
     write_kubeconfig(state, port, tokens[0].split("=", 1)[0])
     (state / "instance").write_text(instance)
     (state / "pid").write_text(str(os.getpid()))
     tasks = [asyncio.ensure_future(kubelet.run())]
-    for c in store.controllers:
-        tasks.append(asyncio.ensure_future(c(store)))
+    for c in store.controllers:  # named for "operator down": start_tfjob_controller -> tfjob
+        server.operators[c.__name__.removeprefix("start_").removesuffix("_controller")] = (
+            c, asyncio.ensure_future(c(store)))
     (state / "port.tmp").write_text(str(port))
     os.replace(state / "port.tmp", state / "port")
     stop = asyncio.Event()
@@ -591,7 +670,7 @@ async def amain(args) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.stopping.set()
-    for t in tasks:
+    for t in tasks + [t for _, t in server.operators.values() if t is not None]:
         t.cancel()
     await kubelet.shutdown()
     await runner.cleanup()

@@ -8,8 +8,8 @@ import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable
 
-from . import validation
-from .api import (CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, ApiError, FieldError, Resource,
+from . import rbac, validation, webhooks
+from .api import (CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
 from .util import json_merge_patch, now_rfc3339, parse_label_selector
 
@@ -55,7 +55,8 @@ class Store:
         self.last_warnings: list[str] = []
         self.pods_stopped: set[str] = set()      # uids whose containers the kubelet has killed
         self.history = deque(maxlen=HISTORY)
-        for r in CORE_RESOURCES:
+        self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
+        for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
 
     # ------------------------------------------------------------ lookup
@@ -135,6 +136,8 @@ class Store:
         if key in self.objects[res]:
             raise already_exists(res, md["name"])
         self._default(res, obj)
+        if res == PODS:
+            self._admit_pod(obj)
         md["uid"] = str(uuid.uuid4())
         md["creationTimestamp"] = now_rfc3339()
         md["generation"] = 1
@@ -142,6 +145,27 @@ class Store:
         self.objects[res][key] = obj
         self._emit("ADDED", res, obj, None)
         return copy.deepcopy(obj)
+
+    def _admit_pod(self, pod: dict) -> None:
+        """Admission plug-ins a new pod meets: ServiceAccount (the account must exist) and
+        ResourceQuota (`pods` / `count/pods` of each quota in the namespace)."""
+        md, spec = pod["metadata"], pod["spec"]
+        ns, name, sa = md["namespace"], md["name"], spec.get("serviceAccountName") or "default"
+        if sa != "default" and self.get(SERVICEACCOUNTS, ns, sa) is None:
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                                             f'{ns}/{sa}: serviceaccount "{sa}" not found',
+                           {"name": name, "kind": "pods"})
+        for quota in self.list(RESOURCEQUOTAS, ns):
+            hard = (quota.get("spec") or {}).get("hard") or {}
+            for key in ("pods", "count/pods"):
+                if key not in hard:
+                    continue
+                used = sum(1 for p in self.list(PODS, ns)
+                           if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+                if used + 1 > int(hard[key]):
+                    raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: '
+                                   f'{quota["metadata"]["name"]}, requested: {key}=1, used: {key}={used}, '
+                                   f'limited: {key}={hard[key]}', {"name": name, "kind": "pods"})
 
     def _validate(self, res: Resource, obj: dict, old: dict | None, field_validation: str) -> None:
         self.last_warnings = []
@@ -157,6 +181,7 @@ class Store:
                 errs += validation.validate_pod_update(old, obj)
         if errs:
             raise invalid(res, name, errs)
+        webhooks.check(res, obj, old)
 
     def _default(self, res: Resource, obj: dict) -> None:
         if res == PODS:

@@ -53,7 +53,9 @@ MAX_DATA = 1024 * 1024
 
 _SCHEMA_FILES = {"Pod": "pod-v1", "Secret": "secret-v1", "ConfigMap": "configmap-v1", "Service": "service-v1",
                  "Namespace": "namespace-v1", "Event": "event-v1", "ServiceAccount": "serviceaccount-v1",
-                 "Node": "node-v1"}
+                 "Node": "node-v1", "ResourceQuota": "resourcequota-v1", "Role": "role-rbac-v1",
+                 "RoleBinding": "rolebinding-rbac-v1", "ClusterRole": "clusterrole-rbac-v1",
+                 "ClusterRoleBinding": "clusterrolebinding-rbac-v1"}
 
 
 def _q(v: Any) -> str:

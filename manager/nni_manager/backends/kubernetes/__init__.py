@@ -2,8 +2,10 @@
 
 common.py   the per-environment Secret, the agent wheel ConfigMap, pod templates, pod events ->
             trial messages, re-attach, cleanup, dry run (the base of the three platforms)
-client.py   the official asyncio client from kubeconfig or in-cluster, errors as one line
-watch.py    list + watch of the experiment's pods; a pod's state in the cluster's words
+client.py   the official asyncio client: credentials (renewed), retries of transient errors, one-line errors
+access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
+starting.py why an environment has no running pod yet (object conditions, Warning events)
+watch.py    list + watch of the experiment's pods (re-list after a gap); a pod's state in the cluster's words
 nodes.py    a request no node can ever hold fails at once
 config.py   the platforms' config fields (NNI's, v1 spellings too)
 framework_template.py   FrameworkController's v1 `configPath`: a Framework YAML as every trial's template

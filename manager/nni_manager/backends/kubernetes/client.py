@@ -1,14 +1,21 @@
 """The Kubernetes client (official `kubernetes.aio`), its credentials, and its errors in one line."""
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
+import logging
 import os
 import socket
+import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from nni_manager.backends.base import BackendError
 from nni_manager.backends.kubernetes.config import KubeConfig
+
+log = logging.getLogger(__name__)
 
 
 class KubeError(BackendError):
@@ -30,6 +37,11 @@ def api_error(e: Exception, doing: str) -> KubeError:
     if status == 401:
         return KubeError(f"{doing}: the cluster refused the credentials (401 Unauthorized): check the token or "
                          "certificate in your kubeconfig (`kubectl auth whoami`)")
+    if status == 403 and "exceeded quota" in message:
+        return KubeError(f"{doing}: the namespace's ResourceQuota refuses it (403): {message}; raise the quota "
+                         "(`kubectl describe resourcequota`) or lower cpuNumber / memorySize / gpuNumber")
+    if status == 403 and "error looking up service account" in message:
+        return KubeError(f"{doing}: {message} (403): create the service account or fix serviceAccountName")
     if status == 403:
         return KubeError(f"{doing}: forbidden (403): {message}; grant that verb on that resource to your user "
                          "or service account (RBAC)")
@@ -51,19 +63,175 @@ def manager_ip_for(url: str) -> str:
         return s.getsockname()[0]
 
 
+# Where a pod finds its service account (token, ca.crt, namespace); tests point it elsewhere.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Answers worth waiting out: throttling (429, API Priority and Fairness) and the server's own trouble.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_BUDGET_S = 120.0  # one call keeps retrying this long (an API server restart takes tens of seconds)
+IN_CLUSTER_REREAD_S = 60.0  # projected service-account tokens rotate: re-read the file this often
+EXEC_EXPIRY_SKEW_S = 1.0  # re-run an exec plugin this long before its token's expirationTimestamp
+
+
+class Credentials:
+    """Where the client's identity comes from, and how to renew it: an explicit `kubeConfig`, else
+    the files in KUBECONFIG that exist, else the pod's service account (in a cluster), else
+    ~/.kube/config. Exec-plugin tokens are re-run when their `expirationTimestamp` passes, and
+    anything is reloaded once after a 401 (an OIDC refresh, a rotated token file)."""
+
+    def __init__(self, kube: KubeConfig) -> None:
+        self.kube = kube
+        self.in_cluster = False
+        self.namespace: str | None = None  # the context's namespace, or the pod's own in a cluster
+        self._loader: Any = None
+        self._expiry: Any = None  # an exec plugin's expirationTimestamp (datetime)
+        self._read_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def _source(self) -> str | None:
+        """The kubeconfig path(s) to load, or None for the in-cluster service account."""
+        if self.kube.kube_config is not None:
+            return str(self.kube.kube_config)
+        present = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p and Path(p).is_file()]
+        if present:
+            return os.pathsep.join(present)
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return None
+        return str(Path("~/.kube/config").expanduser())
+
+    async def load(self, cfg: Any) -> None:
+        from kubernetes.aio import config
+
+        source = self._source()
+        try:
+            if source is None:
+                from kubernetes.aio.config.incluster_config import InClusterConfigLoader
+
+                InClusterConfigLoader(str(SERVICE_ACCOUNT_DIR / "token"), str(SERVICE_ACCOUNT_DIR / "ca.crt"),
+                                      try_refresh_token=False).load_and_set(cfg)
+                self.in_cluster = True
+                ns_file = SERVICE_ACCOUNT_DIR / "namespace"
+                self.namespace = ns_file.read_text().strip() if ns_file.is_file() else None
+            else:
+                self._loader = await config.load_kube_config(config_file=source, context=self.kube.context,
+                                                             client_configuration=cfg, persist_config=False)
+                self._expiry = getattr(self._loader, "exec_plugin_expiry", None)
+                context = (self._loader.current_context or {}).get("context") or {}
+                self.namespace = context.get("namespace")
+        except Exception as e:  # ConfigException, missing files, bad YAML, a failing exec plugin
+            where = "the pod's service account" if source is None else source
+            raise KubeError(f"cannot load Kubernetes credentials from {where}: {e} (set trainingService.kubeConfig, "
+                            "KUBECONFIG, or run inside a cluster)") from None
+        self._read_at = time.monotonic()
+        cfg.refresh_api_key_hook = self._before_request
+
+    def _stale(self) -> bool:
+        if self.in_cluster:
+            return time.monotonic() - self._read_at > IN_CLUSTER_REREAD_S
+        if self._expiry is None:
+            return False
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return bool(now + datetime.timedelta(seconds=EXEC_EXPIRY_SKEW_S) >= self._expiry)
+
+    async def _before_request(self, cfg: Any) -> None:
+        if self._stale():
+            await self.refresh(cfg, stale_only=True)
+
+    async def refresh(self, cfg: Any, stale_only: bool = False, refused: Any = None) -> None:
+        """Load the credentials again (runs the exec plugin, refreshes OIDC, re-reads token files);
+        `refused`: the token a 401 answered (no reload when another call has replaced it meanwhile)."""
+        async with self._lock:
+            if stale_only and not self._stale():  # another call refreshed them meanwhile
+                return
+            if refused is not None and cfg.api_key.get("BearerToken") != refused:
+                return
+            cfg.refresh_api_key_hook = None  # the loader reads api_key itself
+            await self.load(cfg)
+            log.info("Kubernetes credentials reloaded")
+
+
+def _retry_after(headers: Any, default: float) -> float:
+    value = (headers or {}).get("Retry-After", "")
+    try:
+        return min(max(float(value), 0.0), 60.0)
+    except ValueError:
+        return default
+
+
+_CLIENT_CLASS: Any = None
+
+
+def _client_class() -> Any:
+    """ApiClient that refreshes credentials on 401 and waits out 429 / 5xx / a dropped connection."""
+    global _CLIENT_CLASS
+    if _CLIENT_CLASS is not None:
+        return _CLIENT_CLASS
+    import aiohttp
+    from kubernetes.aio import client
+
+    class RetryingApiClient(client.ApiClient):  # type: ignore[misc]
+        credentials: Credentials
+        # False while the experiment starts: a server that cannot be reached then is a wrong
+        # address or a network problem to report at once, not a restart to wait out
+        retry_connections = True
+
+        async def _auth_headers(self, headers: dict[str, Any] | None) -> dict[str, Any] | None:
+            if headers is None:
+                return headers
+            for setting in (await self.configuration.auth_settings()).values():
+                if setting.get("in") == "header" and setting.get("key") in headers:
+                    headers[setting["key"]] = setting["value"]
+            return headers
+
+        async def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                           post_params: Any = None, _request_timeout: Any = None,
+                           _preload_content: bool = True) -> Any:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + RETRY_BUDGET_S
+            delay, refreshed = 0.5, False
+            while True:
+                sent_token = self.configuration.api_key.get("BearerToken")
+                try:
+                    resp = await super().call_api(method, url, header_params, body, post_params,
+                                                  _request_timeout, _preload_content)
+                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError) as e:
+                    if not self.retry_connections or loop.time() + delay > deadline:
+                        raise
+                    log.info("Kubernetes API %s %s: %s; retrying in %.1f s", method, url.split("?")[0], e or
+                             type(e).__name__, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                    continue
+                if resp.status == 401 and not refreshed:
+                    await resp.read()
+                    refreshed = True
+                    await self.credentials.refresh(self.configuration, refused=sent_token)
+                    header_params = await self._auth_headers(header_params)
+                    continue
+                if resp.status not in RETRY_STATUSES:
+                    return resp
+                await resp.read()  # the body stays readable for the caller's error
+                wait = _retry_after(resp.headers, delay) if resp.status == 429 else delay
+                if loop.time() + wait > deadline:
+                    return resp
+                log.info("Kubernetes API %s %s answered %s; retrying in %.1f s", method, url.split("?")[0],
+                         resp.status, wait)
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, 10.0)
+
+    _CLIENT_CLASS = RetryingApiClient
+    return _CLIENT_CLASS
+
+
 async def load_client(kube: KubeConfig) -> Any:
-    """An ApiClient from the kubeconfig (`kubeConfig`, `context`, KUBECONFIG, ~/.kube/config), or
-    the pod's service account when the manager runs in the cluster and no kubeconfig is named."""
-    from kubernetes.aio import client, config
+    """An ApiClient from the credentials (see `Credentials`); the namespace, when the config names
+    none, becomes the context's or (in a cluster) the pod's own."""
+    from kubernetes.aio import client
 
     cfg = client.Configuration()
-    try:
-        if kube.kube_config is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-            config.load_incluster_config(client_configuration=cfg)
-        else:
-            await config.load_kube_config(config_file=str(kube.kube_config) if kube.kube_config else None,
-                                          context=kube.context, client_configuration=cfg)
-    except Exception as e:  # ConfigException, missing files, bad YAML
-        raise KubeError(f"cannot load Kubernetes credentials: {e} (set trainingService.kubeConfig, "
-                        "KUBECONFIG, or run inside a cluster)") from None
-    return client.ApiClient(configuration=cfg)
+    credentials = Credentials(kube)
+    await credentials.load(cfg)
+    if not kube.namespace_given and credentials.namespace:
+        kube.namespace = credentials.namespace
+    api = _client_class()(configuration=cfg)
+    api.credentials = credentials
+    return api

@@ -23,7 +23,7 @@ import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import boot, nodes, tunnel
+from nni_manager.backends.kubernetes import access, boot, nodes, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -66,6 +66,7 @@ class KubeBackend(Backend):
     custom: ClassVar[tuple[str, str, str, str] | None] = None
     # how long an environment may stay stuck (image pull, crash loop) before it fails
     start_timeout: ClassVar[float] = 300.0
+    start_check_interval: ClassVar[float] = 2.0  # how often environments without running pods are looked at
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -79,6 +80,11 @@ class KubeBackend(Backend):
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
         self._tunnel: tunnel.Tunnel | None = None
+        self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
+        self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
+        self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
+        self._start_check: asyncio.Task[None] | None = None
+        self._last_words: dict[str, str] = {}  # pod name -> what its last event said
 
     @property
     def kube(self) -> KubeConfig:
@@ -223,10 +229,38 @@ class KubeBackend(Backend):
                 if getattr(e, "status", None) != 409:
                     raise api_error(e, f"creating the hub relay pod {name}") from None
 
+    def required_access(self) -> list[access.Need]:
+        """Every verb the experiment uses in its namespace (checked at start)."""
+        needs = access.platform_needs(self.custom)
+        if self.tunnelled:  # the hub relay: its pod, Service and program, reached by port-forward
+            needs += access.tunnel_needs()
+        return needs
+
+    async def _check_access(self) -> None:
+        """One line per verb the cluster denies, before anything is created."""
+        denied = await access.missing(self._api, self.namespace, self.required_access())
+        if denied:
+            lines = "\n".join("  " + n.line(self.namespace) for n in denied)
+            raise KubeError(f"Kubernetes RBAC denies what the experiment needs:\n{lines}\ngrant these verbs to your "
+                            "user or service account (the minimal Role is in docs/platforms/kubernetes.md; check with "
+                            f"`kubectl auth can-i --list -n {self.namespace}`)")
+
+    async def _prepare(self) -> None:
+        """Platform objects made once per experiment, after the checks (FrameworkController's account)."""
+
+    def extra_objects(self) -> list[dict[str, Any]]:
+        """Per-experiment objects a platform adds to the dry run."""
+        return []
+
+    async def _cleanup_extra(self) -> None:
+        """Delete what `_prepare` made (by the experiment's labels)."""
+
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
         self.experiment_id = ctx.experiment_id
         core, custom = await self._client()
+        self._api.retry_connections = False  # until started: an unreachable server is reported at once
+        await self._check_access()
         ns = self.namespace
         try:  # fail at start, before any trial, when credentials or the operator are missing
             await core.list_namespaced_pod(ns, limit=1)
@@ -242,6 +276,7 @@ class KubeBackend(Backend):
                     err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
                                     f"{self.operator_name} installed, and does it serve {version}?")
                 raise err from None
+        await self._prepare()
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
         await self._ensure_wheel_configmap()
         await self._ensure_pull_secret()
@@ -254,6 +289,8 @@ class KubeBackend(Backend):
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
                                           name=f"{self.platform}-pod-watch")
+        self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
+        self._api.retry_connections = True
 
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
@@ -270,7 +307,9 @@ class KubeBackend(Backend):
         try:
             created = await self._create_main(obj)
         except Exception as e:
-            raise api_error(e, f"creating {obj['kind']} {name}") from None
+            created = await self._existing_main(name, env) if getattr(e, "status", None) == 409 else None
+            if created is None:
+                raise api_error(e, f"creating {obj['kind']} {name}") from None
         owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
                  "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
         try:  # the Secret goes when its object goes (garbage collection), also if we are gone
@@ -278,6 +317,7 @@ class KubeBackend(Backend):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
+        self._starting[env.env_id] = time.monotonic()
 
     async def _check_fits(self) -> None:
         """Fail a request bigger than every node at once (a Pending pod would wait forever)."""
@@ -289,6 +329,22 @@ class KubeBackend(Backend):
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
         if problem:
             raise KubeError(problem)
+
+    async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
+        """After a 409: the object this environment made already (a create retried after a lost
+        answer, a restarted manager), or None when the name belongs to something else."""
+        core, custom = await self._client()
+        try:
+            if self.custom is None:
+                found = self._api.sanitize_for_serialization(await core.read_namespaced_pod(name, self.namespace))
+            else:
+                group, version, plural, _ = self.custom
+                found = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+        except Exception:
+            return None
+        mine = labels(self.experiment_id, env)
+        have = (found.get("metadata") or {}).get("labels") or {}
+        return found if all(have.get(k) == v for k, v in mine.items()) else None
 
     async def _create_main(self, obj: dict[str, Any]) -> dict[str, Any]:
         core, custom = await self._client()
@@ -323,6 +379,7 @@ class KubeBackend(Backend):
             await asyncio.sleep(0.2)
 
     async def release(self, env_id: str) -> None:
+        self._starting.pop(env_id, None)
         core, custom = await self._client()
         name = self.object_name(env_id)
         await self._await_verdict(name)
@@ -343,9 +400,10 @@ class KubeBackend(Backend):
                 log.warning("deleting secret %s-nni: %s", name, e)
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+        for task in (self._watch, self._start_check):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._core is None:
             return
         core, custom = self._core, self._custom
@@ -359,6 +417,7 @@ class KubeBackend(Backend):
             await core.delete_collection_namespaced_pod(ns, label_selector=ours)
             await core.delete_collection_namespaced_secret(ns, label_selector=ours)
             await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
+            await self._cleanup_extra()
             deadline = time.monotonic() + self.stop_deadline
             while time.monotonic() < deadline:  # pods end after their grace period
                 if not (await core.list_namespaced_pod(ns, label_selector=ours)).items:
@@ -537,6 +596,63 @@ class KubeBackend(Backend):
         say otherwise)."""
         return str(pod.get("metadata", {}).get("name", ""))
 
+    # ------------------------------------------------------------------ environments that do not start
+    async def _check_starts(self) -> None:
+        """Every `start_check_interval`: for environments not all of whose pods run, say why in the
+        cluster's words (object conditions, Warning events) and fail them after environmentStartTimeout."""
+        while True:
+            await asyncio.sleep(self.start_check_interval)
+            try:
+                await self._check_starts_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the API is retried below us; anything else must not stop the checks
+                log.warning("checking environments that have not started: %s", e)
+
+    async def _check_starts_once(self) -> None:
+        ctx = self._ctx
+        if ctx is None or not self._starting:
+            return
+        core, custom = await self._client()
+        try:
+            events = await core.list_namespaced_event(self.namespace, field_selector="type=Warning")
+            self._warnings = starting.warnings_by_object(
+                [self._api.sanitize_for_serialization(e) for e in events.items])
+        except Exception as e:  # events are a courtesy (a Role without them still runs)
+            log.debug("listing events: %s", e)
+        timeout = self.kube.environment_start_timeout
+        for env_id, since in list(self._starting.items()):
+            pods = [n for n, _, _ in self.member_names(env_id)]
+            states = {n: self._pod_states.get(n) for n in pods}
+            if all(s in ("running", "succeeded", "failed", "oom", "gone") for s in states.values()):
+                self._starting.pop(env_id, None)  # started (or over: the pod events said so)
+                continue
+            words: dict[str, str] = {}
+            if not any(states.values()) and self.custom is not None:  # the operator has made no pod
+                group, version, plural, kind = self.custom
+                name = self.object_name(env_id)
+                try:
+                    obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+                except Exception as e:
+                    obj = None if getattr(e, "status", None) == 404 else {}
+                said = starting.object_words(kind, name, obj, self._warnings.get(name, []), self.operator_name)
+                words = {n: said for n in pods}
+            else:
+                for n, state in states.items():
+                    if state in (None, "waiting"):
+                        base = self._last_words.get(n) or f"pod {n} has not started"
+                        extra = [w for w in self._warnings.get(n, []) if w not in base]
+                        words[n] = "; ".join([base, *extra])
+            if time.monotonic() - since > timeout:
+                self._starting.pop(env_id, None)
+                reason = next(iter(words.values()), "no pod started")
+                for n in pods:
+                    ctx.agent_failed(n, f"{reason} (not started within environmentStartTimeout, {timeout:g} s)",
+                                     failed=True)
+                continue
+            for n, said in words.items():
+                ctx.agent_status(n, said)
+
     def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
         ctx = self._ctx
         if ctx is None:
@@ -547,6 +663,11 @@ class KubeBackend(Backend):
             state, words = "gone", f"pod {pod_name} was deleted"
         else:
             state, words = describe_pod(pod)
+        self._pod_states[name] = state
+        self._last_words[name] = words
+        if state == "waiting" and self._warnings.get(name):  # FailedMount, ... (from the start checks)
+            extra = "; ".join(w for w in self._warnings[name] if w not in words)
+            words += f"; {extra}" if extra else ""
         if state == "waiting":
             since = self._stuck_since.setdefault(name, time.monotonic()) if any(
                 r in words for r in STUCK_REASONS) else None
@@ -578,7 +699,7 @@ class KubeBackend(Backend):
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
                                 "<per-agent token, minted at start>" for k in secret.pop("data")}
-        objects = [secret, self.main_object(env, name, meta)]
+        objects = [*self.extra_objects(), secret, self.main_object(env, name, meta)]
         text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
                 f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
                 + yaml.safe_dump_all(objects, sort_keys=False))

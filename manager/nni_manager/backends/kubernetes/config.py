@@ -44,7 +44,8 @@ class Storage:
 class KubeConfig:
     """Everything the Kubernetes backends read from `trainingService`."""
 
-    namespace: str = "default"
+    namespace: str = "default"  # else the kubeconfig context's, or in a cluster the pod's own
+    namespace_given: bool = False
     kube_config: Path | None = None  # default: $KUBECONFIG, ~/.kube/config, else in-cluster
     context: str | None = None
     reuse_mode: bool = True
@@ -57,13 +58,15 @@ class KubeConfig:
     api_version: str = "v1"
     config_path: Path | None = None  # frameworkcontroller v1: a Framework template
     framework_template: dict[str, Any] | None = None  # its content, read at load
+    environment_start_timeout: float = 600.0  # an environment none of whose pods runs by then fails
 
     def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
         return redacted_repr(self)
 
 
 def _common(ts: ConfigSection, kube: KubeConfig) -> None:
-    kube.namespace = ts.str_("namespace") or "default"
+    namespace = ts.str_("namespace")
+    kube.namespace, kube.namespace_given = namespace or "default", bool(namespace)
     kube.kube_config = ts.path_("kubeConfig", "kubeconfig")
     if kube.kube_config is not None and not kube.kube_config.is_file():
         raise ConfigError(ts.at("kubeConfig"), f"{kube.kube_config} does not exist",
@@ -72,6 +75,9 @@ def _common(ts: ConfigSection, kube: KubeConfig) -> None:
     reuse = ts.bool_("reuseMode")
     kube.reuse_mode = True if reuse is None else reuse
     kube.service_account_name = ts.str_("serviceAccountName")
+    start_timeout = ts.duration("environmentStartTimeout")
+    if start_timeout is not None:
+        kube.environment_start_timeout = start_timeout
     kube.storage = _storage(ts)
     _pod_overrides(ts, kube)
     for ignored in ("uploadRetryCount", "keyVault", "azureStorage"):  # Azure file shares: not needed here

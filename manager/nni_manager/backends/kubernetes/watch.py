@@ -57,31 +57,56 @@ def describe_pod(pod: dict[str, Any]) -> tuple[str, str]:
 async def watch_pods(api: Any, namespace: str, label_selector: str,
                      on_event: Callable[[str, dict[str, Any]], None]) -> None:
     """List, then watch from that resourceVersion, forever: `on_event(type, pod dict)` for every
-    pod (listed ones as MODIFIED); a 410 Gone or a broken stream lists again, with backoff."""
+    pod (listed ones as MODIFIED). After any gap (410 Gone, a broken stream, an API server
+    restart) it lists again, and a pod known before that the list no longer has was deleted while
+    nobody watched: it is reported DELETED then, not after the agents' reconnect window."""
     from kubernetes.aio import client, watch
 
     core = client.CoreV1Api(api)
     version, delay = "", 0.5
+    known: dict[str, dict[str, Any]] = {}
+
+    def seen(kind: str, raw: dict[str, Any]) -> None:
+        name = raw.get("metadata", {}).get("name", "")
+        if kind == "DELETED":
+            known.pop(name, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            known[name] = raw
+        else:  # BOOKMARK
+            return
+        on_event(kind, raw)
+
     while True:
         try:
             if not version:
                 listed = await core.list_namespaced_pod(namespace, label_selector=label_selector)
+                present = set()
                 for pod in listed.items:
-                    on_event("MODIFIED", api.sanitize_for_serialization(pod))
+                    raw = api.sanitize_for_serialization(pod)
+                    present.add(raw.get("metadata", {}).get("name", ""))
+                    seen("MODIFIED", raw)
+                for name in [n for n in known if n not in present]:
+                    log.info("pod %s vanished while the watch was down", name)
+                    seen("DELETED", known[name])
                 version = listed.metadata.resource_version
             async with watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=label_selector,
                                             resource_version=version, timeout_seconds=WATCH_TIMEOUT_S) as stream:
                 async for event in stream:
                     raw = event.get("raw_object") or api.sanitize_for_serialization(event["object"])
+                    if event["type"] == "ERROR":  # 410 Expired inside the stream
+                        raise _Expired(raw.get("message", "watch expired"))
                     version = raw.get("metadata", {}).get("resourceVersion", version)
-                    on_event(event["type"], raw)
+                    seen(event["type"], raw)
             delay = 0.5
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if getattr(e, "status", None) == 410:  # too old: list again
-                version = ""
-            else:
+            if getattr(e, "status", None) != 410 and not isinstance(e, _Expired):
                 log.warning("watching pods: %s", e)
+            version = ""  # a gap: list again and reconcile
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is older than the server keeps (410 Gone as an ERROR event)."""
