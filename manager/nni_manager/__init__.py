@@ -6,9 +6,9 @@
             sequence_id=0, hyper_parameters=HyperParameters(value=record_json, index=0)))
 """
 
-__version__ = "0.1.0"
+import sys
 
-import sys  # noqa: E402
+from nni_manager.version import __version__  # noqa: F401  (re-exported)
 
 if sys.version_info < (3, 10):  # the package installs on 3.8 for workers: only the agent runs there
     raise ImportError(f"nni-manager needs Python >= 3.10, this is {sys.version.split()[0]} ({sys.executable}); "

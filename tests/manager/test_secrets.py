@@ -100,7 +100,7 @@ def test_manager_log_masks_every_secret_of_the_config(tmp_path: Path) -> None:
     assert "a careless message: ***" in text and "auth failed for ***" in text and "S3cr3t" not in text
 
 
-CONFIG_MODULES = ("nni_manager.config", "nni_manager.config_hybrid", "nni_manager.ssh.machine",
+CONFIG_MODULES = ("nni_manager.config.model", "nni_manager.config_hybrid", "nni_manager.ssh.machine",
                   "nni_manager.backends.remote.config", "nni_manager.backends.openpai.config",
                   "nni_manager.backends.dlts", "nni_manager.backends.aml", "nni_manager.backends.kubernetes.config",
                   "nni_manager.backends.slurm.config")

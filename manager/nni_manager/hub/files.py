@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.errors import AgentUnavailableError
+from nni_manager.version import __version__
 
 # The first protocol minor whose agents answer FileRequest (older ones ignore it).
 FILES_MINOR = 2
@@ -65,8 +66,6 @@ class FileFetches:
 
 def too_old(agent_id: str, version: str, minor: int) -> str:
     """Why an agent that predates FileRequest cannot serve one, and the fix."""
-    import nni_manager
-
     return (f"agent {agent_id} runs nni-agent {version or '(unknown version)'} (protocol 1.{minor}), which cannot "
             f"send trial files (needs protocol 1.{FILES_MINOR}): upgrade nni-agent on that worker to "
-            f"{nni_manager.__version__}")
+            f"{__version__}")

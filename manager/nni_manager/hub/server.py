@@ -25,7 +25,6 @@ from typing import Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-import nni_manager
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
@@ -36,6 +35,7 @@ from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
 from nni_manager.hub.logfiles import LogFiles, LogWrite
 from nni_manager.hub.tls import TlsMaterial
 from nni_manager.store import Store
+from nni_manager.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ def version_mismatch(agent_major: int, agent_minor: int) -> str:
     """Why an agent with another protocol major is refused, and which side to upgrade."""
     ours = f"{PROTOCOL_MAJOR}.x"
     head = f"agent speaks protocol {agent_major}.{agent_minor}, this manager speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
-    series = nni_manager.__version__.split(".")[0] + ".x"
+    series = __version__.split(".")[0] + ".x"
     if agent_major > PROTOCOL_MAJOR:
         return (
             f"{head}: upgrade nni-manager to a version that speaks {agent_major}.x, "
             f"or install nni-agent {series} on the worker (it speaks {ours})"
         )
-    return f"{head}: upgrade nni-agent on the worker to {nni_manager.__version__} (it speaks {ours})"
+    return f"{head}: upgrade nni-agent on the worker to {__version__} (it speaks {ours})"
 
 
 def _peer_host(peer: str) -> str:
@@ -419,7 +419,7 @@ class Hub(pb_grpc.AgentHubServicer):
         await session.write(
             pb.ManagerMessage(
                 welcome=pb.Welcome(
-                    manager_version=nni_manager.__version__,
+                    manager_version=__version__,
                     protocol_major=PROTOCOL_MAJOR,
                     protocol_minor=PROTOCOL_MINOR,
                     acked_seq=link.applied_seq,

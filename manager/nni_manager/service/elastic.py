@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import BackendError, EnvironmentRequest, PlacementHints
@@ -23,11 +22,9 @@ from nni_manager.service.agents import (
     RELEASED,
     Environment,
 )
+from nni_manager.service.ports import ElasticCore
 from nni_manager.service.trials import now_ms
 from nni_manager.types import TrialJobDetail, TrialJobStatus
-
-if TYPE_CHECKING:
-    from nni_manager.service.core import Core
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,7 @@ EXIT_WAIT_S = 30.0
 
 
 class Elastic:
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: ElasticCore) -> None:
         self.core = core
         self.start_failures = 0
 

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.errors import (
@@ -23,10 +23,8 @@ from nni_manager.errors import (
     TrialNotFoundError,
 )
 from nni_manager.local_files import open_in, read_capped
+from nni_manager.service.ports import TrialFilesCore
 from nni_manager.types import TrialJobDetail
-
-if TYPE_CHECKING:
-    from nni_manager.service.core import Core
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ def nni_decoded(name: str, data: bytes) -> str | bytes:
 class TrialFiles:
     """get / download a trial's files through its agent."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: TrialFilesCore) -> None:
         self.core = core
 
     # ------------------------------------------------------------------ API
