@@ -53,9 +53,7 @@ class FrameworkControllerBackend(KubeBackend):
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     operator_name = "FrameworkController"
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-        return parse_frameworkcontroller(section, config)
+    options_parser = staticmethod(parse_frameworkcontroller)
 
     def shape(self) -> Shape:
         roles = tuple(Role(r.name, r.replicas, r.command) for r in self.kube.roles)

@@ -31,9 +31,7 @@ class KubeflowBackend(KubeBackend):
         kind, plural, _, _ = _KINDS[self.kube.operator]
         self.custom = ("kubeflow.org", self.kube.api_version, plural, kind)  # type: ignore[misc]
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-        return parse_kubeflow(section, config)
+    options_parser = staticmethod(parse_kubeflow)
 
     def shape(self) -> Shape:
         roles = tuple(Role(r.name, r.replicas, r.command) for r in self.kube.roles)

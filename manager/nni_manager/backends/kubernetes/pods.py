@@ -16,9 +16,7 @@ from nni_manager.config import ConfigSection, ExperimentConfig
 class PodsBackend(KubeBackend):
     platform = "kubernetes"
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-        return parse_pods(section, config)
+    options_parser = staticmethod(parse_pods)
 
     def shape(self) -> Shape:
         return Shape()
