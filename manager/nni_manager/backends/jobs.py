@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, OptionsT, RequestT
 

@@ -24,12 +24,11 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from nni_manager.backends.agent_command import AgentCommand, Sh
-from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest, OptionsT
+from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, OptionsT
 from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for the shared job pattern)
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_INTERVAL, Job, JobBackend, JobView, Phase, StateTable, parse_watch_fields,
 )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
-from nni_manager.backends.base import AgentSpec, BackendContext, ElasticBackend, DryRun, EnvironmentRequest, HubRoute
+from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, nodes, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig

@@ -11,8 +11,8 @@ from typing import Any
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_kubeflow
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.backends.kubernetes.config import parse_kubeflow
+from nni_manager.config import ExperimentConfig
 
 _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
     "tf-operator": ("TFJob", "tfjobs", "tfReplicaSpecs", "tensorflow"),

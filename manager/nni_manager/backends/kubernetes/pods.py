@@ -9,8 +9,7 @@ from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_pods
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.backends.kubernetes.config import parse_pods
 
 
 class PodsBackend(KubeBackend):

@@ -40,7 +40,7 @@ from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shap
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
 from nni_manager.backends.rest_jobs import (Job, JobView, Reply, RestClient, RestError, RestJobBackend, StateTable,
                                              agent_boot)
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from nni_manager.ssh.tunnel import RemoteForward
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 
 if TYPE_CHECKING:
-    from nni_manager.config import ConfigSection, ExperimentConfig
+    from nni_manager.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
