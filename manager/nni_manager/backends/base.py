@@ -4,9 +4,9 @@ A backend only *bootstraps* agents: it starts `nni-agent` processes somewhere wi
 to reach the hub, and it cleans up. Trials, metrics, logs, GPUs and code all travel
 through the agent protocol. Two kinds of backend share this contract:
 
-- **fixed** (local, remote): a known set of machines; `start` adds one agent per machine
-  and the core places any number of trials on each (GPU-aware).
-- **elastic** (clusters): the core asks for capacity. When trials wait, it calls
+- **fixed** (local, remote; `FixedBackend`): a known set of machines; `start` adds one agent
+  per machine and the core places any number of trials on each (GPU-aware).
+- **elastic** (clusters; `ElasticBackend`): the core asks for capacity. When trials wait, it calls
   `provision(env)` for an *environment*: a group of agents with roles (one TFJob, one
   Framework, one pod) that runs one trial at a time, every member starting its role's
   command. When an environment is no longer needed, `release(env_id)`. The backend says
@@ -239,6 +239,7 @@ class Backend(abc.ABC, Generic[OptionsT]):
 
     @property
     def platform_options(self) -> OptionsT:
+        """`opts` by its former name (plugins written before it)."""
         return self.opts
 
     @property
