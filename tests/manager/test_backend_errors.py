@@ -14,13 +14,12 @@ from nni_manager.service import create_training_service
 from tests.manager.helpers import form, register_backend, wait_status
 
 PLUGIN = '''
-from nni_manager.backends.base import Backend, BackendError
+from nni_manager.backends.base import BackendError, ElasticBackend
 
 
-class FlakyBackend(Backend):
+class FlakyBackend(ElasticBackend):
     """Elastic: every environment it is asked for fails the way `fails` says."""
     platform = "flaky"
-    elastic = True
     hub = "unix"
 
     @classmethod

@@ -133,7 +133,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class AmlBackend(RestJobBackend):
+class AmlBackend(RestJobBackend[AmlConfig]):
     platform = "aml"
     service = "AML"
     states = STATES
@@ -148,13 +148,7 @@ class AmlBackend(RestJobBackend):
         self._token_lock = asyncio.Lock()
         self.studio: dict[str, str] = {}  # job name -> studio URL
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> AmlConfig:
-        return parse_aml(section, config)
-
-    @property
-    def opts(self) -> AmlConfig:
-        return self.platform_options
+    options_parser = staticmethod(parse_aml)
 
     @property
     def workspace(self) -> str:

@@ -4,9 +4,9 @@ A backend only *bootstraps* agents: it starts `nni-agent` processes somewhere wi
 to reach the hub, and it cleans up. Trials, metrics, logs, GPUs and code all travel
 through the agent protocol. Two kinds of backend share this contract:
 
-- **fixed** (local, remote): a known set of machines; `start` adds one agent per machine
-  and the core places any number of trials on each (GPU-aware).
-- **elastic** (clusters): the core asks for capacity. When trials wait, it calls
+- **fixed** (local, remote; `FixedBackend`): a known set of machines; `start` adds one agent
+  per machine and the core places any number of trials on each (GPU-aware).
+- **elastic** (clusters; `ElasticBackend`): the core asks for capacity. When trials wait, it calls
   `provision(env)` for an *environment*: a group of agents with roles (one TFJob, one
   Framework, one pod) that runs one trial at a time, every member starting its role's
   command. When an environment is no longer needed, `release(env_id)`. The backend says
@@ -16,14 +16,21 @@ through the agent protocol. Two kinds of backend share this contract:
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
     from nni_manager.config import ConfigSection, ExperimentConfig
 
 HubKind = Literal["unix", "loopback", "network"]
+OptionsT = TypeVar("OptionsT")  # a platform's own options (its `trainingService` fields, parsed)
+RequestT = TypeVar("RequestT")  # what an elastic platform submits for one environment
+
+# placeholders of the dry run, where `provision` has the real secrets
+DRY_RUN_TOKEN = "<agent token>"
+DRY_RUN_CA = b"<experiment CA certificate>"
 
 
 ORPHAN_MARGIN_S = 60.0  # an agent outlives the manager's reconnect window by this much
@@ -182,18 +189,23 @@ class HubRoute:
     names: tuple[str, ...] = ()
 
 
-class Backend(abc.ABC):
-    """Base class of every platform backend. Subclasses set `platform` and implement
-    `start` and `stop` (fixed) or `provision` and `release` too (elastic)."""
+class Backend(abc.ABC, Generic[OptionsT]):
+    """Base of every platform backend, generic in the platform's options (`opts`). A platform
+    derives from `FixedBackend` (`start`, `stop`) or `ElasticBackend` (`provision`, `release` too),
+    sets `platform`, and declares how its `trainingService` fields are read: `options_parser`."""
 
     platform: ClassVar[str]
+    # Reads this platform's own `trainingService` fields (everything the core did not take) into
+    # its options object, raising `ConfigError` naming the field and the fix; None: no extra field.
+    # A staticmethod: `options_parser = staticmethod(parse_slurm)`.
+    options_parser: ClassVar[Callable[[ConfigSection, ExperimentConfig], Any] | None] = None
     # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
     # overrides it): the hub waits this long for the agent, and the agent for its manager.
     default_reconnect_window: ClassVar[float] = 60.0
     # How agents reach the hub: "unix" (the socket in the experiment directory: local),
     # "loopback" (127.0.0.1 TCP: tunnels), "network" (nniManagerIp:hubPort, TLS: clusters).
     hub: ClassVar[HubKind] = "loopback"
-    # Elastic backends get capacity requests (`provision` / `release`).
+    # Elastic backends (`ElasticBackend`) get capacity requests (`provision` / `release`).
     elastic: ClassVar[bool] = False
     # Whether trials get the code over the agent stream (False: agents read trialCodeDirectory).
     ships_code: ClassVar[bool] = True
@@ -202,27 +214,33 @@ class Backend(abc.ABC):
     code_in_image: ClassVar[bool] = False
     # False where roles carry their own commands (kubeflow, frameworkcontroller).
     trial_command_required: ClassVar[bool] = True
-    # Platforms with no secret store a job can mount (DLTS, AML): an elastic agent's token is a
-    # single-use enrolment credential; the hub accepts it once and gives that agent a session token.
-    single_use_credentials: ClassVar[bool] = False
-    # Whether cancelling a trial of a one-trial environment (reuseMode false) stops its job through
-    # the platform at once, so the platform shows it stopped, not completed (REST-job platforms).
-    stop_job_on_cancel: ClassVar[bool] = False
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.elastic and not any(c.__name__ == "ElasticBackend" and c.__module__ == __name__ for c in cls.__mro__):
+            raise TypeError(f"{cls.__qualname__} sets elastic = True: derive it from "
+                            "nni_manager.backends.base.ElasticBackend instead (provision, release, shape, reuse)")
+
     # ------------------------------------------------------------------ config
     @classmethod
     def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> Any:
-        """Read this platform's own `trainingService` fields (everything the core did not
-        take) and return them as an object, kept in `config.training_service.options`. Raise
-        `ConfigError` naming the field and the fix. The default accepts no extra field."""
-        return None
+        """This platform's options, kept in `config.training_service.options` (`opts`): what
+        `options_parser` reads; None where the platform takes no field of its own."""
+        parser = cls.options_parser
+        return None if parser is None else parser(section, config)
 
     @property
-    def platform_options(self) -> Any:
-        return self.config.training_service.options
+    def opts(self) -> OptionsT:
+        """The platform's options, as `parse_config` made them."""
+        return cast(OptionsT, self.config.training_service.options)
+
+    @property
+    def platform_options(self) -> OptionsT:
+        """`opts` by its former name (plugins written before it)."""
+        return self.opts
 
     @property
     def reconnect_window(self) -> float:
@@ -287,42 +305,6 @@ class Backend(abc.ABC):
         """The agent's stream broke. Backends with their own transport (SSH tunnels)
         repair it here; the default does nothing and the agent simply redials."""
 
-    # ------------------------------------------------------------------ elastic capacity
-    def shape(self) -> Shape:
-        """Elastic backends: what one environment is made of."""
-        return Shape()
-
-    def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
-        """Elastic backends: (agent name, role, index) of each member of environment `env_id`.
-        Names must be what the member can tell on its own (its pod's name, say)."""
-        return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
-                for r in self.shape().roles for i in range(r.replicas)]
-
-    def environment_backend(self, env_id: str, trial: Any = None) -> Backend:
-        """Elastic capacity: the backend that makes (and is asked about) environment `env_id`;
-        `trial` is the waiting trial it is made for, when the core knows one. A backend is its
-        own; hybrid mode answers with one of its parts (service/hybrid.py)."""
-        return self
-
-    def environment_fits(self, env_id: str, trial: Any) -> bool:
-        """Whether a waiting trial may run on that environment (hybrid mode: its part is the one
-        the trial's placementConstraint names, if it names one)."""
-        return True
-
-    @property
-    def reuse(self) -> bool:
-        """Elastic backends: whether an environment runs trial after trial (reuseMode)."""
-        return True
-
-    async def provision(self, env: EnvironmentRequest) -> None:
-        """Create the environment (return once submitted, not once running); raise a one-line
-        error if the platform refuses it."""
-        raise NotImplementedError(f"platform {self.platform} has a fixed set of agents")
-
-    async def release(self, env_id: str) -> None:
-        """Delete the environment and everything created for it."""
-        raise NotImplementedError(f"platform {self.platform} has a fixed set of agents")
-
     async def manager_address(self) -> str | None:
         """Network hubs: the address agents reach this manager at when `nniManagerIp` is not
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
@@ -343,3 +325,85 @@ class Backend(abc.ABC):
         """Dry run: without side effects, the requests `start` (and a first `provision`)
         would submit."""
         return DryRun(self.platform, [], f"{self.platform}: (no dry-run rendering)")
+
+
+class FixedBackend(Backend[OptionsT]):
+    """A known set of machines (local, remote): `start` adds one agent per machine
+    (`ctx.add_agent`) and the core places any number of trials on each."""
+
+    elastic: ClassVar[bool] = False
+
+
+class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
+    """A cluster: the core asks for environments (`provision`, `release`).
+
+    What one environment submits is built once, by `build_request`: `provision` submits what it
+    returns for the real environment, and the dry run (`render`) shows what it returns for
+    `dry_run_env()`, whose tokens and CA are placeholders. The two cannot drift (TorchX:
+    `submit()` is `schedule(submit_dryrun())`)."""
+
+    elastic: ClassVar[bool] = True
+    # Platforms with no secret store a job can mount (DLTS, AML): an elastic agent's token is a
+    # single-use enrolment credential; the hub accepts it once and gives that agent a session token.
+    single_use_credentials: ClassVar[bool] = False
+    # Whether cancelling a trial of a one-trial environment (reuseMode false) stops its job through
+    # the platform at once, so the platform shows it stopped, not completed (REST-job platforms).
+    stop_job_on_cancel: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ elastic capacity
+    def shape(self) -> Shape:
+        """Elastic backends: what one environment is made of."""
+        return Shape()
+
+    def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
+        """Elastic backends: (agent name, role, index) of each member of environment `env_id`.
+        Names must be what the member can tell on its own (its pod's name, say)."""
+        return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
+                for r in self.shape().roles for i in range(r.replicas)]
+
+    def environment_backend(self, env_id: str, trial: Any = None) -> ElasticBackend[Any, Any]:
+        """Elastic capacity: the backend that makes (and is asked about) environment `env_id`;
+        `trial` is the waiting trial it is made for, when the core knows one. A backend is its
+        own; hybrid mode answers with one of its parts (service/hybrid.py)."""
+        return self
+
+    def environment_fits(self, env_id: str, trial: Any) -> bool:
+        """Whether a waiting trial may run on that environment (hybrid mode: its part is the one
+        the trial's placementConstraint names, if it names one)."""
+        return True
+
+    @property
+    def reuse(self) -> bool:
+        """Elastic backends: whether an environment runs trial after trial (reuseMode)."""
+        return True
+
+    @abc.abstractmethod
+    async def provision(self, env: EnvironmentRequest) -> None:
+        """Create the environment (return once submitted, not once running): submit what
+        `build_request(env)` makes; raise a one-line error if the platform refuses it."""
+
+    @abc.abstractmethod
+    async def release(self, env_id: str) -> None:
+        """Delete the environment and everything created for it."""
+
+    # ------------------------------------------------------------------ one request, two uses
+    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> RequestT:
+        """What `provision(env)` submits (the objects, the job, the batch script), secrets included;
+        `hub`: the address the agents dial where it is not the members' own (a relay's)."""
+        raise NotImplementedError(f"platform {self.platform} has no request builder")
+
+    def dry_run_hub(self) -> str:
+        """The address agents dial, as the dry run shows it (placeholders for what start decides)."""
+        ts = self.config.training_service
+        return f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
+
+    def dry_run_env(self, env_id: str | None = None) -> EnvironmentRequest:
+        """The first environment `provision` would get, with placeholder tokens and CA."""
+        hub = self.dry_run_hub()
+        tls = self.config.training_service.hub_tls
+        env_id = env_id or ("env1" if self.reuse else "trial-dryrun")
+        members = tuple(AgentSpec(agent_id=n, token=DRY_RUN_TOKEN, hub_address=hub, hub_unix_socket=Path("/dev/null"),
+                                  ca_certificate=DRY_RUN_CA if tls else b"", role=r, index=i)
+                        for n, r, i in self.member_names(env_id))
+        return EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
+

@@ -119,7 +119,7 @@ def parse_dlc(ts: ConfigSection, config: ExperimentConfig) -> DlcConfig:
     return out
 
 
-class DlcBackend(RestJobBackend):
+class DlcBackend(RestJobBackend[DlcConfig]):
     platform = "dlc"
     service = "PAI-DLC"
     single_use_credentials = True
@@ -129,13 +129,7 @@ class DlcBackend(RestJobBackend):
         super().__init__(config)
         self.client: Any = None
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> DlcConfig:
-        return parse_dlc(section, config)
-
-    @property
-    def opts(self) -> DlcConfig:
-        return self.platform_options
+    options_parser = staticmethod(parse_dlc)
 
     def shape(self) -> Shape:
         return Shape((Role("", self.opts.pod_count),))

@@ -92,7 +92,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class DltsBackend(RestJobBackend):
+class DltsBackend(RestJobBackend[DltsConfig]):
     platform = "dlts"
     service = "DLTS"
     states = STATES
@@ -104,13 +104,7 @@ class DltsBackend(RestJobBackend):
         self.client: RestClient | None = None
         self.gpu_type = "<gpuType>"
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> DltsConfig:
-        return parse_dlts(section, config)
-
-    @property
-    def opts(self) -> DltsConfig:
-        return self.platform_options
+    options_parser = staticmethod(parse_dlts)
 
     @property
     def reuse(self) -> bool:

@@ -3,8 +3,8 @@ OpenPAI, DLTS and Azure ML over REST (`rest_jobs.py`), Slurm over its commands (
 
 A platform says only what differs, as TorchX's `Scheduler` and submitit's `InfoWatcher` do:
 
-- `submit(job, request)`: create the job (`prepare` builds the request; REST platforms render it
-  from `job_request`);
+- `submit(job, request)`: create the job from what `build_request(env)` made (the dry run renders
+  the same request, for placeholder credentials; `prepare` writes what the job needs first);
 - `list_jobs()`: one call for every job of the experiment, each mapped onto a `JobView` through
   the platform's `StateTable` (its states -> waiting / running / succeeded / failed / stopped);
 - `cancel(job)`: ask the platform to stop the job (idempotent).
@@ -26,9 +26,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
-from nni_manager.backends.base import Backend, BackendContext, BackendError, EnvironmentRequest
+from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, OptionsT, RequestT
 
 if TYPE_CHECKING:
     from nni_manager.config import ConfigSection, ExperimentConfig
@@ -123,11 +123,10 @@ def parse_watch_fields(ts: ConfigSection) -> tuple[float | None, float | None]:
     return ts.duration("pollInterval"), ts.duration("agentConnectTimeout")
 
 
-class JobBackend(Backend):
+class JobBackend(ElasticBackend[OptionsT, RequestT]):
     """An elastic backend where one environment is one job (see the module docstring)."""
 
     hub = "network"
-    elastic = True
     default_reconnect_window = 300.0
     service: ClassVar[str] = "the platform"  # the platform's name in messages ("OpenPAI", "Slurm")
     states: ClassVar[StateTable] = StateTable({})
@@ -154,12 +153,13 @@ class JobBackend(Backend):
     async def close(self) -> None:
         """Let go of the platform (clients, connections, files of its own)."""
 
-    async def prepare(self, job: Job, env: EnvironmentRequest) -> Any:
-        """The request that creates the job of `env` (files it needs are written here)."""
-        raise NotImplementedError
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> RequestT:
+        """The request that creates the job of `env`: `build_request(env)` (files it needs, the
+        tokens, are written here)."""
+        return self.build_request(env)
 
     @abc.abstractmethod
-    async def submit(self, job: Job, request: Any) -> None:
+    async def submit(self, job: Job, request: RequestT) -> None:
         """Create the job; set `job.ref` when the platform names jobs itself. Submitting the same
         name again after an unclear failure must not make a second job."""
 
@@ -202,13 +202,13 @@ class JobBackend(Backend):
     @property
     def poll_interval(self) -> float:
         """How often one listing looks at every job (`pollInterval`)."""
-        return getattr(self.platform_options, "poll_interval", None) or DEFAULT_POLL_INTERVAL
+        return getattr(self.opts, "poll_interval", None) or DEFAULT_POLL_INTERVAL
 
     @property
     def connect_timeout(self) -> float:
         """How long a job may run without its agents dialling in before it is failed and stopped
         (`agentConnectTimeout`)."""
-        return getattr(self.platform_options, "connect_timeout", None) or DEFAULT_CONNECT_TIMEOUT
+        return getattr(self.opts, "connect_timeout", None) or DEFAULT_CONNECT_TIMEOUT
 
     # ------------------------------------------------------------------ names
     @property

@@ -17,12 +17,12 @@ from pathlib import Path
 import psutil
 
 from nni_manager.backends.agent_command import AgentCommand
-from nni_manager.backends.base import Backend, BackendContext, DryRun, PlacementHints
+from nni_manager.backends.base import BackendContext, FixedBackend, DryRun, PlacementHints
 
 AGENT_NAME = "local"
 
 
-class LocalBackend(Backend):
+class LocalBackend(FixedBackend[None]):
     platform = "local"
     # The agent outlives an unreachable manager this long (then stops every trial), so a
     # manager restarted quickly re-attaches, and a killed one leaves nothing running for long.

@@ -24,12 +24,11 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from nni_manager.backends.agent_command import AgentCommand, Sh
-from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest
+from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, OptionsT
 from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for the shared job pattern)
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_INTERVAL, Job, JobBackend, JobView, Phase, StateTable, parse_watch_fields,
 )
@@ -220,7 +219,7 @@ def literal_secret_lines(token: str, ca_certificate: bytes) -> tuple[list[str], 
             [f'printf "%s\\n" {q(ca_certificate.decode().strip())} > "$NNI_AGENT_DIR/ca.crt"'])
 
 
-class RestJobBackend(JobBackend):
+class RestJobBackend(JobBackend[OptionsT, Any]):
     """Base of the REST-job platforms: one environment = one job (see the module docstring)."""
 
     stop_job_on_cancel = True
@@ -242,26 +241,18 @@ class RestJobBackend(JobBackend):
         """The request for people (dry run, logs): secrets masked."""
 
     async def prepare(self, job: Job, env: EnvironmentRequest) -> Any:
-        return self.job_request(env, job.name)
+        return self.build_request(env)  # job.name is the env's job_name
 
     def refused(self, job: Job, error: Exception) -> Exception:
         status, code = (error.status, error.code) if isinstance(error, RestError) else (0, "")
         return RestError(f"{self.service} refused job {job.name}: {error}", status, code)
 
     # ------------------------------------------------------------------ dry run
-    def dry_run_env(self) -> EnvironmentRequest:
-        ts = self.config.training_service
-        hub = f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
-        env_id = "env1" if self.reuse else "trial-dryrun"
-        members = tuple(AgentSpec(agent_id=n, token="<agent token>", hub_address=hub, hub_unix_socket=Path("/dev/null"),
-                                  ca_certificate=b"<experiment CA certificate>" if ts.hub_tls else b"", role=r, index=i)
-                        for n, r, i in self.member_names(env_id))
-        return EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
+    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> Any:
+        return self.job_request(env, self.job_name(env.env_id, env.trial_id))
 
     def render(self) -> DryRun:
-        env = self.dry_run_env()
-        name = self.job_name(env.env_id, env.trial_id)
-        request = self.job_request(env, name)
+        request = self.build_request(self.dry_run_env())
         how = "a pool of up to" if self.reuse else "one job per trial, up to"
         text = (f"# {self.platform}: {how} {self.config.trial_concurrency} job(s) like this one "
                 f"({self.secret_words})\n" + self.render_request(request))

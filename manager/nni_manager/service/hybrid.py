@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from nni_manager.service import constraints
-from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest,
+from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest,
                                        HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
@@ -58,7 +58,10 @@ class _PartContext:
         return getattr(self._ctx, name)
 
 
-class HybridBackend(Backend):
+class HybridBackend(ElasticBackend[Any, Any]):
+    """Several platforms as one (NNI's hybrid mode): elastic when any part is (`elastic` is set per
+    experiment), the fixed parts' agents placed with the clusters' environments."""
+
     platform = HYBRID
 
     def __init__(self, config: ExperimentConfig) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.client import api_error
@@ -90,13 +90,11 @@ class AdlBackend(KubeBackend):
     code_in_image = True
     ships_code = False
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> AdlConfig:
-        return parse_adl(section, config)
+    options_parser = staticmethod(parse_adl)
 
     @property
     def adl(self) -> AdlConfig:
-        return self.platform_options
+        return cast(AdlConfig, self.opts)
 
     def shape(self) -> Shape:
         return Shape()

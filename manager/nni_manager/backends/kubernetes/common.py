@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
-from nni_manager.backends.base import AgentSpec, Backend, BackendContext, DryRun, EnvironmentRequest, HubRoute
+from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, nodes, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
@@ -56,11 +56,10 @@ def selector(items: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
-class KubeBackend(Backend):
+class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
 
     hub = "network"
-    elastic = True
     default_reconnect_window = 300.0
     # the main object: None for plain pods, else (group, version, plural, kind)
     custom: ClassVar[tuple[str, str, str, str] | None] = None
@@ -88,7 +87,7 @@ class KubeBackend(Backend):
 
     @property
     def kube(self) -> KubeConfig:
-        return self.platform_options
+        return self.opts
 
     @property
     def reuse(self) -> bool:
@@ -292,13 +291,22 @@ class KubeBackend(Backend):
         self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
         self._api.retry_connections = True
 
+    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> list[dict[str, Any]]:
+        """The environment's objects, in creation order: its Secret (the agents' tokens and the CA)
+        and its main object (pod, TFJob, Framework, AdaptDLJob), for `provision` and the dry run."""
+        name = self.object_name(env.env_id)
+        meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
+        return [self._secret(env, name, meta), self.main_object(env, name, meta)]
+
+    def dry_run_hub(self) -> str:
+        ts = self.config.training_service
+        return host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>")
+
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
         await self._check_fits()
         name = self.object_name(env.env_id)
-        meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
-        secret = self._secret(env, name, meta)
-        obj = self.main_object(env, name, meta)
+        secret, obj = self.build_request(env)
         try:
             await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
         except Exception as e:
@@ -687,19 +695,11 @@ class KubeBackend(Backend):
 
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:
-        env_id = "env1"
-        members = tuple(AgentSpec(agent_id=n, token="", hub_address="",
-                                  hub_unix_socket=None, ca_certificate=b"<ca>" if self.config.training_service.hub_tls else b"",  # type: ignore[arg-type]
-                                  role=r, index=i)
-                        for n, r, i in self.member_names(env_id))
-        env = EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")  # a valid label value
-        name = self.object_name(env_id)
-        meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
-        secret = self._secret(env, name, meta)
+        secret, main = self.build_request(self.dry_run_env("env1"))  # NNI's first name, either reuseMode
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
                                 "<per-agent token, minted at start>" for k in secret.pop("data")}
-        objects = [*self.extra_objects(), secret, self.main_object(env, name, meta)]
+        objects = [*self.extra_objects(), secret, main]
         text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
                 f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
                 + yaml.safe_dump_all(objects, sort_keys=False))

@@ -17,8 +17,7 @@ from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shap
 from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.common import KubeBackend, labels, merge_pod_spec, selector
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_frameworkcontroller
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
 BARRIER_DIR = "/mnt/frameworkbarrier"
@@ -53,9 +52,7 @@ class FrameworkControllerBackend(KubeBackend):
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     operator_name = "FrameworkController"
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-        return parse_frameworkcontroller(section, config)
+    options_parser = staticmethod(parse_frameworkcontroller)
 
     def shape(self) -> Shape:
         roles = tuple(Role(r.name, r.replicas, r.command) for r in self.kube.roles)

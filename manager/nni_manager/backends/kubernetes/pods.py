@@ -9,16 +9,13 @@ from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_pods
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.backends.kubernetes.config import parse_pods
 
 
 class PodsBackend(KubeBackend):
     platform = "kubernetes"
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-        return parse_pods(section, config)
+    options_parser = staticmethod(parse_pods)
 
     def shape(self) -> Shape:
         return Shape()

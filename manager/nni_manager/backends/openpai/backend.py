@@ -40,7 +40,7 @@ from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shap
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
 from nni_manager.backends.rest_jobs import (Job, JobView, Reply, RestClient, RestError, RestJobBackend, StateTable,
                                              agent_boot)
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class OpenpaiBackend(RestJobBackend):
+class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
     platform = "openpai"
     service = "OpenPAI"
     states = STATES
@@ -78,13 +78,7 @@ class OpenpaiBackend(RestJobBackend):
         self.client: RestClient | None = None
         self._wheel_path: str | None = None  # the agent wheel's path inside containers (shipped through storage)
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> OpenpaiConfig:
-        return parse_openpai(section, config)
-
-    @property
-    def opts(self) -> OpenpaiConfig:
-        return self.platform_options
+    options_parser = staticmethod(parse_openpai)
 
     @property
     def reuse(self) -> bool:

@@ -23,7 +23,7 @@ import nni_agent
 from nni_agent.compat import MIN_PYTHON_TEXT
 import paramiko
 
-from nni_manager.backends.base import ORPHAN_MARGIN_S, AgentSpec, Backend, BackendContext, DryRun, PlacementHints
+from nni_manager.backends.base import ORPHAN_MARGIN_S, AgentSpec, BackendContext, FixedBackend, DryRun, PlacementHints
 from nni_manager.backends.remote import config as remote_config
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.backends.remote import bootstrap
@@ -33,7 +33,7 @@ from nni_manager.ssh.tunnel import RemoteForward
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 
 if TYPE_CHECKING:
-    from nni_manager.config import ConfigSection, ExperimentConfig
+    from nni_manager.config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -272,18 +272,15 @@ def agent_names(machines: list[MachineConfig]) -> list[str]:
     return names
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(FixedBackend[RemoteConfig]):
     platform = "remote"
     default_reconnect_window = 600.0  # machines behind flaky links get ten minutes to come back
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> RemoteConfig:
-        return remote_config.parse(section, config)
+    options_parser = staticmethod(remote_config.parse)
 
     @property
     def machine_list(self) -> list[MachineConfig]:
-        options: RemoteConfig = self.platform_options
-        return options.machine_list
+        return self.opts.machine_list
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)

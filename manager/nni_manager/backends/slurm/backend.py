@@ -31,6 +31,7 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import Any, Dict
 
 from nni_agent.compat import MIN_PYTHON_TEXT
 from nni_manager.backends.agent_command import AgentCommand, Sh
@@ -40,7 +41,7 @@ from nni_manager.backends.jobs import Job, JobBackend, JobView, StateTable
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
-from nni_manager.config import ConfigSection, ExperimentConfig
+from nni_manager.config import ExperimentConfig
 from nni_manager.ssh.connection import (
     known_hosts_path,
     machine_label,
@@ -72,7 +73,11 @@ def _one_line(text: str) -> str:
     return "; ".join(lines[-3:]) if lines else ""
 
 
-class SlurmBackend(JobBackend):
+# What one environment submits: `argv` run in `cwd` with `script` on stdin (`job_name`, `runs_on` for people)
+SlurmRequest = Dict[str, Any]
+
+
+class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
     """The job pattern of `jobs.py` over `sbatch` / `squeue` / `scancel`."""
 
     platform = "slurm"
@@ -87,13 +92,7 @@ class SlurmBackend(JobBackend):
         self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
         self._relay_lock = asyncio.Lock()
 
-    @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
-        return parse_slurm(section, config)
-
-    @property
-    def opts(self) -> SlurmConfig:
-        return self.platform_options
+    options_parser = staticmethod(parse_slurm)
 
     @property
     def reuse(self) -> bool:
@@ -245,7 +244,19 @@ class SlurmBackend(JobBackend):
             await self._host.stop_relay()
         await self._host.close()
 
-    async def prepare(self, job: Job, env: EnvironmentRequest) -> str:
+    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> SlurmRequest:
+        """`sbatch --parsable` in the job's directory with the batch script on stdin (no secret in it:
+        tokens and the CA are files there), for `provision` and the dry run alike."""
+        name = self.job_name(env.env_id, env.trial_id)
+        job_dir = self.job_dir(name)
+        hub = hub or env.members[0].hub_address
+        tls = bool(env.members and env.members[0].ca_certificate)
+        node = self.opts.login_node
+        return {"argv": ["sbatch", "--parsable"], "cwd": job_dir, "job_name": name,
+                "script": self.batch_script(env, name, job_dir, hub, tls),
+                "runs_on": f"{machine_label(node)}" if node else "localhost"}
+
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> SlurmRequest:
         """The batch script; the agents' tokens (and the CA) as 0600 files in the job's directory."""
         host = self._host
         assert host is not None
@@ -257,12 +268,12 @@ class SlurmBackend(JobBackend):
             await host.write_private(f"{job_dir}/{m.agent_id}.token", m.token.encode())
         if tls:
             await host.write_private(f"{job_dir}/ca.crt", env.members[0].ca_certificate)
-        script = self.batch_script(env, job.name, job_dir, job.hub, tls)
-        await host.write_text(f"{job_dir}/batch.sh", script)  # for people; holds no secret
-        return script
+        request = self.build_request(env, job.hub)
+        await host.write_text(f"{job_dir}/batch.sh", request["script"])  # for people; holds no secret
+        return request
 
-    async def submit(self, job: Job, request: str) -> None:
-        rc, out, err = await self.run("sbatch", "--parsable", stdin=request, cwd=self.job_dir(job.name))
+    async def submit(self, job: Job, request: SlurmRequest) -> None:
+        rc, out, err = await self.run(*request["argv"], stdin=request["script"], cwd=request["cwd"])
         if rc != 0:
             raise SlurmError(f"sbatch refused {job.name}: {_one_line(err or out) or f'exit status {rc}'}")
         job.ref = out.strip().split(";")[0]
@@ -343,22 +354,15 @@ class SlurmBackend(JobBackend):
         return await self._host.run(argv, stdin=stdin, cwd=cwd)
 
     # ------------------------------------------------------------------ dry run
-    def render(self) -> DryRun:
-        ts = self.config.training_service
+    def dry_run_hub(self) -> str:
         node = self.opts.login_node
-        if node:
-            hub = f"{node.relay_address}:{node.relay_port or '<relay port>'}"
-        else:
-            hub = f"{ts.nni_manager_ip or '<nniManagerIp>'}:{ts.hub_port or '<hubPort>'}"
-        env_id = "env1" if self.reuse else "trial-dryrun"
-        members = tuple(AgentSpec(agent_id=n, token="", hub_address=hub, hub_unix_socket=Path("/dev/null"),
-                                  role=r, index=i) for n, r, i in self.member_names(env_id))
-        env = EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
-        name = self.job_name(env_id, env.trial_id)
-        job_dir = self.job_dir(name)
-        script = self.batch_script(env, name, job_dir, hub, ts.hub_tls)
-        argv = ["sbatch", "--parsable"]
-        submit = command_line(argv, job_dir)
+        if node:  # the relay on the login node, its port chosen at start
+            return f"{node.relay_address}:{node.relay_port or '<relay port>'}"
+        return super().dry_run_hub()
+
+    def render(self) -> DryRun:
+        request = self.build_request(self.dry_run_env())
+        submit = command_line(request["argv"], request["cwd"])
         where = self._render_where()
         text = "\n".join([
             f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
@@ -367,9 +371,7 @@ class SlurmBackend(JobBackend):
             "# at start: `sbatch --test-only` with this script on stdin (a request no partition can hold fails then)",
             f"# each job: `{submit}` with this script on stdin; one `squeue --me --states=all` per poll; `scancel` to stop",
             "# (tokens and the CA are files in the job directory, mode 0600; never in the script)",
-        ]) + "\n" + script
-        request = {"argv": argv, "cwd": job_dir, "job_name": name, "script": script,
-                   "runs_on": f"{machine_label(node)}" if node else "localhost"}
+        ]) + "\n" + request["script"]
         return DryRun(self.platform, [request], text)
 
     def _render_where(self) -> list[str]:
