@@ -88,6 +88,14 @@ class Kube(EmulatorHandle):
     def pod_processes(self, ns: str, pod: str) -> list[int]:
         return self._call("GET", f"/emulator/v1/namespaces/{ns}/pods/{pod}/processes")["pids"]
 
+    def issue_token(self, user: str = "rotated-user", lifetime: float = 600) -> str:
+        """A bearer token from the emulator's identity provider (what OIDC / exec plugins obtain)."""
+        return self._call("POST", "/emulator/v1/tokens", {"user": user, "lifetime": lifetime})["token"]
+
+    def revoke_token(self, token: str) -> bool:
+        """The identity provider revokes an issued token: the API server answers 401 to it from now on."""
+        return self._call("POST", "/emulator/v1/tokens/revoke", {"token": token})["revoked"]
+
     def drop_port_forwards(self) -> int:
         """End every open `pods/portforward` stream (an API server restart, a proxy timing out)."""
         return self._call("POST", "/emulator/v1/portforward/drop", {})["dropped"]

@@ -186,3 +186,74 @@ def test_kubeconfig_beats_in_cluster_and_in_cluster_namespace_is_the_pods(kube_f
     assert asyncio.run(namespace_and_listing(KubeConfig())) == ("team-a", False)  # in-cluster: the pod's namespace
     given = KubeConfig(namespace="default", namespace_given=True)
     assert asyncio.run(namespace_and_listing(given))[0] == "default"  # the config's namespace wins
+
+
+# ----------------------------------------------------------------------------- a revoked token, then a rotated one
+def token_file_kubeconfig(kube, tmp_path: Path, token: str) -> tuple[Path, Path]:
+    """A kubeconfig whose user reads its token from a file (`tokenFile`), as clusters whose token an
+    outside refresher rotates (OIDC helpers, projected tokens, CI secrets) are configured."""
+    import yaml
+
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    data = yaml.safe_load(kube.kubeconfig.read_text())
+    data["users"][0]["user"] = {"tokenFile": str(token_file)}
+    path = tmp_path / "token-file-kubeconfig"
+    path.write_text(yaml.safe_dump(data))
+    return path, token_file
+
+
+def test_revoked_token_is_reloaded_from_its_rotated_file_and_the_call_retried(kube, tmp_path: Path) -> None:
+    """The identity provider revokes the token the client holds; the refresher has written a new one:
+    the 401 reloads the credentials and the call is retried once, never failed. While the file still
+    holds the revoked token the call fails with the 401 (one reload, no loop)."""
+    from kubernetes.aio import client as aio
+    from kubernetes.client.exceptions import ApiException as SyncApiException
+
+    from nni_manager.backends.kubernetes.client import load_client
+    from nni_manager.backends.kubernetes.config import KubeConfig
+
+    first = kube.issue_token()
+    path, token_file = token_file_kubeconfig(kube, tmp_path, first)
+
+    async def body() -> None:
+        api = await load_client(KubeConfig(kube_config=path))
+        try:
+            core = aio.CoreV1Api(api)
+            await core.list_namespaced_pod("default")
+            assert kube.revoke_token(first)
+            with pytest.raises(SyncApiException) as refused:
+                kube.core(first).list_namespaced_pod("default")
+            assert refused.value.status == 401  # the API server refuses it now
+            with pytest.raises(Exception) as failed:  # not rotated yet: reloading finds the same token
+                await core.list_namespaced_pod("default")
+            assert getattr(failed.value, "status", None) == 401, failed.value
+            second = kube.issue_token()
+            token_file.write_text(second)  # the refresher rotates it
+            await core.list_namespaced_pod("default")  # 401, reload, retried: succeeds
+            assert api.configuration.api_key["BearerToken"].endswith(second)
+        finally:
+            await api.close()
+
+    asyncio.run(body())
+
+
+def test_experiment_outlives_a_revoked_and_rotated_token(kube, tmp_path: Path) -> None:
+    from tests.kube.harness import config, pods_service
+
+    first = kube.issue_token()
+    path, token_file = token_file_kubeconfig(kube, tmp_path, first)
+    cfg = config(kube, tmp_path, pods_service(kubeConfig=str(path), reuseMode=False))
+
+    async def body() -> None:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0, x=0))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+            token_file.write_text(kube.issue_token())
+            assert kube.revoke_token(first)
+            job = await ts.submit_trial_job(form(1, x=1))  # a new pod, made with the rotated token
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+
+    asyncio.run(body())

@@ -611,8 +611,10 @@ def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, pla
     # NNI's configs name no nniManagerIp: the hub relay comes first (hubTunnel), then, for
     # frameworkcontroller, the barrier's read access for its account
     access_kinds = [] if platform == "kubeflow" else ["Role", "RoleBinding"]
-    assert kinds == ["ConfigMap", "Pod", "Service", *access_kinds, "Secret", main_kind], kinds
-    relay, access_objects, (secret, main) = dry.requests[:3], dry.requests[3:-2], dry.requests[-2:]
+    assert kinds == ["ConfigMap", "Pod", "Service", "ConfigMap", *access_kinds, "Secret", main_kind], kinds
+    relay, access_objects, (secret, main) = dry.requests[:3], dry.requests[4:-2], dry.requests[-2:]
+    agent_map = dry.requests[3]
+    assert agent_map["metadata"]["name"].startswith("nni-agent-")
     for obj in access_objects:
         assert obj["subjects" if obj["kind"] == "RoleBinding" else "rules"], obj
     assert main["metadata"]["name"] in dry.text
@@ -620,6 +622,7 @@ def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, pla
     config_map, relay_pod, service = relay
     core = client.CoreV1Api(api)
     core.create_namespaced_config_map(NS, config_map, dry_run="All", field_validation="Strict")
+    core.create_namespaced_config_map(NS, agent_map, dry_run="All", field_validation="Strict")
     core.create_namespaced_pod(NS, relay_pod, dry_run="All", field_validation="Strict")
     core.create_namespaced_service(NS, service, dry_run="All", field_validation="Strict")
     created = client.CoreV1Api(api).create_namespaced_secret(NS, secret, dry_run="All", field_validation="Strict")

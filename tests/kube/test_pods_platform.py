@@ -434,11 +434,13 @@ def test_dry_run_objects_are_valid_for_the_api_server_and_hold_no_token(kube, ba
     cfg = config(kube, base, pods_service(gpuNumber=0, podSpec={"nodeSelector": {"kubernetes.io/os": "linux"}}))
     dry = backend_class("kubernetes")(cfg).render()
     kinds = [o["kind"] for o in dry.requests]
-    assert kinds == ["Secret", "Pod"], kinds
-    secret, pod = dry.requests
+    assert kinds == ["ConfigMap", "Secret", "Pod"], kinds  # the agent ConfigMap, once per experiment
+    agent_map, secret, pod = dry.requests
+    assert {"name": "nni-agent", "configMap": {"name": agent_map["metadata"]["name"]}} in pod["spec"]["volumes"]
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert "Secret" in dry.text and "Pod" in dry.text
     core = kube.core()
+    core.create_namespaced_config_map(NS, agent_map, dry_run="All", field_validation="Strict")
     created_secret = core.create_namespaced_secret(NS, secret, dry_run="All", field_validation="Strict")
     created_pod = core.create_namespaced_pod(NS, pod, dry_run="All", field_validation="Strict")
     assert created_secret.metadata.name == secret["metadata"]["name"]

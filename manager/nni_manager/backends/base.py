@@ -280,6 +280,11 @@ class Backend(abc.ABC, Generic[OptionsT]):
         """NNI_PLATFORM for trials on this agent (hybrid mode: the platform of the agent's part)."""
         return self.platform
 
+    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
+        """Where the trial's NNI_OUTPUT_DIR goes on this agent, or "" for the agent's default (the
+        trial's directory). Platforms that mount storage put it there, so outputs outlive the machine."""
+        return ""
+
     def enrolment_open(self, agent_id: str) -> bool | None:
         """Whether the platform says this agent's job runs now (True / False), or None when it
         cannot tell. With single-use credentials the hub accepts enrolment only when not False."""

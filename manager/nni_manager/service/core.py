@@ -429,6 +429,9 @@ class Core:
                 grace_period_ms=int(cfg.trial_grace_period * 1000),
             ),
         )
+        output = self.backend.trial_output_directory(agent_id, t.id, agent.role, agent.index)
+        if output:  # on the platform's storage (Kubernetes' nfs / pvc), so outputs outlive the pod
+            start.output_directory = output
         if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:

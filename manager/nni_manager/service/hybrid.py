@@ -169,6 +169,10 @@ class HybridBackend(ElasticBackend[Any, Any]):
         part = self._owners.get(agent_id)
         return part.trial_secret_env(agent_id) if part is not None else {}
 
+    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
+        part = self._owners.get(agent_id)
+        return part.trial_output_directory(agent_id, trial_id, role, index) if part is not None else ""
+
     def ships_code_to(self, agent_id: str) -> bool:
         part = self._owners.get(agent_id)
         return part.ships_code_to(agent_id) if part is not None else self.ships_code

@@ -65,12 +65,17 @@ def main():
         host = spec["hostname"].encode()[:63]
         _check(libc.sethostname(host, len(host)), "sethostname")
         scratch = spec["scratch"]
+        # every source held open first: an overlay made below over one of its ancestors (a volume
+        # under /tmp, a mount point /tmp/mount) would else turn it into the overlay's copy, and what
+        # the pod writes to an NFS export or a claim would stay in the pod
+        sources = [os.open(m["source"], O_PATH | os.O_CLOEXEC) for m in spec["mounts"]]
         mount("tmpfs", scratch, "tmpfs", 0, "mode=0700")
         # every mount point first: an overlay made after a bind mount below it would hide it
         ensure_paths([(m["target"], os.path.isfile(m["source"])) for m in spec["mounts"]], scratch)
-        for m in spec["mounts"]:
-            src, dst = m["source"], m["target"]
-            mount(src, dst, None, MS_BIND | MS_REC)
+        for m, fd in zip(spec["mounts"], sources):
+            dst = m["target"]
+            mount(f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+            os.close(fd)
             if m.get("readOnly"):
                 mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
     wd = spec.get("workingDir") or "/"
@@ -97,5 +102,6 @@ def main():
 
 
 MS_REMOUNT = 32
+O_PATH = getattr(os, "O_PATH", 0o10000000)
 if __name__ == "__main__":
     main()

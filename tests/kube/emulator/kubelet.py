@@ -662,6 +662,11 @@ class Kubelet:
                         raise _MountError(f'MountVolume.SetUp failed for volume "{v["name"]}" : hostPath type check failed: {p} is not a directory')
                 out[v["name"]] = p
                 continue
+            shared = self.shared_volume_dir(ns, v)
+            if shared is not None:  # nfs / a claim: one directory for every pod, kept after them
+                shared.mkdir(parents=True, exist_ok=True)
+                out[v["name"]] = str(shared)
+                continue
             if d.exists():
                 out[v["name"]] = str(d)
                 continue
@@ -710,8 +715,22 @@ class Kubelet:
                 os.chmod(d, 0o777)        # as the kubelet makes emptyDir volumes
             _set_volume_ownership(d, (pod["spec"].get("securityContext") or {}).get("fsGroup"),
                                   read_only="secret" in v or "configMap" in v)
-            out[v["name"]] = str(d)       # emptyDir, nfs, persistentVolumeClaim, ...: a pod-local dir
+            out[v["name"]] = str(d)       # emptyDir, ...: a pod-local dir
         return out
+
+    def shared_volume_dir(self, ns: str, volume: dict) -> Path | None:
+        """The host directory standing for an NFS export (<state>/nfs/<server>/<path>) or a claim
+        (<state>/pvc/<namespace>/<claim>): shared by every pod that mounts it and kept after they
+        are gone, as the storage is; None for pod-local volumes."""
+        if isinstance(volume.get("nfs"), dict):
+            nfs = volume["nfs"]
+            path = Path(str(nfs.get("path") or "/").lstrip("/"))
+            if ".." in path.parts:
+                raise _MountError(f'MountVolume.SetUp failed for volume "{volume["name"]}" : mount.nfs: access denied')
+            return self.state / "nfs" / str(nfs.get("server")) / path
+        if isinstance(volume.get("persistentVolumeClaim"), dict):
+            return self.state / "pvc" / ns / str(volume["persistentVolumeClaim"].get("claimName"))
+        return None
 
     # ------------------------------------------------------------ logs
     def read_log(self, pod: dict, container: str | None, previous: bool = False) -> str:

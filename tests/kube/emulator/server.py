@@ -544,6 +544,8 @@ class ApiServer:
                                                  bool(body.get("rbac", False)))
             stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             return web.json_response({"token": tok, "expirationTimestamp": stamp})
+        if parts == ["tokens", "revoke"] and request.method == "POST":  # the identity provider revokes a token
+            return web.json_response({"revoked": self.auth.extra.issued.pop(str(body.get("token")), None) is not None})
         if parts == ["faults", "storm"] and request.method == "POST":
             self.faults.start_storm(body)
             return web.json_response({"ok": True})

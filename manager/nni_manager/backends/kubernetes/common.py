@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import dataclasses
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,7 +27,7 @@ from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, nodes, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
-from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
+from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
@@ -41,6 +43,18 @@ APP = "nni-kubernetes-trial"  # NNI's label value
 # (USER 1000, runAsNonRoot namespaces) can read their token. Any group works; override it with
 # `podSpec: {securityContext: {fsGroup: N}}` where the namespace prescribes a range (OpenShift).
 FS_GROUP = 1000
+DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
+STORAGE_MOUNT = "/tmp/mount"  # where NNI mounted `storage` (nfs, pvc) in every pod
+
+
+def storage_mount(storage: Storage | None) -> str:
+    """Where the experiment's storage is in the pods, or "" when nothing is mounted (azureStorage;
+    v1 `pvc: {path}`: wherever the Framework template mounts its claim)."""
+    if storage is None:
+        return ""
+    if storage.kind == "nfs" or storage.claim_name:
+        return STORAGE_MOUNT
+    return storage.path if storage.kind == "pvc" else ""
 
 
 def labels(experiment_id: str, env: EnvironmentRequest | None = None) -> dict[str, str]:
@@ -116,6 +130,16 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     # ------------------------------------------------------------------ Backend contract
     def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
         return self.pod_names(self.object_name(env_id))
+
+    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
+        """NNI's layout on the experiment's storage: <mount>/nni/<exp>/<trial>/output/<role>_output
+        (one folder per replica when a role has several), so checkpoints outlive the pod."""
+        root = storage_mount(self.kube.storage)
+        if not root:
+            return ""
+        replicas = next((r.replicas for r in self.kube.roles if r.name == role), 1)
+        leaf = f"{role or 'trial'}_{index}_output" if replicas > 1 else f"{role or 'trial'}_output"
+        return f"{root}/nni/{self.experiment_id}/{trial_id}/output/{leaf}"
 
     async def _client(self) -> tuple[Any, Any]:
         if self._core is None:
@@ -488,6 +512,27 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 raise api_error(e, "creating the agent ConfigMap") from None
             await core.replace_namespaced_config_map(body["metadata"]["name"], self.namespace, body)
 
+    def _dry_run_shared_objects(self) -> list[dict[str, Any]]:
+        """The per-experiment agent ConfigMap and image pull Secret as a dry run shows them: their
+        names and labels as made at start, placeholders for the wheel and the registry credentials
+        (never printed)."""
+        meta = {"namespace": self.namespace, "labels": labels(self.experiment_id)}
+        import nni_agent
+
+        wheel = self._wheel.path.name if self._wheel else f"nni_agent-{nni_agent.__version__}-py3-none-any.whl"
+        objects: list[dict[str, Any]] = [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"nni-agent-{self.experiment_id.lower()}", **meta},
+            "data": {boot.BOOT_FILE: "<the boot step, nni_agent/boot.py>",
+                     wheel: "<the manager's own agent wheel, as binaryData>"}}]
+        paths = sorted({str(r.private_registry_auth_path) for r in self.kube.roles if r.private_registry_auth_path})
+        if paths:
+            self._pull_secret = f"nni-registry-{self.experiment_id.lower()}"
+            objects.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+                            "metadata": {"name": self._pull_secret, **meta},
+                            "stringData": {".dockerconfigjson": json.dumps({"auths": {f"<from {paths[0]}>": {}}})}})
+        return objects
+
     async def _ensure_pull_secret(self) -> None:
         paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
         if not paths:
@@ -537,7 +582,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         ]
         storage = self.kube.storage
         if storage is not None and (storage.kind == "nfs" or storage.claim_name):  # where NNI mounted it, for trial outputs
-            mounts.append({"name": "nni-vol", "mountPath": "/tmp/mount"})
+            mounts.append({"name": "nni-vol", "mountPath": STORAGE_MOUNT})
             volumes.append({"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
                            if storage.kind == "nfs" else
                            {"name": "nni-vol", "persistentVolumeClaim": {"claimName": storage.claim_name}})
@@ -695,14 +740,24 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
 
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:
-        secret, main = self.build_request(self.dry_run_env("env1"))  # NNI's first name, either reuseMode
+        # the names the manager gives: a pool's environments env1, env2...; without reuse one per
+        # trial, named after it (elastic.py: trial-<id>), shown for a sample trial id
+        trial_id = None if self.reuse else DRY_RUN_TRIAL
+        env = self.dry_run_env(f"trial-{trial_id.lower()}" if trial_id else "env1")
+        if trial_id:
+            env = dataclasses.replace(env, trial_id=trial_id)
+        shared = self._dry_run_shared_objects()  # sets the pull secret's name, which the pods name
+        secret, main = self.build_request(env)
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
                                 "<per-agent token, minted at start>" for k in secret.pop("data")}
-        objects = [*self.extra_objects(), secret, main]
-        text = (f"# {self.platform}: {'a pool of up to' if self.reuse else 'one per trial, up to'} "
-                f"{self.config.trial_concurrency} environment(s) like this one, in namespace {self.namespace}\n"
-                + yaml.safe_dump_all(objects, sort_keys=False))
+        objects = [*shared, *self.extra_objects(), secret, main]
+        per_env = (f"a pool of up to {self.config.trial_concurrency} environment(s) like this one" if self.reuse else
+                   f"one environment per trial (up to {self.config.trial_concurrency} at a time), named after its "
+                   f"trial; here for a trial with id {trial_id}")
+        text = (f"# {self.platform}: once per experiment the agent ConfigMap"
+                f"{' and the image pull Secret' if self._pull_secret else ''}, then {per_env}, "
+                f"in namespace {self.namespace}\n" + yaml.safe_dump_all(objects, sort_keys=False))
         if self.tunnelled:  # first, so that the environment's main object stays the last request
             relay = self._relay_objects(self.experiment_id)
             relay[0]["data"] = {tunnel.RELAY_FILE: "<the relay program, nni_manager/backends/kubernetes/relay.py>"}
