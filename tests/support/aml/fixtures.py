@@ -1,11 +1,11 @@
 """Fixtures `aml` and `aml_factory`: an Azure ML (ARM) emulator in its own process, over HTTPS.
 
 Credentials come from azure-identity, never a hand-made header: the fixture writes an `az`
-stand-in (tests/aml/emulator/az_cli.py) and an Azure CLI "login" (AZURE_CONFIG_DIR), puts it
+stand-in (tests/support/aml/emulator/az_cli.py) and an Azure CLI "login" (AZURE_CONFIG_DIR), puts it
 first on PATH and sets AZURE_TOKEN_CREDENTIALS=AzureCliCredential, so DefaultAzureCredential
 is only the CLI credential: no managed identity (IMDS, 169.254.169.254), no network at all.
 `aml` applies that environment to the test (monkeypatch); `aml.env()` gives it for subprocesses.
-See tests/aml/emulator/README.md.
+See tests/support/aml/emulator/README.md.
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import RestControls, emulator_factory, start_emulator_process
+from tests.support.emulators import RestControls, emulator_factory, start_emulator_process
 
-from tests.aml.emulator.tokens import mint
+from tests.support.aml.emulator.tokens import mint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
 MARK = "AML_EMULATOR"
 # variables that would let azure-identity pick another credential or identity
@@ -133,7 +133,7 @@ def _write_az(state: Path, key_file: Path, cfg: dict) -> None:
     bin_dir = state / "az" / "bin"
     bin_dir.mkdir(parents=True)
     az = bin_dir / "az"
-    az.write_text(f"#!/bin/sh\nPYTHONPATH='{ROOT}' exec '{sys.executable}' -m tests.aml.emulator.az_cli \"$@\"\n")
+    az.write_text(f"#!/bin/sh\nPYTHONPATH='{ROOT}' exec '{sys.executable}' -m tests.support.aml.emulator.az_cli \"$@\"\n")
     os.chmod(az, 0o755)
     for name, p in cfg["principals_by_name"].items():
         d = state / "az" / "profiles" / name
@@ -172,7 +172,7 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
            "principals_by_name": by_name}
     (state / "config.json").write_text(json.dumps(cfg))
     _write_az(state, key_file, cfg)
-    proc = start_emulator_process("tests.aml.emulator", state, [], what="AML emulator",
+    proc = start_emulator_process("tests.support.aml.emulator", state, [], what="AML emulator",
                                   drop_env=(MARK, *AZURE_IDENTITY_VARS))
     return Aml(state, proc, cfg)
 

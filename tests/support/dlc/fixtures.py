@@ -1,4 +1,4 @@
-"""Fixture `dlc`: the PAI-DLC OpenAPI emulator (tests/dlc/emulator) in its own process, over HTTPS,
+"""Fixture `dlc`: the PAI-DLC OpenAPI emulator (tests/support/dlc/emulator) in its own process, over HTTPS,
 with one AccessKey pair, one workspace and its NAS/OSS data sources, and an "image" that is the
 test's virtual environment's bin directory (it holds python3 and nni-agent)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
 MARK = "DLC_EMULATOR"
 IMAGE = "registry-vpc.cn-hangzhou.aliyuncs.com/pai-dlc/pytorch-training:1.6.0-gpu-py37-cu101-ubuntu18.04"
@@ -69,7 +69,7 @@ def start_dlc(base: Path, *, step: float = 0.05) -> Dlc:
                                                      {"DataSourceId": "data-oss-1", "DataSourceType": "oss"}]},
                           "ws-other": {"dataSources": []}}}
     (state / "config.json").write_text(json.dumps(cfg))
-    proc = start_emulator_process("tests.dlc.emulator", state, [], what="PAI-DLC emulator", drop_env=(MARK,))
+    proc = start_emulator_process("tests.support.dlc.emulator", state, [], what="PAI-DLC emulator", drop_env=(MARK,))
     return Dlc(state, proc, cfg)
 
 

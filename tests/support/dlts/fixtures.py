@@ -1,6 +1,6 @@
 """Fixtures `dlts` and `dlts_factory`: a DLTS (DLWorkspace) dashboard emulator in its own process.
 
-See tests/dlts/emulator/README.md. The emulator speaks plain HTTP on 127.0.0.1, like a
+See tests/support/dlts/emulator/README.md. The emulator speaks plain HTTP on 127.0.0.1, like a
 dashboard behind NNI's `dltsConfig.dashboard: http://.../`.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import RestControls, emulator_factory, start_emulator_process
+from tests.support.emulators import RestControls, emulator_factory, start_emulator_process
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
 MARK = "DLTS_EMULATOR"
 
@@ -105,7 +105,7 @@ def start_dlts(base: Path, *, teams: dict | None = None, clusters: list[str] | N
               "teams": teams or {"nni-team": {"gpuType": "P40", "numGpuPerNode": 4, "members": ["*"]}},
               "images": images if images is not None else {"*": VENV_BIN}, "step": step, "hold": hold}
     (state / "config.json").write_text(json.dumps(config))
-    proc = start_emulator_process("tests.dlts.emulator", state, [], what="DLTS emulator", drop_env=(MARK,))
+    proc = start_emulator_process("tests.support.dlts.emulator", state, [], what="DLTS emulator", drop_env=(MARK,))
     return Dlts(state, proc, config, master)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
 
 
@@ -27,7 +27,7 @@ def _slim_python_dir(base: Path) -> str:
 
 
 class Kube(EmulatorHandle):
-    """A running emulator. See tests/kube/emulator/README.md."""
+    """A running emulator. See tests/support/kube/emulator/README.md."""
 
     marker = "KUBE_EMULATOR_INSTANCE"
 
@@ -147,7 +147,7 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--watch-history", str(watch_history)]
     if pod_network != "host":  # "isolated": pods in a network namespace of the emulator's own
         args += ["--pod-network", pod_network]
-    proc = start_emulator_process("tests.kube.emulator", state, args, what="Kubernetes emulator",
+    proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)
 

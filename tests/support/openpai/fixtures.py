@@ -1,7 +1,7 @@
 """Fixtures `pai` and `pai_factory`: an OpenPAI rest-server emulator in its own process.
 
 ``pai.url`` is what NNI calls ``host``: clients add ``/rest-server/api/v2/...`` as they do behind
-PAI's pylon (``/api/v2/...`` works too). See tests/openpai/emulator/README.md."""
+PAI's pylon (``/api/v2/...`` works too). See tests/support/openpai/emulator/README.md."""
 from __future__ import annotations
 
 import json
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Pai(EmulatorHandle):
@@ -130,7 +130,7 @@ def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: d
         args += ["--rate-limit", f"{k}={v}"]
     for k, v in (rate_windows or {}).items():
         args += ["--rate-window", f"{k}={v}"]
-    proc = start_emulator_process("tests.openpai.emulator", state, args, what="OpenPAI emulator",
+    proc = start_emulator_process("tests.support.openpai.emulator", state, args, what="OpenPAI emulator",
                                   drop_env=("PAI_EMULATOR_",))
     return Pai(state, proc, users, control)
 

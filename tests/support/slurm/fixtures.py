@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.remote.conftest import SSHD, SshKeys
+from tests.support.remote.fixtures import SSHD, SshKeys
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun")
 NODES = ("n1", "n2")

@@ -1,0 +1,8 @@
+"""Fixtures `kube` and `kube_factory`: a Kubernetes API server emulator in its own process.
+
+Thin wrapper: the fixtures live in tests/support/kube/fixtures.py, where scripts and other
+test packages import them from."""
+from tests.support.kube.fixtures import (  # noqa: F401 (fixtures)
+    kube_factory,
+    kube,
+)

@@ -1,0 +1,11 @@
+"""Real OpenSSH servers for the remote backend tests.
+
+Thin wrapper: the fixtures live in tests/support/remote/fixtures.py, where scripts and other
+test packages import them from."""
+from tests.support.remote.fixtures import (  # noqa: F401 (fixtures)
+    ssh_keys,
+    plain_sshd,
+    netns_hosts,
+    leave_home_as_found,
+    password_user,
+)
