@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from nni_manager.types import TrialJobStatus
 from tests.support.aml.emulator.api_versions import DOCUMENTED
 from tests.support.manager.helpers import (TRIAL, check_resumed, form, release, sigkill_after_metrics,
                                    sleeper, start_manager, until, wait_status)
-from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401
+from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0
 

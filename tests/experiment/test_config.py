@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nni_manager.config import ConfigError, load_config
-from tests.support.experiment.configs import SPACE, v2  # noqa: F401
+from tests.support.experiment.configs import SPACE, v2
 
 
 def remote(machine: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import os
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from tests.support.kube.pods import IMG, NS, pod_body, wait_phase  # noqa: F401
+from tests.support.kube.pods import IMG, NS, pod_body, wait_phase
 
 
 def alive(pid: int) -> bool:

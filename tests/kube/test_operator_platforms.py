@@ -18,7 +18,7 @@ from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status
-from tests.support.kube.operators import experiment, replica_views, role, task_role  # noqa: F401
+from tests.support.kube.operators import experiment, replica_views, role, task_role
 
 NS = "default"
 KUBEFLOW = ("kubeflow.org", "v1")

@@ -1,22 +1,18 @@
 """The hub against a scripted agent speaking the wire protocol over real gRPC."""
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
-from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from nni_agent.v1 import PROTOCOL_MAJOR
 from nni_agent.v1 import agent_pb2 as pb
-from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from nni_manager.bundle import pack
-from nni_manager.hub import Hub
 from nni_manager.store import Store
 from tests.support.manager.helpers import until
-from tests.support.manager.hubkit import Agent, TOKEN, records, run, started_hub  # noqa: F401
+from tests.support.manager.hubkit import Agent, records, run, started_hub
 
 
 def test_wrong_token_refused_without_echo(short_dir: Path) -> None:

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import stat
-import subprocess
 from pathlib import Path
 
-from nni_manager.hub import Hub
 from nni_manager.hub.server import credential_digest
-from nni_manager.hub.tls import experiment_tls
-from nni_manager.store import Store
 from tests.support.manager.helpers import until
-from tests.support.manager.hub_tls import Recorder, agent
-from tests.support.manager.enrolment import CREDENTIAL, enrol_hub, stop_all, token_file  # noqa: F401
+from tests.support.manager.hub_tls import agent
+from tests.support.manager.enrolment import CREDENTIAL, enrol_hub, stop_all, token_file
 
 
 def test_credential_works_once_then_the_session_token_everywhere(tmp_path: Path, caplog) -> None:

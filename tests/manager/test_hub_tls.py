@@ -4,21 +4,16 @@ certificate survives a restart (running agents keep trusting it)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
 
-from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.hub import Hub
 from nni_manager.hub.tls import experiment_tls
 from nni_manager.store import Store
 from tests.support.manager.helpers import until
-from tests.support.manager.hub_tls import Recorder, TOKEN, agent  # noqa: F401
+from tests.support.manager.hub_tls import Recorder, TOKEN, agent
 
 
 async def tls_hub(exp_dir: Path) -> tuple[Hub, Recorder, Path]:

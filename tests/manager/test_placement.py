@@ -4,7 +4,7 @@ from __future__ import annotations
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import PlacementHints
 from nni_manager.service.placement import AgentView, Placer, Request
-from tests.support.manager.placement import gpus  # noqa: F401
+from tests.support.manager.placement import gpus
 
 
 def agent(name: str = "local", n: int | None = 2, connected: bool = True, **kw: object) -> AgentView:

@@ -22,8 +22,8 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.support.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
-from tests.support.openpai.experiments import assert_clean, base, config, config_dict, ours, run  # noqa: F401
+from tests.support.manager.helpers import form, message_with, release, sleeper, wait_status
+from tests.support.openpai.experiments import assert_clean, base, config, config_dict, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
 

@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-from nni_manager.types import TrialJobStatus
+from tests.support.security.rest_server import stored  # noqa: F401  (the fixture)
 from tests.support.webui.fixtures import ServerThread as Served  # a stored experiment's server, own loop thread
-from tests.support.webui.fixtures import Synthetic, home  # noqa: F401  (home: the fixture)
-from tests.support.security.rest_server import stored  # noqa: F401
+from tests.support.webui.fixtures import home  # noqa: F401  (home: the fixture)
 
 API = "/api/v1/nni"
 

@@ -18,11 +18,11 @@ import pytest
 
 from nni_manager.backends.registry import backend_class
 from nni_manager.backends.slurm.backend import SlurmError
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.support.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
-from tests.support.slurm.experiments import T, assert_clean, config, run  # noqa: F401
+from tests.support.manager.helpers import form, message_with, release, sleeper, wait_status
+from tests.support.slurm.experiments import T, assert_clean, config, run
 
 
 # ----------------------------------------------------------------------------- every state path

@@ -1,10 +1,13 @@
 """AML experiment configs and a run-to-completion driver shared by the AML platform tests."""
 from __future__ import annotations
+
 import asyncio
 import sys
 from pathlib import Path
 from typing import Any
+
 import pytest
+
 from tests.support.manager.helpers import TRIAL
 
 

@@ -1,5 +1,6 @@
 """NNI v2 experiment configs as dicts, built with overrides, for the config-loading tests."""
 from __future__ import annotations
+
 from typing import Any
 
 

@@ -1,8 +1,10 @@
 """Operator-platform (Kubeflow, FrameworkController) experiment configs and a trial that reports per replica."""
 from __future__ import annotations
+
 import json
 from pathlib import Path
 from typing import Any
+
 from nni_manager.config import load_config
 from tests.support.manager.helpers import until
 

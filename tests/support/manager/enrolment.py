@@ -1,9 +1,11 @@
 """A TLS hub with one agent that enrols by credential, for the enrolment tests here and in tests/security."""
 from __future__ import annotations
+
 import asyncio
 import os
 import subprocess
 from pathlib import Path
+
 from nni_manager.hub import Hub
 from nni_manager.hub.tls import experiment_tls
 from nni_manager.store import Store

@@ -1,10 +1,12 @@
 """A hub handler that records hellos and revocations, and a real agent process dialling a TLS hub."""
 from __future__ import annotations
+
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
 from nni_agent.v1 import agent_pb2 as pb
 
 

@@ -1,12 +1,15 @@
 """A production hub on a real store with a recording handler, and a raw gRPC agent to drive it."""
 from __future__ import annotations
+
 import asyncio
 from pathlib import Path
 from typing import Any
+
 import grpc
-from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
+
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
+from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_manager.hub import Hub
 from nni_manager.store import Store
 

@@ -1,5 +1,6 @@
 """Artificial GPU reports, as an agent's telemetry carries them, for placement and constraint tests."""
 from __future__ import annotations
+
 from nni_agent.v1 import agent_pb2 as pb
 
 

@@ -1,10 +1,13 @@
 """OpenPAI experiment configs, a run-to-completion driver and the no-leftovers check."""
 from __future__ import annotations
+
 import asyncio
 import sys
 from pathlib import Path
 from typing import Any
+
 import pytest
+
 from nni_manager.config import load_config
 from tests.support.manager.helpers import TRIAL
 

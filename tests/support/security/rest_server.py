@@ -1,7 +1,10 @@
 """A stored experiment (fixture `stored`) for tests of the WebUI REST server's security."""
 from __future__ import annotations
+
 from pathlib import Path
+
 import pytest
+
 from nni_manager.types import TrialJobStatus
 from tests.support.webui.fixtures import Synthetic
 

@@ -1,9 +1,11 @@
 """Slurm experiment configs, a run-to-completion driver and the no-leftovers check."""
 from __future__ import annotations
+
 import asyncio
 import sys
 from pathlib import Path
 from typing import Any
+
 from nni_manager.config import load_config
 from tests.support.manager.helpers import TRIAL
 
