@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The agent's trial kit, the production hub with a recording handler, and the stub hub for old-manager tests."""

@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The AML emulator (ARM, the workspace job API, the az CLI stand-in) and the fixtures that start it."""

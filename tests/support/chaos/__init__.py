@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The fault-injecting TCP relay and the `relayed` backend that routes agents through it."""

@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The PAI-DLC OpenAPI emulator and the fixtures that start it."""

@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""Fixtures and config builders for the experiment (CLI, config, dispatcher) tests."""

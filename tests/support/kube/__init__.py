@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The Kubernetes API server emulator, its fixtures and the pods-platform harness."""

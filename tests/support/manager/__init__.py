@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""Manager helpers: forms, waits, a manager in its own process, hubs and agents for hub tests."""

@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""The OpenPAI REST emulator, its fixtures and experiment drivers."""

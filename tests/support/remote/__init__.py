@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""sshd in network namespaces, SSH keys and the other fixtures of the SSH-platform tests."""

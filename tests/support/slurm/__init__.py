@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""A real Slurm cluster on loopback (fixtures) and experiment drivers for the Slurm tests."""

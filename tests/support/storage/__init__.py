@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""Azurite and bind-mount fixtures for the sharedStorage tests."""

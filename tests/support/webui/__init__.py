@@ -1,1 +1,1 @@
-"""Shared test support: emulators, fixtures and helpers that test packages and scripts/bench_*.py import."""
+"""WebUI servers, synthetic stored experiments, running experiments and NNI's own view for the WebUI tests."""
