@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nni_manager.config import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
-from tests.kube.conftest import start_emulator  # noqa: E402
-from tests.kube.emulator.kubelet import STARTED_AT  # noqa: E402
-from tests.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
+from tests.support.kube.fixtures import start_emulator  # noqa: E402
+from tests.support.kube.emulator.kubelet import STARTED_AT  # noqa: E402
+from tests.support.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
 
 
 def config(work: Path, code: Path, ts: dict[str, Any], concurrency: int) -> Any:

@@ -37,8 +37,8 @@ from nni_manager.backends.remote.config import MachineConfig, RemoteConfig  # no
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
 from nni_manager.backends.agent_wheel import build_agent_wheel  # noqa: E402
-from tests.manager.helpers import form, wait_status  # noqa: E402
-from tests.remote.conftest import SSHD, SshKeys, _stop, _wait_listening  # noqa: E402
+from tests.support.manager.helpers import form, wait_status  # noqa: E402
+from tests.support.remote.fixtures import SSHD, SshKeys, _stop, _wait_listening  # noqa: E402
 
 
 # The proxyCommand relay matters: nc leaves Nagle on, so an SSH packet that follows an

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nni_manager.config import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
-from tests.aml.conftest import AZURE_IDENTITY_VARS, start_aml  # noqa: E402
-from tests.dlts.conftest import start_dlts  # noqa: E402
-from tests.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
-from tests.openpai.conftest import start_emulator as start_pai  # noqa: E402
+from tests.support.aml.fixtures import AZURE_IDENTITY_VARS, start_aml  # noqa: E402
+from tests.support.dlts.fixtures import start_dlts  # noqa: E402
+from tests.support.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
+from tests.support.openpai.fixtures import start_emulator as start_pai  # noqa: E402
 
 POLL = "0.2s"
 

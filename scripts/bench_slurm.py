@@ -1,7 +1,7 @@
 """Benchmark the Slurm platform on a real 2-node Slurm cluster on loopback, side by side in one run.
 
 Needs root and Slurm (apt-get install -y slurmctld slurmd slurm-client munge; the cluster is
-started the way tests/slurm/conftest.py does). Prints:
+started the way tests/support/slurm/fixtures.py does). Prints:
   * per-trial overhead in reuse mode (2 allocations kept): submit -> SUCCEEDED of a trivial
     trial, sequential, vs the local backend (target: within 1.5x);
   * non-reuse: submit -> trial RUNNING (one job per trial: sbatch, the scheduler's cycle, srun,
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nni_manager.config import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
-from tests.manager.helpers import TRIAL, form, wait_status  # noqa: E402
-from tests.slurm.conftest import start_cluster  # noqa: E402
+from tests.support.manager.helpers import TRIAL, form, wait_status  # noqa: E402
+from tests.support.slurm.fixtures import start_cluster  # noqa: E402
 from bench_kube import _ms, sequential  # noqa: E402  (the same measurement as for Kubernetes)
 
 

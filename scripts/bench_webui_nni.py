@@ -3,7 +3,7 @@
 One run: builds a store of N trials x M intermediate results (+ one final each) with the
 manager's Store API (scripts/bench_webui.py), serves it with `nni-manager view`, then exports it
 with `nni-manager export --nni-db` and serves that with NNI 3.0's `nnictl view` (its Node.js
-manager from the installed nni wheel; made to listen on 127.0.0.1 only, tests/webui/nni_view.py).
+manager from the installed nni wheel; made to listen on 127.0.0.1 only, tests/support/webui/nni_view.py).
 The two servers are measured one after the other (the machine's cores are shared), with:
 
 * per endpoint: median latency of `--samples` requests and the server's CPU per request, for
@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT / "manager"), str(ROOT / "agent"), str(ROOT), str(ROOT 
 
 from bench_webui import build, get  # noqa: E402
 from nni_manager.webui.nni_db import export_nni_db  # noqa: E402
-from tests.webui.nni_view import NniView, node_why_not  # noqa: E402
+from tests.support.webui.nni_view import NniView, node_why_not  # noqa: E402
 
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402

@@ -36,8 +36,8 @@ def short_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def code_dir(short_dir: Path) -> Path:
-    """A trial code directory holding tests.manager.helpers.TRIAL as trial.py."""
-    from tests.manager.helpers import TRIAL
+    """A trial code directory holding tests.support.manager.helpers.TRIAL as trial.py."""
+    from tests.support.manager.helpers import TRIAL
 
     code = short_dir / "code"
     code.mkdir()

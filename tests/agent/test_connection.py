@@ -1,6 +1,6 @@
 """The agent's half of the protocol, against the production hub (nni_manager.hub.Hub, with a
-recording handler: tests/agent/prodhub.py) and real agent processes. Stream cuts come from a
-TCP relay between them (tests/chaos/relay.py); a manager restart is a new Hub built from the
+recording handler: tests/support/agent/prodhub.py) and real agent processes. Stream cuts come from a
+TCP relay between them (tests/support/chaos/relay.py); a manager restart is a new Hub built from the
 store, as a restarted manager builds it."""
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import psutil
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager import bundle
-from tests.agent.prodhub import ProdHub, TrialView
-from tests.agent.trialkit import marked_processes
-from tests.chaos.relay import ChaosRelay
+from tests.support.agent.prodhub import ProdHub, TrialView
+from tests.support.agent.trialkit import marked_processes
+from tests.support.chaos.relay import ChaosRelay
 
 PY = sys.executable
 

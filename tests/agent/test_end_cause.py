@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.service.trials import end_cause
-from tests.agent.trialkit import Recorder, make_spec, new_trial, python_command, run, run_trial, wait_until
+from tests.support.agent.trialkit import Recorder, make_spec, new_trial, python_command, run, run_trial, wait_until
 
 
 def test_a_trial_that_exits_ends_exited(tmp_path: Path) -> None:

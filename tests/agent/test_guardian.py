@@ -18,7 +18,7 @@ import psutil
 from nni_agent.guardian import ARGV_TAG, Guardian
 from nni_agent.process import MARKER_ENV
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.hubstub import HubStub, StubServer, start_trial
+from tests.support.agent.hubstub import HubStub, StubServer, start_trial
 
 PY = sys.executable
 GUARDIAN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -13,7 +13,7 @@ import pytest
 
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import Recorder, make_spec, new_trial, python_command, run, wait_until
+from tests.support.agent.trialkit import Recorder, make_spec, new_trial, python_command, run, wait_until
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

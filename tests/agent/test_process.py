@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, make_subreaper, spawn_shell, tree_members
-from tests.agent.trialkit import PY, run, wait_until
+from tests.support.agent.trialkit import PY, run, wait_until
 
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreaper is Linux-only")
 

@@ -8,7 +8,7 @@ import psutil
 
 from nni_agent.resources import TreeSampler
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import AGENT_KEY, Recorder, make_spec, new_trial, python_command, run, wait_until
+from tests.support.agent.trialkit import AGENT_KEY, Recorder, make_spec, new_trial, python_command, run, wait_until
 
 BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
 HOLD_MEMORY = "import time; block = bytearray(64 * 1024 * 1024); block[::4096] = b'x' * len(block[::4096]); time.sleep(60)"

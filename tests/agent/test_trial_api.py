@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import PY, REPO_AGENT_DIR, Recorder, make_spec, new_trial, python_command, run
+from tests.support.agent.trialkit import PY, REPO_AGENT_DIR, Recorder, make_spec, new_trial, python_command, run
 
 API_TRIAL = """
 from nni_agent import (get_experiment_id, get_next_parameter, get_sequence_id, get_trial_id,

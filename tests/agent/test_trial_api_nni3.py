@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import PY, REPO_AGENT_DIR, Recorder, make_spec, new_trial, python_command, run, wait_until
+from tests.support.agent.trialkit import PY, REPO_AGENT_DIR, Recorder, make_spec, new_trial, python_command, run, wait_until
 
 CLEANUP_TRIAL = """
 import pathlib, time

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import AGENT_KEY, python_command, run_trial
+from tests.support.agent.trialkit import AGENT_KEY, python_command, run_trial
 
 DUMP_ENV = python_command(
     "import json, os, sys; sys.stdout.write(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd(), "

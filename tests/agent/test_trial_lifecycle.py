@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import (
+from tests.support.agent.trialkit import (
     AGENT_KEY, Recorder, make_spec, marked_processes, new_trial, python_command, run, run_trial, wait_until,
 )
 

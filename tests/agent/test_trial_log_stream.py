@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.hubstub import HubStub, StubServer, start_trial
-from tests.agent.prodhub import ProdHub
+from tests.support.agent.hubstub import HubStub, StubServer, start_trial
+from tests.support.agent.prodhub import ProdHub
 
 WRITE_BOTH = 'echo sdk log > "$NNI_OUTPUT_DIR/trial.log"; echo out'
 

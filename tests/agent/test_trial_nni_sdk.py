@@ -13,7 +13,7 @@ import pytest
 
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import Recorder, make_spec, new_trial, python_command, run
+from tests.support.agent.trialkit import Recorder, make_spec, new_trial, python_command, run
 
 # find_spec, not import: importing nni takes seconds, and the trials import it anyway
 NNI_MISSING = "" if importlib.util.find_spec("nni") else "the real nni package is not installed; pip install nni==3.0"

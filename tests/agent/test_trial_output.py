@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import python_command, run_trial
+from tests.support.agent.trialkit import python_command, run_trial
 
 
 def test_non_utf8_output_is_byte_exact(tmp_path: Path) -> None:

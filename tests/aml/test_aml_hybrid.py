@@ -12,7 +12,7 @@ from typing import Any
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobApplicationForm
-from tests.manager.helpers import TRIAL, form, release, sleeper, wait_status
+from tests.support.manager.helpers import TRIAL, form, release, sleeper, wait_status
 
 T = 90.0
 

@@ -1,4 +1,4 @@
-"""`platform: aml` end to end on the Azure ML (ARM) emulator (tests/aml/conftest.py): credentials
+"""`platform: aml` end to end on the Azure ML (ARM) emulator (tests/support/aml/fixtures.py): credentials
 from azure-identity's DefaultAzureCredential (an Azure CLI login), the backend's real HTTP client
 over HTTPS, real agents in the jobs' processes dialling the manager's TLS hub with single-use
 credentials. A pool of environments, every status path, ARM errors, 429 and 5xx bursts, cleanup,
@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,33 +20,12 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.aml.emulator.api_versions import DOCUMENTED
-from tests.manager.helpers import (TRIAL, check_resumed, form, release, sigkill_after_metrics,
+from tests.support.aml.emulator.api_versions import DOCUMENTED
+from tests.support.manager.helpers import (TRIAL, check_resumed, form, release, sigkill_after_metrics,
                                    sleeper, start_manager, until, wait_status)
+from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
-@pytest.fixture
-def base(short_dir: Path) -> Path:
-    return short_dir
-
-
-def config_dict(aml: Any, base: Path, **ts: Any) -> dict[str, Any]:
-    code = base / "code"
-    code.mkdir(exist_ok=True)
-    (code / "trial.py").write_text(TRIAL)
-    return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
-            "experimentWorkingDirectory": str(base / "exps"), "trialGracePeriod": 2,
-            "trainingService": {**aml.aml_config(), "nniManagerIp": "127.0.0.1", "pollInterval": "0.3s", **ts}}
-
-
-def ours(aml: Any, experiment_id: str) -> list[dict[str, Any]]:
-    return [j for j in aml.jobs() if j["name"].startswith(f"nni_exp_{experiment_id}_")]
 
 
 def assert_clean(aml: Any, experiment_id: str) -> None:
@@ -239,7 +217,7 @@ def test_image_with_a_bare_python_fails_with_the_boot_steps_line(aml_factory, ba
                                                                 monkeypatch) -> None:
     """The job's Python has neither nni-agent nor its dependencies: the boot step (inline in the
     command) ends the job with one line in its log (user_logs/std_log.txt) saying what is missing."""
-    from tests.aml.conftest import AZURE_IDENTITY_VARS
+    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
 
     bare = tmp_path / "bare-bin"
     bare.mkdir()

@@ -3,7 +3,7 @@ DefaultAzureCredential (tokens must be cached, and fetched anew on a 401), a wor
 other people's jobs (Jobs_List by tag, ARM's nextLink followed), listing failures at stop (every
 known job still cancelled), a lost PUT answer (the retry resends the same bytes; a differing body
 is refused), failed jobs whose JobBase carries no error, and clouds with their own token audience.
-Emulator: tests/aml/conftest.py."""
+Emulator: tests/support/aml/fixtures.py."""
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +20,8 @@ import pytest
 from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.aml.test_aml_platform import config_dict, ours, run
-from tests.manager.helpers import form, until, wait_status
+from tests.support.aml.experiments import config_dict, ours, run
+from tests.support.manager.helpers import form, until, wait_status
 
 T = 90.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.aml.emulator.api_versions import DOCUMENTED
+from tests.support.aml.emulator.api_versions import DOCUMENTED
 
 pytestmark = pytest.mark.timeout(60)
 JOBS_API = "2023-04-01-preview"        # what azure-ai-ml uses for Command job create/cancel

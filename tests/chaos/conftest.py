@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
-from tests.manager.helpers import register_backend
+from tests.support.manager.helpers import register_backend
 
 # A trial that streams `n` PERIODICAL metrics in chunks with pauses (so link trouble lands
 # mid-stream), then a FINAL one; with `hold`, it waits for that file before its last metric.
@@ -47,7 +47,7 @@ def chaos_seed() -> int:
 
 @pytest.fixture
 def code_dir(short_dir: Path) -> Path:
-    """The paced TRIAL above (not tests.manager.helpers.TRIAL) as trial.py."""
+    """The paced TRIAL above (not tests.support.manager.helpers.TRIAL) as trial.py."""
     code = short_dir / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
@@ -56,9 +56,9 @@ def code_dir(short_dir: Path) -> Path:
 
 @pytest.fixture
 def relayed_platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Register tests/chaos/backend.py as platform `relayed`, as a third-party package would."""
+    """Register tests/support/chaos/backend.py as platform `relayed`, as a third-party package would."""
     monkeypatch.syspath_prepend(str(register_backend(tmp_path / "plugin", "chaos-relayed", "relayed",
-                                                     "tests.chaos.backend:RelayedBackend")))
+                                                     "tests.support.chaos.backend:RelayedBackend")))
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import psutil
 from nni_manager.service import create_training_service
 from nni_manager.service.trials import CONTACT_LOST
 from nni_manager.types import TrialJobStatus
-from tests.chaos.backend import RelayedBackend
-from tests.chaos.relay import ChaosRelay
-from tests.manager.helpers import form, kill_tree, until
+from tests.support.chaos.backend import RelayedBackend
+from tests.support.chaos.relay import ChaosRelay
+from tests.support.manager.helpers import form, kill_tree, until
 
 
 def test_agent_sigkill_ends_its_trials_after_the_window(

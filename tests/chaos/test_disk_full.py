@@ -21,9 +21,9 @@ import pytest
 from nni_manager.service import create_training_service
 from nni_manager.store import Store
 from nni_manager.types import TrialJobMetric, TrialJobStatus
-from tests.chaos.backend import RelayedBackend
-from tests.chaos.relay import ChaosRelay
-from tests.manager.helpers import form, until
+from tests.support.chaos.backend import RelayedBackend
+from tests.support.chaos.relay import ChaosRelay
+from tests.support.manager.helpers import form, until
 
 
 @pytest.fixture

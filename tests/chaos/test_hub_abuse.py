@@ -22,9 +22,9 @@ from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobMetric, TrialJobStatus
-from tests.chaos.backend import RelayedBackend
-from tests.chaos.relay import ChaosRelay
-from tests.manager.helpers import form, until
+from tests.support.chaos.backend import RelayedBackend
+from tests.support.chaos.relay import ChaosRelay
+from tests.support.manager.helpers import form, until
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 

@@ -14,7 +14,7 @@ import psutil
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, experiment_processes, heard, start_manager, stored_metrics
+from tests.support.manager.helpers import TRIAL, experiment_processes, heard, start_manager, stored_metrics
 
 TRIALS, STEPS = 3, 60
 

@@ -13,7 +13,7 @@ import pytest
 from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
-from tests.manager.helpers import TRIAL, form, wait_status
+from tests.support.manager.helpers import TRIAL, form, wait_status
 
 T = 90.0
 

@@ -12,7 +12,7 @@ from alibabacloud_tea_openapi.exceptions import ClientException
 from alibabacloud_tea_openapi.models import Config
 from darabonba.runtime import RuntimeOptions
 
-from tests.dlc.conftest import IMAGE
+from tests.support.dlc.fixtures import IMAGE
 
 
 def client(dlc, secret: str | None = None, key: str | None = None) -> Client:

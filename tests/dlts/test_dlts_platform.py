@@ -1,4 +1,4 @@
-"""`platform: dlts` end to end on the DLTS dashboard emulator (tests/dlts/conftest.py): NNI's v1
+"""`platform: dlts` end to end on the DLTS dashboard emulator (tests/support/dlts/fixtures.py): NNI's v1
 config unchanged, the backend's real HTTP client with md5 query-string auth, real agents in the
 jobs' processes dialling the manager's TLS hub with single-use enrolment credentials. Every
 status path, errors and faults, a reused credential, an agent that never dials in, cleanup."""
@@ -21,7 +21,7 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
+from tests.support.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
 
 T = 90.0
 
@@ -249,7 +249,7 @@ def test_manager_sigkill_and_restart_reattaches_running_jobs(dlts, tmp_path: Pat
     team's job list, their agents redial with their session tokens, nothing is lost or repeated."""
     import yaml
 
-    from tests.manager.helpers import check_resumed, sigkill_after_metrics, start_manager
+    from tests.support.manager.helpers import check_resumed, sigkill_after_metrics, start_manager
 
     data = v1_config(dlts, tmp_path)
     data["logDir"] = str(tmp_path / "exps")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import processes_under
+from tests.support.experiment.fixtures import processes_under
 
 CLI = [sys.executable, "-m", "nni_manager"]
 

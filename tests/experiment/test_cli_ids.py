@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import processes_under
+from tests.support.experiment.fixtures import processes_under
 
 CLI = [sys.executable, "-m", "nni_manager"]
 

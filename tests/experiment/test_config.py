@@ -8,24 +8,7 @@ from typing import Any
 import pytest
 
 from nni_manager.config import ConfigError, load_config
-
-SPACE = {"lr": {"_type": "loguniform", "_value": [0.001, 0.1]}}
-
-
-def v2(**overrides: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "trialCommand": "python train.py",
-        "trialConcurrency": 2,
-        "searchSpace": SPACE,
-        "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"},
-    }
-    for key, value in overrides.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return config
+from tests.support.experiment.configs import SPACE, v2
 
 
 def remote(machine: dict[str, Any]) -> dict[str, Any]:

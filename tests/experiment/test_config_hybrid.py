@@ -9,7 +9,7 @@ import pytest
 
 from nni_manager.config import ConfigError, load_config
 from nni_manager.config_hybrid import HybridOptions
-from tests.experiment.test_config import SPACE, v2
+from tests.support.experiment.configs import SPACE, v2
 
 MACHINE = {"host": "10.0.0.7", "user": "bob", "password": "s3cret-pw", "gpuIndices": [1]}  # not dialed: data only
 

@@ -12,7 +12,7 @@ from nni_manager.experiment import Experiment, NoWorkerError
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
 
-from .conftest import processes_under
+from tests.support.experiment.fixtures import processes_under
 
 
 def test_runs_grid_to_the_end_and_picks_best(make_config) -> None:

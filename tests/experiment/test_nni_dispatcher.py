@@ -18,7 +18,7 @@ from nni_manager.dispatcher import DispatcherError
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus
 
-from .conftest import processes_under
+from tests.support.experiment.fixtures import processes_under
 
 NNI_MISSING = "" if importlib.util.find_spec("nni") else "the real nni package is not installed; pip install nni==3.0"
 pytestmark = pytest.mark.skipif(bool(NNI_MISSING), reason=NNI_MISSING or "-")

@@ -17,9 +17,9 @@ import pytest
 
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
-from tests.kube.emulator import crds
-from tests.kube.emulator.adaptdl import SCHEMA_FILE
-from tests.manager.helpers import form, until, wait_status
+from tests.support.kube.emulator import crds
+from tests.support.kube.emulator.adaptdl import SCHEMA_FILE
+from tests.support.manager.helpers import form, until, wait_status
 
 NS = "default"
 ADL = ("adaptdl.petuum.com", "v1")

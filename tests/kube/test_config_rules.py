@@ -16,7 +16,7 @@ from nni_manager.backends.registry import backend_class
 from nni_manager.config import ConfigError, load_config
 from nni_manager.hub.address import advertised, bare_host, host_port
 from nni_manager.service.hub_setup import plan
-from tests.kube.emulator import crds
+from tests.support.kube.emulator import crds
 
 FC = ("frameworkcontroller.microsoft.com", "v1")
 
@@ -148,8 +148,8 @@ def test_agents_dial_an_ipv6_manager(kube, tmp_path):
     """End to end on IPv6 loopback: pods (host network in the emulator) dial `[::1]:<port>` over TLS
     and verify the hub's certificate for the address ::1."""
     from nni_manager.service import create_training_service
-    from tests.kube.harness import config, pods_service
-    from tests.manager.helpers import form, wait_status
+    from tests.support.kube.harness import config, pods_service
+    from tests.support.manager.helpers import form, wait_status
 
     cfg = config(kube, tmp_path, pods_service(reuseMode=False), nniManagerIp="::1")
 

@@ -9,7 +9,7 @@ import pytest
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.manager.helpers import TRIAL, form, wait_status
+from tests.support.manager.helpers import TRIAL, form, wait_status
 
 
 def test_in_cluster_service_account(kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +44,7 @@ def test_in_cluster_service_account(kube, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_plain_tcp_hub_only_when_asked_and_with_a_warning(kube, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from tests.kube.harness import config, pods_service
+    from tests.support.kube.harness import config, pods_service
 
     cfg = config(kube, tmp_path, pods_service(hubTls=False, reuseMode=False))
 
@@ -136,7 +136,7 @@ def test_exec_plugin_tokens_are_renewed(kube, tmp_path: Path, with_expiry: bool)
 
 
 def test_experiment_outlives_its_exec_tokens(kube, tmp_path: Path) -> None:
-    from tests.kube.harness import config, pods_service
+    from tests.support.kube.harness import config, pods_service
 
     path, runs = exec_kubeconfig(kube, tmp_path, lifetime=3, with_expiry=True)
     cfg = config(kube, tmp_path, pods_service(kubeConfig=str(path), reuseMode=True))
@@ -239,7 +239,7 @@ def test_revoked_token_is_reloaded_from_its_rotated_file_and_the_call_retried(ku
 
 
 def test_experiment_outlives_a_revoked_and_rotated_token(kube, tmp_path: Path) -> None:
-    from tests.kube.harness import config, pods_service
+    from tests.support.kube.harness import config, pods_service
 
     first = kube.issue_token()
     path, token_file = token_file_kubeconfig(kube, tmp_path, first)

@@ -11,8 +11,8 @@ from typing import Any
 from nni_manager.backends.kubernetes.common import DRY_RUN_TRIAL
 from nni_manager.backends.registry import backend_class
 from nni_manager.service import create_training_service
-from tests.kube.harness import config, ours, pods_service
-from tests.manager.helpers import form, wait_status
+from tests.support.kube.harness import config, ours, pods_service
+from tests.support.manager.helpers import form, wait_status
 
 NS = "default"
 

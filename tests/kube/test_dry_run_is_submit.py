@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from nni_manager.service import create_training_service
-from tests.kube.harness import config, pod_json, pods_service
-from tests.manager.helpers import form, wait_status
+from tests.support.kube.harness import config, pod_json, pods_service
+from tests.support.manager.helpers import form, wait_status
 
 NS = "default"
 

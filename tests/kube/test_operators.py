@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.kube.emulator import barrier, crds
+from tests.support.kube.emulator import barrier, crds
 
 PY = "nni-test/python:3.11"
 KF = ("kubeflow.org", "v1")
@@ -75,7 +75,7 @@ def test_nested_list_path_and_required():
 
 
 def test_unknown_field_strict_warn_ignore():
-    from tests.kube.emulator.api import ApiError
+    from tests.support.kube.emulator.api import ApiError
     obj = _tf_example()
     obj["spec"]["foo"] = 1
     v = crds.validator_for(crds.TFJOBS)

@@ -20,8 +20,8 @@ import yaml
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.kube.harness import code_dir, config, ours, pod_json, pods_service
-from tests.manager.helpers import form, until, wait_status
+from tests.support.kube.harness import code_dir, config, ours, pod_json, pods_service
+from tests.support.manager.helpers import form, until, wait_status
 
 NON_ROOT = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
 NON_ROOT_IMAGE = "nni-test/non-root:3.11"

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from nni_manager.service import create_training_service
-from tests.kube.harness import config, ours, pods_service
-from tests.manager.helpers import form, wait_status
+from tests.support.kube.harness import config, ours, pods_service
+from tests.support.manager.helpers import form, wait_status
 
 
 def test_pod_spec_overrides_and_private_registry(kube_factory, tmp_path: Path) -> None:

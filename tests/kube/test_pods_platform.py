@@ -19,7 +19,7 @@ from nni_manager.backends.kubernetes.client import KubeError
 from nni_manager.backends.registry import backend_class
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.kube.harness import (
+from tests.support.kube.harness import (
     SLIM_IMAGE,
     config,
     kubeconfig_with_token,
@@ -28,7 +28,7 @@ from tests.kube.harness import (
     pod_json,
     pods_service,
 )
-from tests.manager.helpers import form, message_with, release, sleeper, until, wait_status
+from tests.support.manager.helpers import form, message_with, release, sleeper, until, wait_status
 
 NS = "default"
 T = 60.0  # generous polling timeout: two cores shared with other test runs

@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import portforward
 
-from tests.kube.test_emulator import pod_body, wait_phase
+from tests.support.kube.pods import pod_body, wait_phase
 
 NS = "default"
 ECHO = ("import socket,sys\n"

@@ -13,8 +13,8 @@ import yaml
 
 from nni_manager.backends.kubernetes.client import KubeError
 from nni_manager.service import create_training_service
-from tests.kube.harness import IMAGE, config, kubeconfig_with_token, ours, pods_service
-from tests.manager.helpers import form, wait_status
+from tests.support.kube.harness import IMAGE, config, kubeconfig_with_token, ours, pods_service
+from tests.support.manager.helpers import form, wait_status
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "default"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
+from tests.support.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
 
 
 def start(config: Path, mode: str):  # -> Popen[str]

@@ -14,7 +14,7 @@ import pytest
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import form, until, wait_status
+from tests.support.manager.helpers import form, until, wait_status
 
 PY = "nni-test/python:3.11"
 NS = "default"

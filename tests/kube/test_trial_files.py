@@ -10,8 +10,8 @@ import pytest
 
 from nni_manager.errors import AgentUnavailableError
 from nni_manager.service import create_training_service
-from tests.kube.harness import config, pods_service
-from tests.manager.helpers import form, until, wait_status
+from tests.support.kube.harness import config, pods_service
+from tests.support.manager.helpers import form, until, wait_status
 
 T = 60.0
 

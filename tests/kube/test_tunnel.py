@@ -15,8 +15,8 @@ import pytest
 from nni_manager.backends.kubernetes import tunnel
 from nni_manager.config import ConfigError
 from nni_manager.service import create_training_service
-from tests.kube.harness import config, pod_json, pods_service
-from tests.manager.helpers import form, release, sleeper, until, wait_status
+from tests.support.kube.harness import config, pod_json, pods_service
+from tests.support.manager.helpers import form, release, sleeper, until, wait_status
 
 NS = "default"
 T = 90.0
@@ -203,7 +203,7 @@ def test_agents_dial_the_advertised_name_while_the_hub_binds_an_address(kube, ba
 
 @pytest.mark.parametrize("platform", ["kubeflow", "frameworkcontroller"])
 def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path, platform: str) -> None:
-    from tests.kube.test_operator_platforms import experiment, role, task_role
+    from tests.support.kube.operators import experiment, role, task_role
 
     kube = kube_factory(pod_network="isolated", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
     if platform == "kubeflow":  # a pool: both trials on the environments the tunnel already carries
@@ -228,7 +228,7 @@ def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path
 def test_port_forward_forbidden_says_what_to_grant_at_once(kube_factory, base: Path, caplog) -> None:
     import logging
 
-    from tests.kube.harness import kubeconfig_with_token
+    from tests.support.kube.harness import kubeconfig_with_token
 
     kube = kube_factory(pod_network="isolated", tokens=[
         "no-pf-token=alice:*/pods,*/secrets,*/configmaps,*/services,*/nodes,*/events"])

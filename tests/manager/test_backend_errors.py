@@ -11,7 +11,7 @@ import pytest
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.manager.helpers import form, register_backend, wait_status
+from tests.support.manager.helpers import form, register_backend, wait_status
 
 PLUGIN = '''
 from nni_manager.backends.base import BackendError, ElasticBackend

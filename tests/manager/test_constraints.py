@@ -4,7 +4,7 @@ from __future__ import annotations
 from nni_manager.service import constraints
 from nni_manager.backends.base import PlacementHints
 from nni_manager.service.placement import AgentView, Placer, Request
-from tests.manager.test_placement import gpus
+from tests.support.manager.placement import gpus
 
 
 def view(name: str, n: int = 2, *, host: str = "", hostname: str = "", connected: bool = True,

@@ -10,7 +10,7 @@ import pytest
 from nni_manager.config import ExperimentConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import form, until, wait_status
+from tests.support.manager.helpers import form, until, wait_status
 
 
 def run(coro: Any) -> Any:

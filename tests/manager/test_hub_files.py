@@ -11,7 +11,7 @@ import pytest
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.errors import AgentUnavailableError, TrainingServiceError
 from nni_manager.hub.files import FILES_MINOR
-from tests.manager.test_hub import TOKEN, Agent, run, started_hub
+from tests.support.manager.hubkit import TOKEN, Agent, run, started_hub
 
 
 async def collect(hub, agent_id: str = "a1", idle: float = 5.0) -> list[pb.FileChunk]:  # type: ignore[no-untyped-def]

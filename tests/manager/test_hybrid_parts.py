@@ -8,7 +8,7 @@ from pathlib import Path
 from nni_manager.config import load_config
 from nni_manager.service.hybrid import HybridBackend, make_backend
 from nni_manager.types import TrialJobDetail, TrialJobStatus
-from tests.manager.helpers import form
+from tests.support.manager.helpers import form
 
 AML = {"platform": "aml", "subscriptionId": "s", "resourceGroup": "r", "workspaceName": "w", "computeTarget": "c"}
 PAI = {"platform": "openpai", "host": "http://127.0.0.1:1", "username": "u", "token": "t", "trialCpuNumber": 1,

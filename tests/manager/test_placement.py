@@ -4,15 +4,7 @@ from __future__ import annotations
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import PlacementHints
 from nni_manager.service.placement import AgentView, Placer, Request
-
-
-def gpus(n: int, active: tuple[int, ...] = (), pid: int = 999) -> pb.GpuReport:
-    report = pb.GpuReport(provider="artificial")
-    for i in range(n):
-        g = report.gpus.add(index=i, active=i in active)
-        if i in active:
-            g.processes.add(pid=pid, type="compute")
-    return report
+from tests.support.manager.placement import gpus
 
 
 def agent(name: str = "local", n: int | None = 2, connected: bool = True, **kw: object) -> AgentView:

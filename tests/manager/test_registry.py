@@ -8,7 +8,7 @@ import pytest
 
 from nni_manager.backends import registry
 from nni_manager.config import ConfigError, load_config
-from tests.manager.helpers import register_backend
+from tests.support.manager.helpers import register_backend
 
 PLUGIN = '''
 from nni_manager.backends.base import Backend

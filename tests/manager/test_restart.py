@@ -11,7 +11,7 @@ import psutil
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import experiment_processes, heard, sigkill_after_metrics, start_manager
+from tests.support.manager.helpers import experiment_processes, heard, sigkill_after_metrics, start_manager
 
 
 def start(work: Path, code: Path, mode: str, experiment_id: str = "Restart1", *extra: str):  # -> Popen[str]

@@ -16,8 +16,8 @@ from nni_manager.service.heap import HeapFreezer
 from nni_manager.service.trials import Trials
 from nni_manager.store import Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
-from tests.manager.helpers import form, until
-from tests.manager.test_hub import Agent, records, started_hub
+from tests.support.manager.helpers import form, until
+from tests.support.manager.hubkit import Agent, records, started_hub
 
 _ENDS = (TrialJobStatus.SUCCEEDED, TrialJobStatus.FAILED, TrialJobStatus.USER_CANCELED)
 

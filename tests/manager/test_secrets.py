@@ -29,7 +29,7 @@ from nni_manager.experiment import Experiment, NoWorkerError, _log_file
 from nni_manager.service import create_training_service
 from nni_manager.service.nni_api import _redacted
 from nni_manager.store import Store
-from tests.manager.helpers import TRIAL, form, wait_status
+from tests.support.manager.helpers import TRIAL, form, wait_status
 
 
 def secret(platform: str, field: str) -> str:

@@ -16,7 +16,7 @@ from nni_manager.config import ExperimentConfig
 from nni_manager.service import TrainingService, create_training_service
 from nni_manager.store import Store
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobMetric, TrialJobStatus
-from tests.manager.helpers import form, kill_tree, param_record, until, wait_status
+from tests.support.manager.helpers import form, kill_tree, param_record, until, wait_status
 
 TERMINAL = ("SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED")
 

@@ -8,7 +8,7 @@ import pytest
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
-from tests.manager.helpers import form
+from tests.support.manager.helpers import form
 
 
 def test_trials_metrics_and_readonly(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from nni_manager.errors import (
     TrialNotFoundError,
 )
 from nni_manager.service import create_training_service
-from tests.manager.helpers import form, until, wait_status
+from tests.support.manager.helpers import form, until, wait_status
 
 FILES_TRIAL = r'''
 import os, sys

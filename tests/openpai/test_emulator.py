@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.openpai.emulator.protocol import schemas_dir
+from tests.support.openpai.emulator.protocol import schemas_dir
 
 DETAIL_STATUS_KEYS = {
     "username", "state", "subState", "executionType", "retries", "retryDetails", "retryDelayTime", "createdTime",

@@ -1,4 +1,4 @@
-"""`platform: openpai` end to end on the OpenPAI rest-server emulator (tests/openpai/conftest.py):
+"""`platform: openpai` end to end on the OpenPAI rest-server emulator (tests/support/openpai/fixtures.py):
 the backend's real HTTP client (aiohttp) submitting job protocol YAML, real agents in the jobs'
 task processes dialling the manager's TLS hub on 127.0.0.1. Every status path, reuse and
 non-reuse, a 2-instance task role, secrets, REST errors and faults, cleanup and the dry run."""
@@ -22,62 +22,15 @@ from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError, load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
+from tests.support.manager.helpers import form, message_with, release, sleeper, wait_status
+from tests.support.openpai.experiments import assert_clean, base, config, config_dict, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
-
-PEERS = r'''
-import json, os
-from nni_agent import get_next_parameter, report_final_result
-get_next_parameter()
-keys = ("PAI_CURRENT_TASK_ROLE_NAME", "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", "PAI_TASK_ROLE_TASK_COUNT_worker",
-        "PAI_HOST_IP_worker_0", "PAI_HOST_IP_worker_1", "PAI_JOB_NAME", "NNI_TRIAL_ROLE", "NNI_TRIAL_ROLE_INDEX")
-print("SEEN " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
-report_final_result(int(os.environ["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]))
-'''
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
-@pytest.fixture
-def base(short_dir: Path) -> Path:
-    return short_dir
-
-
-def config_dict(pai: Any, base: Path, training_service: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
-    code = base / "code"
-    code.mkdir(exist_ok=True)
-    (code / "trial.py").write_text(TRIAL)
-    (code / "peers.py").write_text(PEERS)
-    ts = {"platform": "openpai", "host": pai.url, "username": pai.username, "token": pai.token,
-          "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1, "trialMemorySize": "1gb", "dockerImage": "python:3.11",
-          "virtualCluster": "default", "pollInterval": "0.5s", **(training_service or {})}
-    data: dict[str, Any] = {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-                            "trialConcurrency": 1, "experimentWorkingDirectory": str(base / "exps"),
-                            "trialGracePeriod": 2, "trainingService": ts}
-    data.update(top)
-    return data
-
-
-def config(pai: Any, base: Path, training_service: dict[str, Any] | None = None, **top: Any):
-    return load_config(config_dict(pai, base, training_service, **top))
 
 
 def fast_pai(pai_factory: Any, **options: Any) -> Any:
     """An emulator whose list rate limit allows polling twice a second (the real one: 60/min)."""
     return pai_factory(rate_limits={"list": 0}, **options)
-
-
-def ours(pai: Any, experiment_id: str) -> list[dict[str, Any]]:
-    return [j for j in pai.jobs() if j["name"].startswith(f"nni_exp_{experiment_id}_")]
-
-
-def assert_clean(pai: Any, experiment_id: str) -> None:
-    pai.wait_for(lambda: all(j["state"] in ("STOPPED", "SUCCEEDED", "FAILED") for j in ours(pai, experiment_id)),
-                 60, what="every job of the experiment ended")
-    pai.wait_for(lambda: not pai.live_pids(), 60, what="no task process left")
 
 
 # ----------------------------------------------------------------------------- every status path
@@ -370,7 +323,7 @@ def test_config_checked_at_start_and_errors_name_the_field(tmp_path: Path) -> No
 
 
 def test_dry_run_yaml_is_what_the_rest_server_accepts_and_holds_no_secret(tmp_path: Path) -> None:
-    from tests.kube.emulator.crds import schemas_dir
+    from tests.support.kube.emulator.crds import schemas_dir
 
     cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 2, "trialCodeDirectory": str(tmp_path),
                        "trainingService": {"platform": "openpai", "host": "pai.example.com", "username": "u",

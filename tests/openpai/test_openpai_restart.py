@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
+from tests.support.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
 
 
 def test_manager_sigkill_and_restart_reattaches_running_jobs(pai_factory, tmp_path: Path) -> None:

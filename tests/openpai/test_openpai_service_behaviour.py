@@ -1,7 +1,7 @@
 """`platform: openpai` where OpenPAI is stricter than a kind test bed: its per-user submission
 rate limit (429 with `Retry-After` the whole window: a trial waits, never fails), and an image
 without the agent (the boot's own line, not PAI's `PAIRuntimeUnknownFailed`, reaches the trial).
-Emulator: tests/openpai/conftest.py (`rate_limits` / `rate_windows` shrink PAI's 60 an hour)."""
+Emulator: tests/support/openpai/fixtures.py (`rate_limits` / `rate_windows` shrink PAI's 60 an hour)."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,8 @@ import pytest
 
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import form, until, wait_status
-from tests.openpai.test_openpai_platform import assert_clean, config, ours, run
+from tests.support.manager.helpers import form, until, wait_status
+from tests.support.openpai.experiments import assert_clean, config, ours, run
 
 T = 90.0
 

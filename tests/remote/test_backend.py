@@ -1,5 +1,5 @@
 """RemoteBackend end to end: real sshd hosts in network namespaces, real agents, the
-production gRPC hub and agent registry (tests/agent/prodhub.py: per-agent tokens, and
+production gRPC hub and agent registry (tests/support/agent/prodhub.py: per-agent tokens, and
 `agent_connected` meaning an open stream now). Agents in a namespace can reach the hub only
 through the SSH tunnel."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from nni_manager.backends.remote.backend import RemoteBackend
 from nni_manager.backends.remote.config import MachineConfig, RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.hub.tls import experiment_tls
-from tests.agent.prodhub import HubContext, ProdHub
-from tests.remote.conftest import processes_with
+from tests.support.agent.prodhub import HubContext, ProdHub
+from tests.support.remote.fixtures import processes_with
 
 pytestmark = pytest.mark.ssh
 

@@ -15,9 +15,9 @@ import yaml
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.aml.conftest import aml, aml_factory  # noqa: F401 (fixtures)
-from tests.manager.helpers import form, until, wait_status
-from tests.remote.conftest import processes_with
+from tests.support.aml.fixtures import aml, aml_factory  # noqa: F401 (fixtures)
+from tests.support.manager.helpers import form, until, wait_status
+from tests.support.remote.fixtures import processes_with
 
 pytestmark = pytest.mark.ssh
 NNI_CONFIG = (Path(__file__).resolve().parents[1] / "experiment" / "nni_configs" / "examples" / "trials" /

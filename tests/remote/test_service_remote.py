@@ -15,8 +15,8 @@ from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobMetric
-from tests.manager.helpers import TRIAL, form, until, wait_status
-from tests.remote.conftest import processes_with
+from tests.support.manager.helpers import TRIAL, form, until, wait_status
+from tests.support.remote.fixtures import processes_with
 
 pytestmark = pytest.mark.ssh
 

@@ -20,7 +20,7 @@ import pytest
 from nni_manager.config import load_config
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus
-from tests.storage.conftest import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)
+from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.ssh
 

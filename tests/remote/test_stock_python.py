@@ -19,7 +19,7 @@ import pytest
 from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
-from tests.manager.helpers import TRIAL, form, wait_status
+from tests.support.manager.helpers import TRIAL, form, wait_status
 
 pytestmark = pytest.mark.ssh
 STOCK = Path("/usr/bin/python3")

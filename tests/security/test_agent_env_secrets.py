@@ -17,7 +17,7 @@ import yaml
 
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
-from tests.manager.helpers import form, wait_status
+from tests.support.manager.helpers import form, wait_status
 
 SECRET = "s3cr3t-agentenv-" + hashlib.sha256(b"nni-agent").hexdigest()[:12]
 AGENT_ENV = {"WANDB_API_KEY": SECRET, "CUDA_HOME": "/opt/cuda-kept"}

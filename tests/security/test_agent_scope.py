@@ -21,9 +21,9 @@ import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.types import TrialJobStatus
-from tests.kube.conftest import kube_factory  # noqa: F401 - the Kubernetes emulator fixture
-from tests.manager.helpers import until
-from tests.security.agentkit import (
+from tests.support.kube.fixtures import kube_factory  # noqa: F401 - the Kubernetes emulator fixture
+from tests.support.manager.helpers import until
+from tests.support.security.agentkit import (
     PASSWD_MARK,
     fleet,
     get,
@@ -170,9 +170,9 @@ def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent
     """Cluster platforms place a trial on a whole environment: each member's records are its
     own (a TFJob's two workers here); an agent outside the environment is refused."""
     from nni_manager.service import create_training_service
-    from tests.kube.test_operator_platforms import experiment, replica_views, role
-    from tests.manager.helpers import form, wait_status
-    from tests.security.agentkit import RawAgent
+    from tests.support.kube.operators import experiment, replica_views, role
+    from tests.support.manager.helpers import form, wait_status
+    from tests.support.security.agentkit import RawAgent
 
     caplog.set_level(logging.WARNING)
     kube = kube_factory(crd_groups=["kubeflow.org"])

@@ -10,9 +10,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-from tests.manager.helpers import until
-from tests.manager.test_hub_enrolment import CREDENTIAL, enrol_hub, stop_all, token_file
-from tests.manager.test_hub_tls import agent
+from tests.support.manager.helpers import until
+from tests.support.manager.enrolment import CREDENTIAL, enrol_hub, stop_all, token_file
+from tests.support.manager.hub_tls import agent
 
 
 def test_second_presentation_revokes_the_session_it_opened(tmp_path: Path, caplog) -> None:

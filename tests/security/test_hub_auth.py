@@ -36,10 +36,10 @@ from nni_manager.service import hub_setup
 from nni_manager.ssh.commands import home_path, run
 from nni_manager.ssh.connection import connect
 from nni_manager.store import Store
-from tests.agent.prodhub import HubContext, ProdHub
-from tests.manager.helpers import until
-from tests.manager.test_hub_tls import Recorder
-from tests.remote.conftest import leave_home_as_found, plain_sshd, processes_with, ssh_keys  # noqa: F401
+from tests.support.agent.prodhub import HubContext, ProdHub
+from tests.support.manager.helpers import until
+from tests.support.manager.hub_tls import Recorder
+from tests.support.remote.fixtures import leave_home_as_found, plain_sshd, processes_with, ssh_keys  # noqa: F401
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 

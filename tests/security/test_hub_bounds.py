@@ -23,8 +23,8 @@ from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.hub import Hub
 from nni_manager.store import Store
-from tests.manager.helpers import until
-from tests.manager.test_hub_tls import Recorder
+from tests.support.manager.helpers import until
+from tests.support.manager.hub_tls import Recorder
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0), ("grpc.max_send_message_length", 80 << 20)]

@@ -17,8 +17,8 @@ import pytest
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.errors import TrialFileTooLargeError
 from nni_manager.hub import logfiles
-from tests.manager.helpers import until
-from tests.security.agentkit import fleet, get, stored_webui
+from tests.support.manager.helpers import until
+from tests.support.security.agentkit import fleet, get, stored_webui
 
 MiB = 1 << 20
 SERVE_LIMIT = 16 * MiB  # the most of one log the WebUI serves at once (nni_manager.local_files)

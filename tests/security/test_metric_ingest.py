@@ -19,7 +19,7 @@ import pytest
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.store import Store
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobDetail, TrialJobStatus
-from tests.security.agentkit import fleet, get, metric_json, stored_webui
+from tests.support.security.agentkit import fleet, get, metric_json, stored_webui
 
 ENDPOINTS = ("/trial-jobs", "/metric-data", "/metric-data-latest", "/metric-data-range/0/5", "/export-data",
              "/experiment", "/job-statistics")

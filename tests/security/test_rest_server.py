@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from nni_manager.types import TrialJobStatus
-from tests.webui.conftest import ServerThread as Served  # a stored experiment's server, own loop thread
-from tests.webui.conftest import Synthetic, home  # noqa: F401  (home: the fixture)
+from tests.support.security.rest_server import stored  # noqa: F401  (the fixture)
+from tests.support.webui.fixtures import ServerThread as Served  # a stored experiment's server, own loop thread
+from tests.support.webui.fixtures import home  # noqa: F401  (home: the fixture)
 
 API = "/api/v1/nni"
 
@@ -101,14 +101,6 @@ def other_user() -> Iterator[OtherUser]:
         _users_tool("userdel", name)
 
 
-@pytest.fixture
-def stored(tmp_path: Path) -> Path:
-    exp = Synthetic(tmp_path / "exp")
-    exp.trial("tAAAA", TrialJobStatus.SUCCEEDED, {"x": 1}, final=0.5)
-    exp.store.close()
-    return tmp_path / "exp"
-
-
 # ---------------------------------------------------------------------------- other users
 def test_another_local_user_is_refused_and_the_owner_served(stored: Path, other_user: OtherUser) -> None:
     with Served(stored, register=False) as srv:
@@ -129,7 +121,7 @@ def test_another_local_user_is_refused_and_the_owner_served(stored: Path, other_
 def test_running_experiment_refuses_other_users_and_bounds_writes(tmp_path: Path, home: Path,
                                                                   other_user: OtherUser) -> None:
     pytest.importorskip("nni", reason="RunningExperiment's GridSearch runs in NNI's dispatcher here")
-    from tests.webui.experiments import RunningExperiment
+    from tests.support.webui.experiments import RunningExperiment
 
     exp = RunningExperiment(tmp_path, home, "sleepy.py", trialConcurrency=1, maxTrialNumber=3)
     try:

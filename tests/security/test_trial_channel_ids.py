@@ -18,8 +18,9 @@ import pytest
 
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.v1 import agent_pb2 as pb
-from tests.agent.trialkit import AGENT_KEY, python_command, run_trial
-from tests.security.test_rest_server import Served, stored  # noqa: F401  (the fixture)
+from tests.support.agent.trialkit import AGENT_KEY, python_command, run_trial
+from tests.support.security.rest_server import stored  # noqa: F401  (the fixture)
+from tests.support.webui.fixtures import ServerThread as Served
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -1,4 +1,4 @@
-"""`agentConnectTimeout` on the real 2-node Slurm cluster (tests/slurm/conftest.py): Slurm runs the
+"""`agentConnectTimeout` on the real 2-node Slurm cluster (tests/support/slurm/fixtures.py): Slurm runs the
 job, but its agent never dials the hub (the batch script's prologue never ends). The job pattern
 shared with the REST platforms (backends/jobs.py) says so while it waits, then fails the trial
 and cancels the job itself, before the experiment stops."""
@@ -11,7 +11,7 @@ from typing import Any
 
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
-from tests.manager.helpers import TRIAL, form, message_with, wait_status
+from tests.support.manager.helpers import TRIAL, form, message_with, wait_status
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
 

@@ -1,5 +1,5 @@
 """`loginNode`: the manager drives the real 2-node Slurm cluster only through a real sshd on
-127.0.0.1 (tests/slurm/conftest.py `login_node`): every sbatch / squeue / scancel runs over SSH, the
+127.0.0.1 (tests/support/slurm/fixtures.py `login_node`): every sbatch / squeue / scancel runs over SSH, the
 job files go there by SFTP, and the agents reach the hub through the relay on the login node and
 an SSH remote forward (TLS end to end). Also the dry run and config errors, without a cluster."""
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ConfigError
 from nni_manager.service import create_training_service
-from tests.manager.helpers import form, wait_status
-from tests.slurm.conftest import relay_processes
-from tests.slurm.test_slurm_platform import T, assert_clean, config, release, run, sleeper
+from tests.support.manager.helpers import form, release, sleeper, wait_status
+from tests.support.slurm.fixtures import relay_processes
+from tests.support.slurm.experiments import T, assert_clean, config, run
 
 
 def login_config(base: Path, login: dict[str, Any], ts: dict[str, Any] | None = None, **top: Any):  # -> ExperimentConfig

@@ -1,4 +1,4 @@
-"""`platform: slurm` end to end on a real 2-node Slurm cluster on loopback (tests/slurm/conftest.py):
+"""`platform: slurm` end to end on a real 2-node Slurm cluster on loopback (tests/support/slurm/fixtures.py):
 the backend's real `sbatch` / `squeue` / `scancel` calls, real agents started by `srun` in real
 jobs dialling the manager's TLS hub on 127.0.0.1. Every state path, a PENDING reason, an
 impossible request, a 2-node trial, reuse mode, cleanup, the dry run and config errors."""
@@ -18,47 +18,11 @@ import pytest
 
 from nni_manager.backends.registry import backend_class
 from nni_manager.backends.slurm.backend import SlurmError
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
-
-T = 90.0  # generous polling timeout: two cores shared with other test runs
-
-SEEN = r'''
-import json, os, socket
-import nni_agent
-from nni_agent import get_next_parameter, report_final_result
-get_next_parameter()
-keys = ("SLURM_PROCID", "SLURM_NODEID", "SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_JOB_ID")
-print("SEEN " + json.dumps({**{k: os.environ.get(k) for k in keys}, "agent": nni_agent.__file__}), flush=True)
-report_final_result(int(os.environ["SLURM_PROCID"]))
-'''
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
-def config(base: Path, training_service: dict[str, Any] | None = None, **top: Any):  # -> ExperimentConfig
-    code = base / "code"
-    code.mkdir(exist_ok=True)
-    (code / "trial.py").write_text(TRIAL)
-    (code / "seen.py").write_text(SEEN)
-    ts = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1, "trialMemorySize": "200mb",
-          "pollInterval": "0.3s", **(training_service or {})}
-    data: dict[str, Any] = {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
-                            "trialConcurrency": 1, "experimentWorkingDirectory": str(base / "exps"),
-                            "trialGracePeriod": 2, "trainingService": ts}
-    data.update(top)
-    return load_config(data)
-
-
-def assert_clean(slurm: Any, experiment_id: str) -> None:
-    prefix = f"nni_exp_{experiment_id}_"
-    slurm.wait_for(lambda: not slurm.live_jobs(prefix), 60, "no live job of the experiment")
-    slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
-    slurm.wait_for(lambda: len(slurm.idle_nodes()) == 2, 60, "both nodes idle again")
+from tests.support.manager.helpers import form, message_with, release, sleeper, wait_status
+from tests.support.slurm.experiments import T, assert_clean, config, run
 
 
 # ----------------------------------------------------------------------------- every state path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
+from tests.support.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
 
 
 def test_manager_sigkill_and_restart_reattaches_running_jobs(slurm, tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_nod
     """The same through `loginNode`: the SIGKILLed manager's SSH link and forward die with it; the
     restarted one reconnects, finds the relay still running (same port, the one the batch scripts
     name), points it at a new forward, and the agents' redials reach the new hub."""
-    from tests.slurm.conftest import relay_processes
+    from tests.support.slurm.fixtures import relay_processes
 
     code = tmp_path / "code"
     code.mkdir()

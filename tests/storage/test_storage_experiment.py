@@ -22,7 +22,7 @@ from nni_manager.experiment import Experiment
 from nni_manager.shared_storage import SharedStorageConfig, check_container
 from nni_manager.types import TrialJobStatus
 
-from .conftest import AZURITE_ACCOUNT, AZURITE_KEY
+from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY
 
 TRIAL = """
     import json, os

@@ -8,7 +8,7 @@ import pytest
 
 from nni_manager.types import TrialJobStatus as S
 
-from .conftest import T0, ServerThread, Synthetic, get_json, http, needs_nni
+from tests.support.webui.fixtures import T0, ServerThread, Synthetic, get_json, http, needs_nni
 
 TRIAL_KEYS = {"trialJobId", "status", "hyperParameters", "startTime", "logPath", "sequenceId", "endTime",
               "message", "finalMetricData", "stderrPath"}
@@ -251,7 +251,7 @@ def test_without_nni_the_page_says_how_and_the_api_stays(tmp_path: Path, monkeyp
 def test_finds_nni_webui_in_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
     from nni_manager.webui.static import webui_dir
 
-    from .conftest import nni_installed
+    from tests.support.webui.fixtures import nni_installed
 
     monkeypatch.delenv("NNI_MANAGER_WEBUI_DIR", raising=False)
     found = webui_dir()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .conftest import get_json, needs_nni
-from .experiments import RunningExperiment
+from tests.support.webui.fixtures import get_json, needs_nni
+from tests.support.webui.experiments import RunningExperiment
 
 pytestmark = needs_nni
 

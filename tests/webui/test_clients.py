@@ -11,8 +11,8 @@ import psutil
 
 from nni_manager.webui import manifest
 
-from .conftest import get_json, http, needs_nni
-from .experiments import RunningExperiment, nnictl
+from tests.support.webui.fixtures import get_json, http, needs_nni
+from tests.support.webui.experiments import RunningExperiment, nnictl
 
 pytestmark = needs_nni
 
@@ -101,7 +101,7 @@ def test_writes_kill_and_nnictl_stop_on_a_running_experiment(tmp_path: Path, hom
 def test_view_serves_a_stored_experiment_and_delete_stops_it(tmp_path: Path, home: Path) -> None:
     import subprocess
 
-    from .conftest import CLI
+    from tests.support.webui.fixtures import CLI
 
     exp = RunningExperiment(tmp_path, home, "curve.py", maxTrialNumber=2)
     try:

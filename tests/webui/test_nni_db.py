@@ -18,8 +18,8 @@ from nni_manager.types import TrialJobStatus as S
 from nni_manager.webui import manifest
 from nni_manager.webui.nni_db import INDEXES, TABLES, export_nni_db
 
-from .conftest import CLI, CONFIG, ServerThread, Synthetic, get_json, needs_nni
-from .nni_view import NniView, node_why_not
+from tests.support.webui.fixtures import CLI, CONFIG, ServerThread, Synthetic, get_json, needs_nni
+from tests.support.webui.nni_view import NniView, node_why_not
 
 NON_ASCII = "exit code 3: ünïcödé 失败"
 

@@ -13,7 +13,7 @@ import pytest
 from nni_manager.webui import manifest
 from nni_manager.webui.server import _listen
 
-from .conftest import needs_nni
+from tests.support.webui.fixtures import needs_nni
 
 
 def test_taken_port_moves_to_the_next_free_one_on_loopback() -> None:
@@ -63,7 +63,7 @@ def test_experiments_info_marks_dead_managers_stopped(tmp_path: Path) -> None:
 
 @needs_nni
 def test_nnictl_reads_our_manifest(tmp_path: Path, home: Path) -> None:
-    from .experiments import nnictl
+    from tests.support.webui.experiments import nnictl
 
     manifest.register({"id": "mine0001", "port": 1, "startTime": 1795000000000, "endTime": "N/A",
                        "status": "RUNNING", "platform": "local", "experimentName": "x", "tag": [],

@@ -1,0 +1,1 @@
+"""The fault-injecting TCP relay and the `relayed` backend that routes agents through it."""

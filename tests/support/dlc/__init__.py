@@ -1,0 +1,1 @@
+"""The PAI-DLC OpenAPI emulator and the fixtures that start it."""

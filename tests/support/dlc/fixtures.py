@@ -1,0 +1,84 @@
+"""Fixture `dlc`: the PAI-DLC OpenAPI emulator (tests/support/dlc/emulator) in its own process, over HTTPS,
+with one AccessKey pair, one workspace and its NAS/OSS data sources, and an "image" that is the
+test's virtual environment's bin directory (it holds python3 and nni-agent)."""
+from __future__ import annotations
+
+import json
+import secrets
+import ssl
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+
+MARK = "DLC_EMULATOR"
+IMAGE = "registry-vpc.cn-hangzhou.aliyuncs.com/pai-dlc/pytorch-training:1.6.0-gpu-py37-cu101-ubuntu18.04"
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+class Dlc(EmulatorHandle):
+    marker = MARK
+
+    def __init__(self, state: Path, proc: subprocess.Popen, cfg: dict[str, Any]) -> None:
+        self.state, self.proc, self.cfg = state, proc, cfg
+        self.instance = cfg["instance"]
+        self.port = int((state / "port").read_text())
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.ca_file = str(state / "ca.crt")
+        (self.access_key_id, key), = [(k, v) for k, v in cfg["accessKeys"].items() if v["user"] == "alice"]
+        self.access_key_secret = key["secret"]
+        self._ssl = ssl.create_default_context(cafile=self.ca_file)
+
+    def training_service(self, **overrides: Any) -> dict[str, Any]:
+        """NNI's `trainingService` for this emulator (config_dlc.yml's fields, the endpoint and its CA)."""
+        return {"platform": "dlc", "type": "Worker", "image": IMAGE, "jobType": "PyTorchJob", "podCount": 1,
+                "ecsSpec": "ecs.c6.large", "region": "cn-hangzhou", "workspaceId": "ws-nni",
+                "accessKeyId": self.access_key_id, "accessKeySecret": self.access_key_secret,
+                "nasDataSourceId": "data-nas-1", "ossDataSourceId": "data-oss-1",
+                "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/",
+                "endpoint": self.endpoint, "caFile": self.ca_file, "pollInterval": "0.3s", **overrides}
+
+    def _get(self, what: str) -> Any:
+        with urllib.request.urlopen(f"https://{self.endpoint}/_emulator/{what}", context=self._ssl, timeout=30) as r:
+            return json.loads(r.read())
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._get("jobs")
+
+    def live_pids(self) -> list[int]:
+        return self._get("pids")["pids"]
+
+    def requests(self) -> list[dict[str, Any]]:
+        return self._get("requests")
+
+
+def start_dlc(base: Path, *, step: float = 0.05) -> Dlc:
+    state = base / f"dlc-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    cfg = {"instance": secrets.token_hex(8), "step": step, "images": {IMAGE: VENV_BIN},
+           "accessKeys": {"LTAI" + secrets.token_hex(10): {"secret": secrets.token_urlsafe(22), "user": "alice",
+                                                           "workspaces": ["ws-nni"]},
+                          "LTAI" + secrets.token_hex(10): {"secret": secrets.token_urlsafe(22), "user": "bob",
+                                                           "workspaces": ["ws-other"]}},
+           "workspaces": {"ws-nni": {"dataSources": [{"DataSourceId": "data-nas-1", "DataSourceType": "nas"},
+                                                     {"DataSourceId": "data-oss-1", "DataSourceType": "oss"}]},
+                          "ws-other": {"dataSources": []}}}
+    (state / "config.json").write_text(json.dumps(cfg))
+    proc = start_emulator_process("tests.support.dlc.emulator", state, [], what="PAI-DLC emulator", drop_env=(MARK,))
+    return Dlc(state, proc, cfg)
+
+
+@pytest.fixture
+def dlc_factory():
+    with emulator_factory("dlc-emu-", start_dlc, "the PAI-DLC emulator") as make:
+        yield make
+
+
+@pytest.fixture
+def dlc(dlc_factory) -> Dlc:
+    return dlc_factory()

@@ -1,0 +1,1 @@
+"""The DLTS REST emulator and the fixtures that start it."""

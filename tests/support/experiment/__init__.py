@@ -1,0 +1,1 @@
+"""Fixtures and config builders for the experiment (CLI, config, dispatcher) tests."""

@@ -1,0 +1,1 @@
+"""The Kubernetes API server emulator, its fixtures and the pods-platform harness."""

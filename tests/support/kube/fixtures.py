@@ -1,0 +1,173 @@
+"""Fixtures `kube` and `kube_factory`: a Kubernetes API server emulator in its own process."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import ssl
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+
+ROOT = Path(__file__).resolve().parents[3]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _slim_python_dir(base: Path) -> str:
+    d = base / "image-python-slim"
+    d.mkdir(exist_ok=True)
+    for n in ("python3", "python"):
+        (d / n).symlink_to("/usr/bin/python3")
+    return str(d)
+
+
+class Kube(EmulatorHandle):
+    """A running emulator. See tests/support/kube/emulator/README.md."""
+
+    marker = "KUBE_EMULATOR_INSTANCE"
+
+    def __init__(self, state_dir: Path, proc: subprocess.Popen, token: str, instance: str):
+        self.state_dir, self.proc, self.token, self.instance = state_dir, proc, token, instance
+        self.kubeconfig = state_dir / "kubeconfig"
+        self.port = int((state_dir / "port").read_text())
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._ssl = ssl.create_default_context(cafile=str(state_dir / "ca.crt"))
+
+    # ------------------------------------------------------------ clients
+    def api_client(self, token: str | None = None):
+        from kubernetes import client, config
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        if token is not None:
+            cfg.api_key = {"BearerToken": "Bearer " + token, "authorization": "Bearer " + token}
+            cfg.api_key_prefix = {}
+            cfg.refresh_api_key_hook = None
+        return client.ApiClient(cfg)
+
+    def core(self, token: str | None = None):
+        from kubernetes import client
+        return client.CoreV1Api(self.api_client(token))
+
+    def raw(self, method: str, path: str, body=None, query: list | None = None, headers: dict | None = None):
+        """A request through the official client's transport, without its model validation (to send what
+        the typed API refuses, e.g. unknown fields). Returns (status, headers, body bytes)."""
+        api = self.api_client()
+        m, url, h, b, post = api.param_serialize(method, path, query_params=query or [],
+                                                 header_params=dict(headers or {}), body=body,
+                                                 auth_settings=["BearerToken"])
+        r = api.call_api(m, url, h, b, post)
+        r.read()
+        return r.status, r.getheaders(), r.data
+
+    # ------------------------------------------------------------ controls
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Authorization": f"Bearer {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl, timeout=30) as r:
+            return json.loads(r.read())
+
+    def oom_kill(self, ns: str, pod: str, container: str | None = None) -> None:
+        self._call("POST", f"/emulator/v1/namespaces/{ns}/pods/{pod}/oomkill", {"container": container})
+
+    def evict(self, ns: str, pod: str, message: str | None = None) -> None:
+        self._call("POST", f"/emulator/v1/namespaces/{ns}/pods/{pod}/evict", {"message": message})
+
+    def node_lost(self, node: str) -> None:
+        self._call("POST", f"/emulator/v1/nodes/{node}/lost", {})
+
+    def set_node(self, name: str, cpu=None, memory=None, gpus=None, labels: dict | None = None) -> None:
+        self._call("PUT", f"/emulator/v1/nodes/{name}", {"cpu": cpu, "memory": memory, "gpus": gpus, "labels": labels})
+
+    def pod_processes(self, ns: str, pod: str) -> list[int]:
+        return self._call("GET", f"/emulator/v1/namespaces/{ns}/pods/{pod}/processes")["pids"]
+
+    def issue_token(self, user: str = "rotated-user", lifetime: float = 600) -> str:
+        """A bearer token from the emulator's identity provider (what OIDC / exec plugins obtain)."""
+        return self._call("POST", "/emulator/v1/tokens", {"user": user, "lifetime": lifetime})["token"]
+
+    def revoke_token(self, token: str) -> bool:
+        """The identity provider revokes an issued token: the API server answers 401 to it from now on."""
+        return self._call("POST", "/emulator/v1/tokens/revoke", {"token": token})["revoked"]
+
+    def drop_port_forwards(self) -> int:
+        """End every open `pods/portforward` stream (an API server restart, a proxy timing out)."""
+        return self._call("POST", "/emulator/v1/portforward/drop", {})["dropped"]
+
+    def history(self, kind: str, ns: str | None, name: str) -> list[dict]:
+        """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
+        return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
+
+    def storm(self, status: int, count: int, retry_after: int = 1, path: str = "") -> None:
+        """The next `count` API requests (whose path holds `path`) answer `status` (429 with Retry-After)."""
+        self._call("POST", "/emulator/v1/faults/storm", {"status": status, "count": count,
+                                                         "retryAfter": retry_after, "path": path})
+
+    def faults(self) -> dict:
+        """{"answered": {"429": n, ...}, "left": requests the current storm will still answer}."""
+        return self._call("GET", "/emulator/v1/faults")
+
+    def restart(self, down: float = 1.0, delete_pods: list[tuple[str, str]] = ()) -> None:
+        """Restart the API server (every connection drops; listening again after `down` s); the
+        (namespace, name) pods are deleted while it is down."""
+        self._call("POST", "/emulator/v1/restart", {"down": down, "deletePods": [
+            {"namespace": ns, "name": n} for ns, n in delete_pods]})
+
+    def set_operator(self, name: str, running: bool) -> None:
+        """Stop or start an operator's controller: tfjob, pytorchjob, framework."""
+        self._call("PUT", f"/emulator/v1/operators/{name}", {"running": running})
+
+
+
+def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
+                   pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
+                   pod_network: str = "host") -> Kube:
+    state = base / f"kube-{secrets.token_hex(3)}"
+    state.mkdir(parents=True)
+    instance = secrets.token_hex(8)
+    token = f"tok-{secrets.token_hex(12)}"
+    imgs = dict(images or {})
+    if default_images:
+        imgs.setdefault("nni-test/python:3.11", VENV_BIN)
+        imgs.setdefault("msranni/nni:latest", VENV_BIN)
+        imgs.setdefault("python:3.11-slim", _slim_python_dir(state))
+    args = ["--instance-id", instance,
+            "--pod-start-delay", str(pod_start_delay)]
+    toks = list(tokens or [])
+    args += ["--token", f"{token}=system:admin"]
+    for t in toks:
+        args += ["--token", t]
+    for n in nodes or []:
+        args += ["--node", n]
+    for k, v in imgs.items():
+        args += ["--image", f"{k}={v}"]
+    for g in crd_groups:
+        args += ["--crd-group", g]
+    for ns in namespaces:
+        args += ["--namespace", ns]
+    if watch_history:
+        args += ["--watch-history", str(watch_history)]
+    if pod_network != "host":  # "isolated": pods in a network namespace of the emulator's own
+        args += ["--pod-network", pod_network]
+    proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
+                                  drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
+    return Kube(state, proc, token, instance)
+
+
+@pytest.fixture
+def kube_factory():
+    if os.geteuid() != 0:
+        pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
+    with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
+        yield make
+
+
+@pytest.fixture
+def kube(kube_factory) -> Kube:
+    return kube_factory()

@@ -1,0 +1,1 @@
+"""The OpenPAI REST emulator, its fixtures and experiment drivers."""

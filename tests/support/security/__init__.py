@@ -1,0 +1,1 @@
+"""A raw agent fleet and a stored experiment, for the security tests."""

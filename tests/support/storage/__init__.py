@@ -1,0 +1,1 @@
+"""Azurite and bind-mount fixtures for the sharedStorage tests."""

@@ -1,0 +1,1 @@
+"""WebUI servers, synthetic stored experiments, running experiments and NNI's own view for the WebUI tests."""
