@@ -58,6 +58,9 @@ def test_detach_list_trials_logs_stop_resume_by_id(make_config, home: Path, tmp_
         assert logs.returncode == 0 and "trial says" in logs.stdout, logs.stdout + logs.stderr
     finally:
         stopped = cli(home, "stop", exp_id, cwd=tmp_path)
+        if stopped.returncode != 0:  # a failed test must not leave the background manager running
+            for proc in processes_under(tmp_path):
+                proc.kill()
     assert stopped.returncode == 0 and f"stopped experiment {exp_id}" in stopped.stdout, stopped.stderr
     with pytest.raises(OSError):
         _status(url)  # its WebUI is gone with it
