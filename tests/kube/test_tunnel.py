@@ -225,9 +225,10 @@ def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path
     run(main())
 
 
-def test_port_forward_forbidden_says_what_to_grant_at_once(kube_factory, base: Path, caplog) -> None:
-    import logging
-
+def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base: Path) -> None:
+    """`create` on pods never grants pods/portforward: the start-time access review names it,
+    before any relay object exists (not a relay that never carries an agent)."""
+    from nni_manager.backends.kubernetes.client import KubeError
     from tests.support.kube.harness import kubeconfig_with_token
 
     kube = kube_factory(pod_network="isolated", tokens=[
@@ -235,13 +236,13 @@ def test_port_forward_forbidden_says_what_to_grant_at_once(kube_factory, base: P
     cfg = config(kube, base, pods_service(kubeConfig=str(kubeconfig_with_token(kube, base / "kc", "no-pf-token"))),
                  nniManagerIp=None)
 
-    async def main() -> None:
-        with caplog.at_level(logging.WARNING, logger="nni_manager.backends.kubernetes.tunnel"):
-            async with create_training_service(cfg) as ts:
-                await until(lambda: [r for r in caplog.records if "pods/portforward" in r.getMessage()], 20,
-                            "the RBAC warning")  # at once: not after the relay's start-up grace
-                assert ts._backend._tunnel.opened == 0  # nothing reached the relay the forbidden way
+    async def main() -> str:
+        ts = create_training_service(cfg)
+        with pytest.raises(KubeError) as e:
+            await ts.start()
+        return str(e.value)
 
-    run(main())
-    warning = next(r.getMessage() for r in caplog.records if "pods/portforward" in r.getMessage())
-    assert "403" in warning and "grant `create`" in warning and "namespace default" in warning, warning
+    msg = run(main())
+    denied = [line.strip() for line in msg.splitlines() if line.startswith("  ")]
+    assert denied == ["cannot create pods/portforward in namespace default"], msg
+    assert not kube.core().list_namespaced_pod("default").items  # no relay was started

@@ -37,7 +37,7 @@ def platform_needs(custom: tuple[str, str, str, str] | None) -> list[Need]:
     out = _needs("get list watch delete deletecollection", "pods")
     out += _needs("list", "events")  # why an environment waits (quota, webhook, mounts)
     out += _needs("create patch delete deletecollection", "secrets")
-    out += _needs("create update deletecollection", "configmaps")
+    out += _needs("create update delete deletecollection", "configmaps")
     if custom is None:
         out += _needs("create", "pods")
     else:
@@ -51,7 +51,6 @@ def tunnel_needs() -> list[Need]:
     port-forward to the pod, which `create` on pods never grants."""
     out = _needs("create get delete", "pods")
     out += _needs("create get delete", "services")
-    out += _needs("create delete", "configmaps")
     out += _needs("create", "pods/portforward")
     return out
 
