@@ -149,7 +149,7 @@ async def ship(core: Any, namespace: str, wheels: agent_deps.Wheels, key: str) -
             await core.read_namespaced_config_map(name, namespace)
             continue  # shipped by an earlier experiment
         except Exception as e:
-            if getattr(e, "status", None) != 404:
+            if getattr(e, "status", None) not in (404, 403):  # 403: no `get` on configmaps; create answers 409
                 raise
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": name, "namespace": namespace, "labels": {"app": DEPS_APP, "python": key}},
