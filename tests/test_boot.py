@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -201,13 +202,17 @@ def test_wheel_unpacked_once_and_agent_id_from_the_environment(python: str, vers
     assert line == "nni-agent: the environment variable NNI_AGENT_ID (the agent's id) is not set"
 
 
+WORKER = {"version": "%d.%d" % sys.version_info[:2], "machine": platform.machine(),
+          "libc": " ".join(platform.libc_ver()).strip()}
+
+
 def test_boot_file_runs_without_its_package_shadowing_the_stdlib(tmp_path: Path) -> None:
     """Run as a file, boot.py's own directory (nni_agent/) leaves sys.path: `--check` with the real
     agent and this Python's real dependencies says ok."""
     out = run_boot(sys.executable, "--path", str(ROOT / "agent"), "--check",
                    env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if "site-packages" in p)}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"ok": True, "python": sys.executable, "problems": [], "fixes": []}
+    assert json.loads(out.stdout) == {"ok": True, "python": sys.executable, "problems": [], "fixes": [], **WORKER}
 
 
 def test_check_mode_says_what_to_install(tmp_path: Path) -> None:
@@ -217,9 +222,44 @@ def test_check_mode_says_what_to_install(tmp_path: Path) -> None:
     fake_agent(tmp_path / "agent")
     out = run_boot(sys.executable, "--path", str(site), "--path", str(tmp_path / "agent"), "--check", cwd=tmp_path)
     assert out.returncode == boot.FAILED
-    assert json.loads(out.stdout) == {"ok": False, "python": sys.executable,
+    assert json.loads(out.stdout) == {"ok": False, "python": sys.executable, **WORKER,
                                       "problems": ["grpcio 1.30.0 is older than 1.49.1"], "fixes": ["grpcio>=1.49.1,<2"]}
     assert one_line(out).startswith("nni-agent: Python ")
+    report = tmp_path / "report.json"  # --report: the same JSON in a file (a probe pod's termination log)
+    run_boot(sys.executable, "--path", str(site), "--path", str(tmp_path / "agent"), "--check", "--report",
+             str(report), cwd=tmp_path)
+    assert json.loads(report.read_text()) == json.loads(out.stdout)
+
+
+def test_wheels_in_pieces_are_joined_and_unpacked_once_onto_the_path(tmp_path: Path) -> None:
+    """`--parts DIR --deps-to DIR`: wheels cut into `<wheel>.<nnn>` pieces (ConfigMaps, one level of
+    subdirectories, `..data` entries as a ConfigMap volume has) are joined in order, unpacked once,
+    and put on the path: the check then finds the dependencies."""
+    import zipfile
+
+    site = good_site(tmp_path / "site")
+    fake_agent(tmp_path / "agent")
+    whl = tmp_path / "deps-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        for f in sorted(site.rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(site).as_posix())
+    data = whl.read_bytes()
+    size = len(data) // 3 + 1
+    for i in range(3):  # pieces spread over two volumes, out of order
+        d = tmp_path / "parts" / str(i % 2)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{whl.name}.{i:03d}").write_bytes(data[i * size:(i + 1) * size])
+    (tmp_path / "parts" / "0" / "..data").mkdir()
+    deps = tmp_path / "work" / "deps-cp3"
+    deps.parent.mkdir()
+    args = ("--path", str(tmp_path / "agent"), "--parts", str(tmp_path / "parts"), "--deps-to", str(deps), "--check")
+    out = run_boot(sys.executable, *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["ok"] is True
+    assert (deps / "grpc").is_dir() and [p.name for p in deps.parent.iterdir()] == ["deps-cp3"]
+    (tmp_path / "parts" / "1" / f"{whl.name}.001").write_bytes(b"broken")  # unpacked once: not read again
+    assert run_boot(sys.executable, *args, cwd=tmp_path).returncode == 0
 
 
 def test_unknown_boot_option_is_one_line(tmp_path: Path) -> None:

@@ -61,6 +61,9 @@ class Boot(object):
         self.message_file = None  # also write the failure line here (/dev/termination-log)
         self.agent_id_env = None  # replace "{agent}" in the agent's arguments with this variable
         self.check_only = False  # check only: one JSON line on stdout ({"ok", "problems", "fixes"}), no agent
+        self.report = None  # --check: also write that JSON line here (a probe pod's termination log)
+        self.parts = []  # dirs of wheel pieces `<wheel>.<nnn>` (ConfigMap keys: each object < 1 MiB) ...
+        self.deps_to = None  # ... joined and unpacked once into this directory, which goes on the path
         self.agent_args = []
         i = 0
         while i < len(argv):
@@ -87,6 +90,12 @@ class Boot(object):
                 self.message_file = value
             elif a == "--agent-id-env":
                 self.agent_id_env = value
+            elif a == "--report":
+                self.report = value
+            elif a == "--parts":
+                self.parts.append(value)
+            elif a == "--deps-to":
+                self.deps_to = value
             else:
                 self.fail("unknown boot option %s (the manager and this boot script disagree)" % a)
             i += 2
@@ -137,6 +146,73 @@ def unpack(boot):
                 raise
     except (OSError, zipfile.BadZipFile) as e:
         boot.fail("cannot unpack the agent wheel %s into %s: %s" % (boot.wheel, boot.unpack_to, e))
+
+
+def pieces(dirs):
+    """{wheel file name: [piece paths in order]} under `dirs` (one level of subdirectories; a
+    ConfigMap volume's `..data` bookkeeping skipped)."""
+    found = {}
+    todo = list(dirs)
+    while todo:
+        d = todo.pop(0)
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for n in names:
+            p = os.path.join(d, n)
+            if n.startswith(".."):
+                continue
+            if os.path.isdir(p):
+                if d in dirs:
+                    todo.append(p)
+                continue
+            stem, _, num = n.rpartition(".")
+            if stem.endswith(".whl") and num.isdigit():
+                found.setdefault(stem, []).append((int(num), p))
+    return dict((k, [p for _, p in sorted(v)]) for k, v in found.items())
+
+
+def assemble(boot):
+    """Shipped dependency wheels, joined from their pieces and unpacked once into --deps-to (beside,
+    then renamed: concurrent boots are safe). A wheel installs by unpacking."""
+    import shutil
+    import tempfile
+    import zipfile
+
+    if os.path.isdir(boot.deps_to):
+        return
+    wheels = pieces(boot.parts)
+    if not wheels:
+        return
+    parent = os.path.dirname(boot.deps_to.rstrip("/")) or "."
+    try:
+        tmp = tempfile.mkdtemp(prefix=".deps-", dir=parent)
+        for name, paths in sorted(wheels.items()):
+            whl = os.path.join(tmp, name)
+            with open(whl, "wb") as out:
+                for p in paths:
+                    with open(p, "rb") as f:
+                        shutil.copyfileobj(f, out)
+            zipfile.ZipFile(whl).extractall(tmp)
+            os.remove(whl)
+        try:
+            os.rename(tmp, boot.deps_to)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.isdir(boot.deps_to):
+                raise
+    except (OSError, zipfile.BadZipFile) as e:
+        boot.fail("cannot unpack the shipped dependencies into %s: %s" % (boot.deps_to, e))
+
+
+def worker():
+    """What decides which wheels fit this Python: version, machine, C library."""
+    import platform
+
+    lib, ver = platform.libc_ver()
+    return {"version": "%d.%d" % tuple(sys.version_info[:2]), "machine": platform.machine(),
+            "libc": ("%s %s" % (lib, ver)).strip()}
 
 
 def problems():
@@ -192,14 +268,24 @@ def main(argv):
     if boot.wheel and boot.unpack_to:
         unpack(boot)
         boot.paths.insert(0, boot.unpack_to)
+    if boot.parts and boot.deps_to:
+        assemble(boot)
+        boot.paths.append(boot.deps_to)
     paths = [p for p in boot.paths if os.path.exists(p)]
     sys.path[:0] = paths
     out, fixes = problems()
     if boot.check_only:  # for an installer that can add what is missing (the remote backend's)
         import json
 
-        sys.stdout.write(json.dumps({"ok": not out, "python": sys.executable, "problems": out, "fixes": fixes}) + "\n")
+        report = dict(worker(), ok=not out, python=sys.executable, problems=out, fixes=fixes)
+        sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()
+        if boot.report:
+            try:
+                with open(boot.report, "w") as f:
+                    f.write(json.dumps(report))
+            except (IOError, OSError):
+                pass
     if out:
         fail_with(boot, out, fixes)
     if boot.check_only:

@@ -65,6 +65,8 @@ class AgentCommand:
     paths: tuple[str, ...] = field(default=())  # put first on the agent's path (agent lib, deps, wheel)
     wheel: str = ""  # unpack this wheel ...
     unpack_to: str = ""  # ... here, once, and put it on the path
+    parts: tuple[str, ...] = field(default=())  # dirs of shipped dependency wheels in pieces ...
+    deps_to: str = ""  # ... joined and unpacked here, once, and put on the path
     where: str = ""  # whose Python, for the failure line: "the image python:3.8", "the compute node"
 
     def __post_init__(self) -> None:  # one line, whatever a config's image name holds
@@ -98,6 +100,10 @@ class AgentCommand:
             args += ["--path", p]
         if self.wheel and self.unpack_to:
             args += ["--wheel", self.wheel, "--unpack-to", self.unpack_to]
+        if self.parts and self.deps_to:
+            for p in self.parts:
+                args += ["--parts", p]
+            args += ["--deps-to", self.deps_to]
         if self.where:
             args += ["--where", self.where]
         if self.message_file:

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
+from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, nodes, starting, tunnel
+from nni_manager.backends.kubernetes import access, boot, deps, nodes, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -98,6 +99,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
         self._start_check: asyncio.Task[None] | None = None
         self._last_words: dict[str, str] = {}  # pod name -> what its last event said
+        self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
+        self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
 
     @property
     def kube(self) -> KubeConfig:
@@ -303,6 +306,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
         await self._ensure_wheel_configmap()
         await self._ensure_pull_secret()
+        await self._ship_deps()
         self._nodes = await nodes.list_nodes(self._api)
         if self.tunnelled:
             self._tunnel = tunnel.Tunnel(self._api, ns, tunnel.relay_name(self.experiment_id),
@@ -533,6 +537,51 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                             "stringData": {".dockerconfigjson": json.dumps({"auths": {f"<from {paths[0]}>": {}}})}})
         return objects
 
+    async def _ship_deps(self) -> None:
+        """Per image: learn its Python (a probe pod, or the manager's cache of probes) and, where it
+        lacks the agent's dependencies, ship wheels for it as ConfigMaps (see deps.py)."""
+        core, _ = await self._client()
+        roles = {r.docker_image: r for r in self.kube.roles}
+        for i, (image, role) in enumerate(sorted(roles.items())):
+            report = deps.cached_probe(image)
+            if report is None:
+                report = await deps.probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
+                                          self._probe_pod(role, i))
+                if report is None:
+                    continue
+                await asyncio.to_thread(deps.remember_probe, image, report)
+            if not deps.needs_shipping(report):
+                continue
+            worker = deps.worker_python(report)
+            try:
+                wheels = await asyncio.to_thread(agent_deps.resolve, worker, self.config.agent_wheelhouse)
+            except agent_deps.DependencyError as e:  # its pods then fail with the boot step's one line
+                log.warning("cannot ship the agent's dependencies to the image %s: %s", image, e)
+                continue
+            shipped, uploaded = await deps.ship(core, self.namespace, wheels, worker.key)
+            self._deps[image] = shipped
+            self.deps_uploaded += uploaded
+            log.info("the agent's dependencies for the image %s (%s): %d bytes in %d ConfigMaps, %d uploaded now",
+                     image, worker.key, shipped.size, len(shipped.config_maps), uploaded)
+
+    def _probe_pod(self, role: RoleConfig, i: int) -> dict[str, Any]:
+        """A pod of the role's image (scheduled as its agent pods are) that only runs the boot step's check."""
+        name = f"nni-probe-{self.experiment_id.lower()}-{i}"
+        meta = {"name": name, "labels": {"app": deps.PROBE_APP, "expId": self.experiment_id}}
+        template = self.pod_template(role, None, meta, "probe")
+        spec = template["spec"]
+        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nni-secret"]
+        c = spec["containers"][0]
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
+        assert self._wheel is not None
+        command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
+                                     image=role.docker_image)
+        c["command"] = ["sh", "-c", deps.probe_script(command)]
+        c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+        c.pop("terminationMessagePolicy", None)
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], **meta,
+                "namespace": self.namespace, "labels": meta["labels"]}, "spec": spec}
+
     async def _ensure_pull_secret(self) -> None:
         paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
         if not paths:
@@ -562,6 +611,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         command = boot.agent_command(hub, tls, self.orphan_timeout,
                                      single_trial=bool(env.trial_id) if env else not self.reuse,
                                      wheel=wheel, tag=tag, image=role.docker_image)
+        shipped = self._deps.get(role.docker_image)
+        if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py)
+            command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}")
         resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
         if role.gpu_number:
             resources["nvidia.com/gpu"] = str(role.gpu_number)
@@ -580,6 +632,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
             {"name": "nni-work", "emptyDir": {}},
         ]
+        if shipped is not None:
+            mounts += shipped.mounts()
+            volumes += shipped.volumes()
         storage = self.kube.storage
         if storage is not None and (storage.kind == "nfs" or storage.claim_name):  # where NNI mounted it, for trial outputs
             mounts.append({"name": "nni-vol", "mountPath": STORAGE_MOUNT})

@@ -22,6 +22,8 @@ from aiohttp import web
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
 from . import faults, rbac
+
+MAX_REQUEST_BODY = 3 * 1024 * 1024  # k8s.io/apiserver DefaultMaxRequestSizeBytes
 from .store import Store
 from .util import json_merge_patch, json_patch, parse_field_selector, parse_label_selector, strategic_merge_patch
 
@@ -416,6 +418,8 @@ class ApiServer:
 
     async def json_body(self, request: web.Request):
         raw = await request.read()
+        if len(raw) > MAX_REQUEST_BODY:  # the API server's MaxRequestBodyBytes (3 MiB), before decoding
+            raise ApiError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BODY}")
         if not raw:
             raise bad_request("the body of the request was empty")
         try:

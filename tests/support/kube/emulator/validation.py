@@ -337,7 +337,15 @@ def _data_checks(obj: dict, binary_ok: bool) -> list[FieldError]:
         for k, v in (obj.get(fld) or {}).items():
             if not re.fullmatch(CONFIG_KEY, k) or len(k) > 253:
                 errs.append(inv(f"{fld}[{k}]", k, MSG_CKEY))
-            total += len(v) if isinstance(v, (str, bytes)) else 0
+            if (fld == "binaryData" or binary_ok and fld == "data") and isinstance(v, str):  # decoded, as the API server counts
+                try:
+                    total += len(base64.b64decode(v))
+                except (binascii.Error, ValueError):
+                    total += len(v)
+            elif fld == "data" and not binary_ok and isinstance(v, str):
+                total += len(v.encode())
+            else:
+                total += len(v) if isinstance(v, (str, bytes)) else 0
     if total > MAX_DATA:
         errs.append(FieldError("data" if binary_ok else "[]", "FieldValueTooLong",
                                f"Too long: must have at most {MAX_DATA} bytes"))

@@ -1,0 +1,163 @@
+"""The agent's dependencies shipped to images that lack them, through ConfigMaps.
+
+Nodes need not reach a package index: the manager learns each image's Python (a short probe pod
+per image runs the boot step's `--check`, which reports the Python version, machine and C library
+and what is missing in its termination message), resolves wheels for it (agent_deps: the cache,
+`agentWheelhouse`, or one `pip download` on the manager's host) and stores them in ConfigMaps of
+one piece each (a piece <= 900 KiB: the API server refuses objects over 1 MiB, as etcd does).
+Pods of that image mount them; the boot step joins the pieces and unpacks them into the pod's
+scratch volume. The ConfigMaps are named for their content and outlive the experiment (label
+app=nni-agent-deps), so the next experiment in that namespace uploads nothing; a probe's answer is
+cached per image on the manager's host (`probes.json` beside the wheel cache), so the next
+experiment starts no probe either. Delete both to start afresh.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nni_manager.backends import agent_deps
+from nni_manager.backends.kubernetes import boot
+
+log = logging.getLogger(__name__)
+
+PIECE = 900 * 1024  # bytes of wheel per ConfigMap (the API server's limit: 1 MiB of data per object)
+DEPS_DIR = "/var/run/nni/deps"  # ConfigMap volumes, one subdirectory per piece
+DEPS_APP = "nni-agent-deps"
+PROBE_APP = "nni-agent-probe"
+PROBE_TIMEOUT = 120.0
+_GIVE_UP = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+            "CreateContainerError", "CrashLoopBackOff"}
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """ConfigMaps holding one image's dependency wheels, and where pods unpack them."""
+
+    config_maps: tuple[str, ...]
+    key: str  # WorkerPython.key: deps-<key> under the work dir
+    size: int  # bytes of wheels
+
+    def volumes(self) -> list[dict[str, Any]]:
+        return [{"name": f"nni-deps-{i}", "configMap": {"name": n}} for i, n in enumerate(self.config_maps)]
+
+    def mounts(self) -> list[dict[str, Any]]:
+        return [{"name": f"nni-deps-{i}", "mountPath": f"{DEPS_DIR}/{i}", "readOnly": True}
+                for i in range(len(self.config_maps))]
+
+
+def probes_file() -> Path:
+    return agent_deps.cache_dir() / "probes.json"
+
+
+def cached_probe(image: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(probes_file().read_text()).get(image)
+    except (OSError, ValueError):
+        return None
+
+
+def remember_probe(image: str, report: dict[str, Any]) -> None:
+    f = probes_file()
+    try:
+        known = json.loads(f.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[image] = report
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(known, indent=1))
+    tmp.replace(f)
+
+
+def worker_python(report: dict[str, Any]) -> agent_deps.WorkerPython:
+    """The image's Python as the boot step's `--check` reports it."""
+    major, minor = str(report["version"]).split(".")[:2]
+    m = re.fullmatch(r"glibc (\d+)\.(\d+).*", str(report.get("libc", "")))
+    return agent_deps.WorkerPython((int(major), int(minor)), str(report["machine"]),
+                                   (int(m[1]), int(m[2])) if m else None)
+
+
+def needs_shipping(report: dict[str, Any]) -> bool:
+    return bool(report.get("fixes"))
+
+
+def probe_script(command: Any) -> str:
+    """sh for the probe container: find Python as the agent's pods do, then the boot step's check."""
+    return (command.find_python() + "\n"
+            f'exec "$PY" {boot.WHEEL_DIR}/{boot.BOOT_FILE} --check --report {boot.TERMINATION_LOG} '
+            f"--wheel {command.wheel} --unpack-to {command.unpack_to}")
+
+
+async def probe(core: Any, namespace: str, name: str, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the probe pod and read its report; None when it gives none (the image does not start,
+    has no Python, ...: its agent pods then say why, as without shipping)."""
+    try:
+        await core.create_namespaced_pod(namespace, pod, field_validation="Strict")
+    except Exception as e:  # an ApiException: the agent pods will say why
+        log.warning("cannot start the probe pod %s: %s", name, getattr(e, "reason", e))
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PROBE_TIMEOUT
+        while loop.time() < deadline:
+            got = await core.read_namespaced_pod(name, namespace)
+            for cs in (got.status.container_statuses or []) if got.status else []:
+                if cs.state and cs.state.terminated:
+                    try:
+                        report = json.loads(cs.state.terminated.message or "")
+                    except ValueError:
+                        return None
+                    return report if isinstance(report, dict) and "version" in report else None
+                if cs.state and cs.state.waiting and cs.state.waiting.reason in _GIVE_UP:
+                    return None
+            await asyncio.sleep(0.3)
+        log.warning("the probe pod %s gave no answer in %.0f s", name, PROBE_TIMEOUT)
+        return None
+    finally:
+        try:
+            await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except Exception as e:
+            log.debug("deleting the probe pod %s: %s", name, e)
+
+
+def pieces(files: tuple[Path, ...]) -> list[tuple[str, bytes]]:
+    """(`<wheel>.<nnn>`, bytes) pieces of at most PIECE bytes, in order."""
+    out = []
+    for f in files:
+        data = f.read_bytes()
+        for i in range(0, max(len(data), 1), PIECE):
+            out.append((f"{f.name}.{i // PIECE:03d}", data[i:i + PIECE]))
+    return out
+
+
+async def ship(core: Any, namespace: str, wheels: agent_deps.Wheels, key: str) -> tuple[Shipped, int]:
+    """Create the ConfigMaps (those not there yet); returns them and the bytes uploaded now."""
+    digest = hashlib.sha256("\n".join(sorted(f.name for f in wheels.files)).encode()).hexdigest()[:12]
+    names, uploaded = [], 0
+    for i, (piece, data) in enumerate(await asyncio.to_thread(pieces, wheels.files)):
+        name = f"nni-agent-deps-{digest}-{i}"
+        names.append(name)
+        try:
+            await core.read_namespaced_config_map(name, namespace)
+            continue  # shipped by an earlier experiment
+        except Exception as e:
+            if getattr(e, "status", None) not in (404, 403):  # 403: no `get` on configmaps; create answers 409
+                raise
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"app": DEPS_APP, "python": key}},
+                "binaryData": {piece: base64.b64encode(data).decode()}}
+        try:
+            await core.create_namespaced_config_map(namespace, body, field_validation="Strict")
+            uploaded += len(data)
+        except Exception as e:
+            if getattr(e, "status", None) != 409:
+                raise
+    return Shipped(tuple(names), key, wheels.size), uploaded
