@@ -50,7 +50,7 @@ def version_tuple(text):
     return tuple(out)
 
 
-class Boot(object):
+class Boot:
     """The parsed command line: boot options, then the agent's own arguments after `--`."""
 
     def __init__(self, argv):
