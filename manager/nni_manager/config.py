@@ -280,7 +280,7 @@ def canonical_key(key: Any) -> str:
     return str(key).lower().replace("_", "")
 
 
-class _Fields(dict):  # type: ignore[type-arg]
+class _Fields(dict):
     """A config mapping whose `in` follows NNI's key rule (`"preCommand" in section.data`)."""
 
     def __contains__(self, key: object) -> bool:
@@ -598,12 +598,14 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     gpu_number = read("int_", "trialGpuNumber", v1="gpuNum", minimum=0)
     nni_manager_ip = read("str_", "nniManagerIp")
     debug = read("bool_", "debug") or False
+    concurrency = root.int_("trialConcurrency", minimum=1, required=True)
+    assert concurrency is not None  # required: int_ raised a ConfigError otherwise
 
     config = ExperimentConfig(
         trial_command=trial_command or "",
         trial_code_directory=code_dir,
         training_service=TrainingServiceConfig(platform="local"),
-        trial_concurrency=root.int_("trialConcurrency", minimum=1, required=True),
+        trial_concurrency=concurrency,
         trial_gpu_number=gpu_number,
         max_trial_number=root.int_("maxTrialNumber", "maxTrialNum", minimum=1),
         max_experiment_duration=root.duration("maxExperimentDuration", "maxExecDuration"),
