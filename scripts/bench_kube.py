@@ -80,7 +80,7 @@ async def to_running(cfg: Any, kube: Any, n: int) -> list[tuple[float, float]]:
             started = _ts(pod.metadata.annotations[STARTED_AT])  # the container process started
             out.append((running - t0, started - t0))
             await wait_status(ts, job.id, "SUCCEEDED", timeout=60)
-            await until(lambda: not core.list_namespaced_pod("default", label_selector=f"trialId={job.id}").items,
+            await until(lambda jid=job.id: not core.list_namespaced_pod("default", label_selector=f"trialId={jid}").items,
                         60, "the trial's pod to be deleted")
     return out
 

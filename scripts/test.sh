@@ -45,5 +45,8 @@ if [ -x /usr/bin/python3 ] && [ ! -f .venv/agent-wheelhouse/.complete ]; then
     || echo "note: the agent wheelhouse could not be filled; tests/remote/test_shipped_deps.py will be skipped"
 fi
 .venv/bin/python scripts/gen_proto.py --check
+# Lint and type-check before the tests (config in pyproject.toml); any finding fails the run.
+.venv/bin/ruff check manager agent tests scripts
+.venv/bin/mypy
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
 exec python -m pytest -q -p no:cacheprovider "$@"

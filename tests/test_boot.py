@@ -142,7 +142,7 @@ def test_too_old_python_gets_one_line(python: str, version: tuple[int, int], tmp
 def test_python_without_the_dependencies_gets_one_line_with_the_fix(python: str, version: tuple[int, int],
                                                                     tmp_path: Path) -> None:
     line = one_line(run_boot(python, "--where", "the compute node", "--", "--agent-id", "a", cwd=tmp_path))
-    assert f"of the compute node cannot run the agent: grpcio is missing; protobuf is missing; psutil is missing; " \
+    assert "of the compute node cannot run the agent: grpcio is missing; protobuf is missing; psutil is missing; " \
            "the nni-agent package is missing" in line, line
     assert line.endswith(f"fix: {python} -m pip install 'grpcio>=1.49.1,<2' 'protobuf>=4.25.1,<8' "
                          "'psutil>=5.9.4,<8'"), line

@@ -25,7 +25,7 @@ pytest.importorskip("sklearn", reason="the quickstart's trials need scikit-learn
 
 def _run_line() -> list[str]:
     """The arguments quickstart.sh gives `nni-manager run`, before the user's own ("$@")."""
-    line = next(l for l in (ROOT / "scripts" / "quickstart.sh").read_text().splitlines() if l.startswith("exec "))
+    line = next(ln for ln in (ROOT / "scripts" / "quickstart.sh").read_text().splitlines() if ln.startswith("exec "))
     words = line.split()
     assert words[1:3] == ["nni-manager", "run"] and words[-1] == '"$@"', line
     return words[3:-1]

@@ -11,4 +11,5 @@ __version__ = "0.1.0"
 from nni_agent import trial_api  # noqa: E402  (re-export after __version__)
 from nni_agent.trial_api import *  # noqa: E402,F401,F403
 
-__all__ = ["__version__", *trial_api.__all__]
+__all__ = ["__version__"]
+__all__ += trial_api.__all__

@@ -50,7 +50,7 @@ def version_tuple(text):
     return tuple(out)
 
 
-class Boot(object):
+class Boot:
     """The parsed command line: boot options, then the agent's own arguments after `--`."""
 
     def __init__(self, argv):
@@ -105,9 +105,10 @@ class Boot(object):
         line = "nni-agent: " + " ".join(message.split())
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        if getattr(self, "message_file", None):
+        message_file = getattr(self, "message_file", None)
+        if message_file:
             try:
-                with open(self.message_file, "w") as f:
+                with open(message_file, "w") as f:
                     f.write(line)
             except (IOError, OSError):
                 pass
@@ -116,7 +117,7 @@ class Boot(object):
 
 def python_words(boot):
     """`Python 3.7.9 (/usr/bin/python3) of the image python:3.7`."""
-    words = "Python %d.%d.%d (%s)" % (tuple(sys.version_info[:3]) + (sys.executable,))
+    words = "Python %s (%s)" % (".".join(str(n) for n in sys.version_info[:3]), sys.executable)
     return words + (" of " + boot.where if boot.where else "")
 
 

@@ -80,12 +80,12 @@ class BundleCache:
             if state is None:
                 return  # a chunk from a transfer cut before we restarted it
             hasher, fh = state
-            if fh.tell() != chunk.offset:  # type: ignore[attr-defined]
-                raise BundleError(f"bundle {digest}: chunk at offset {chunk.offset}, expected {fh.tell()}")  # type: ignore[attr-defined]
-            fh.write(chunk.data)  # type: ignore[attr-defined]
+            if fh.tell() != chunk.offset:
+                raise BundleError(f"bundle {digest}: chunk at offset {chunk.offset}, expected {fh.tell()}")
+            fh.write(chunk.data)
             hasher.update(chunk.data)
             if chunk.last:
-                fh.close()  # type: ignore[attr-defined]
+                fh.close()
                 del self._parts[digest]
                 if hasher.hexdigest() != hexdigest:
                     part.unlink(missing_ok=True)
@@ -140,4 +140,4 @@ class BundleCache:
     def _drop_part(self, digest: str) -> None:
         state = self._parts.pop(digest, None)
         if state is not None:
-            state[1].close()  # type: ignore[attr-defined]
+            state[1].close()

@@ -70,7 +70,8 @@ def metric_from_stdout_line(line: bytes) -> str | None:
     return line[start:end].decode("utf-8", errors="replace")
 
 
-_scan = json.JSONDecoder().scan_once  # the C scanner json.loads ends in, without its Python frames
+# The C scanner json.loads ends in, without its Python frames (set in JSONDecoder.__init__; typeshed omits it)
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _parse(data: str) -> object:

@@ -30,7 +30,7 @@ def extract_all(tar: tarfile.TarFile, dest: Path, *, use_filter: bool = HAS_DATA
     for member in tar:
         check_member(member, root)
         if use_filter:
-            tar.extract(member, root, filter="data")  # type: ignore[call-arg]
+            tar.extract(member, root, filter="data")
         else:
             tar.extract(_sanitized(member), root)
 

@@ -256,6 +256,8 @@ class Trial:
         exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         trial_log = self.output_dir / "trial.log" if self.stream_trial_log else None
         tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log).run(exited))
+        state: int
+        cause: int
         state, reason, cause = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial", pb.END_CAUSE_LOST
         try:
             max_s = self.spec.limits.max_duration_ms / 1000

@@ -117,8 +117,8 @@ def _expand(path: Path, module: str, space: dict[str, Any]) -> str | None:
         return None
     body = tree.body
     at = 0
-    while at < len(body) and (isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__"
-                              or at == 0 and _docstring(body[at])):
+    while at < len(body) and (isinstance(stmt := body[at], ast.ImportFrom) and stmt.module == "__future__"
+                              or at == 0 and _docstring(stmt)):
         at += 1
     body[at:at] = [ast.Import(names=[ast.alias(name="nni")]), *ast.parse(_HELPER).body]
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"

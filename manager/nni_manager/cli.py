@@ -290,7 +290,7 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
     from nni_manager.dispatcher import DispatcherError
-    from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError
+    from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError, TrialSummary
     from nni_manager.service.nni_api import new_id
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
@@ -298,7 +298,12 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
     config = load_config(config_path)
     experiment_id = experiment_id or new_id(8)  # known before the run: the WebUI's manifest entry needs it
     view: ExperimentView | None = None
-    experiment = Experiment(config, experiment_id=experiment_id, on_event=lambda k, t: view and view.event(k, t))
+
+    def on_event(kind: str, t: TrialSummary) -> None:
+        if view is not None:
+            view.event(kind, t)
+
+    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event)
     view = ExperimentView(experiment, live=False if plain else None)
     webui: LiveWebUI | None = None
 

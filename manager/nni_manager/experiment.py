@@ -138,13 +138,13 @@ class Experiment:
         # before the service starts: its start-up (a machine that cannot be reached) and clean-up are logged too
         handler = _log_file(self.experiment_dir, self.config.log_level, secret_values(self.config))
         try:
-            await self._run(service)
+            await self._run(service, self.experiment_dir)
         finally:
             logging.getLogger("nni_manager").removeHandler(handler)
             handler.close()
         return self.result()
 
-    async def _run(self, service: Any) -> None:
+    async def _run(self, service: Any, experiment_dir: Path) -> None:
         async with service as ts:
             self._ts = ts
             ts.add_trial_job_metric_listener(self._on_metric)
@@ -152,7 +152,7 @@ class Experiment:
             ts.add_parameter_request_listener(self._on_parameter_request)
             try:
                 history = await self._resume(ts)
-                self.dispatcher = make_dispatcher(self.config, self.experiment_dir, resume=bool(self._resumed))
+                self.dispatcher = make_dispatcher(self.config, experiment_dir, resume=bool(self._resumed))
                 await self.dispatcher.start(self, self.config.search_space or {}, history)
                 self.status = "RUNNING"
                 self.dispatcher.request_trials(self.config.trial_concurrency)

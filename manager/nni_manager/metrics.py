@@ -24,7 +24,8 @@ _INT_RANGE = 1 << 63  # SQLite's INTEGER
 _MAX_WARNED = 1024  # distinct bad rows warned about per process; readers re-read rows every poll
 _warned: set[tuple[str, str]] = set()
 _loads = json.loads
-_scan = json.JSONDecoder().scan_once  # the C scanner json.loads ends in, without its three Python frames
+# The C scanner json.loads ends in, without its three Python frames (set in JSONDecoder.__init__; typeshed omits it)
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _parse(data: str) -> Any:

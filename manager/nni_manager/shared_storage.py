@@ -55,7 +55,7 @@ class SharedStorageConfig:
 
     def agent_spec(self) -> str:
         """What an agent needs to mount it (JSON, secret included: it travels in StartTrial only)."""
-        data = {"storageType": self.storage_type, "remoteMountPoint": self.remote_mount_point}
+        data: dict[str, str | None] = {"storageType": self.storage_type, "remoteMountPoint": self.remote_mount_point}
         if self.storage_type == "NFS":
             data |= {"nfsServer": self.nfs_server, "exportedDirectory": self.exported_directory}
         else:

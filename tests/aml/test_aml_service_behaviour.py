@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import ssl
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any

@@ -46,7 +46,7 @@ def test_cuts_stalls_and_half_closes_lose_and_duplicate_nothing(
             # paced to last about 15 s, so the relay has time for 100 losses mid-stream
             jobs = [await ts.submit_trial_job(form(i, n=n, chunk=400, pause=0.12)) for i in range(2)]
             for job in jobs:
-                await until(lambda: ts.trials.get(job.id).status.is_terminal, 180, f"trial {job.id} to end")
+                await until(lambda jid=job.id: ts.trials.get(jid).status.is_terminal, 180, f"trial {job.id} to end")
             stop.set()
             await chaos
             details = [await ts.get_trial_job(j.id) for j in jobs]

@@ -176,7 +176,7 @@ def test_image_with_a_bare_python_fails_with_the_boot_steps_line(dlts_factory, b
     (log,) = [p for p in (dlts.state / "tasks").glob("*/stderr") if p.read_text().strip()]
     lines = log.read_text().splitlines()
     assert len(lines) == 1, lines  # the job's log: the boot step's one line, no traceback
-    assert lines[0].startswith(f"nni-agent: Python ") and "of the image bare/python:3 cannot run the agent: " \
+    assert lines[0].startswith("nni-agent: Python ") and "of the image bare/python:3 cannot run the agent: " \
         "grpcio is missing; protobuf is missing; psutil is missing; the nni-agent package is missing" in lines[0]
 
 

@@ -248,7 +248,7 @@ async def test_framework_completion_policy(kube_factory, tmp_path, outcome):
             assert done.status == TrialJobStatus.FAILED, done.message
             assert done.message.startswith("worker-1: "), done.message
             still = ["ps-0", "worker-0"]
-        for replica, seen in views.items():  # the barrier's peer addresses, in every member
+        for seen in views.values():  # the barrier's peer addresses, in every member
             assert len(seen["FB_WORKER_IPS"].split(",")) == 2, seen
             assert len(seen["FB_PS_IPS"].split(",")) == 1, seen
         for replica in still:  # members still running when the policy decided are stopped

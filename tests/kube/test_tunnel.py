@@ -96,7 +96,7 @@ def test_metrics_exactly_once_across_dropped_port_forward_streams(kube_factory, 
             for _ in range(3):  # the API server drops every stream, the agent's included, mid-trial
                 paired = tun.paired
                 assert kube.drop_port_forwards() >= 1
-                await until(lambda: tun.paired > paired, T, "the agent back through a new stream")
+                await until(lambda paired=paired: tun.paired > paired, T, "the agent back through a new stream")
                 await asyncio.sleep(0.3)
             release(base, "a")
             await wait_status(ts, job.id, "SUCCEEDED", timeout=T)

@@ -84,7 +84,7 @@ def test_image_without_the_agent_fails_the_trial_with_the_boots_line(pai_factory
         async with create_training_service(cfg) as ts:
             t = await ts.submit_trial_job(form(0))
             d = await wait_status(ts, t.id, "FAILED", timeout=T)
-            assert f"FAILED: nni-agent: Python " in d.message and words in d.message, d.message
+            assert "FAILED: nni-agent: Python " in d.message and words in d.message, d.message
             assert "\n" not in d.message, d.message
             return ts.experiment_id
 

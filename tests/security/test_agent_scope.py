@@ -166,7 +166,7 @@ def test_a_symlink_in_a_local_trials_directory_leads_nowhere(short_dir: Path) ->
 
 
 def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent(
-        kube_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        kube_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811 (the imported fixture)
     """Cluster platforms place a trial on a whole environment: each member's records are its
     own (a TFJob's two workers here); an agent outside the environment is refused."""
     from nni_manager.service import create_training_service

@@ -181,7 +181,7 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
                 server, squatter.fake_hub_port = await _fake_hub_server(fake, tls)
                 servers.append(server)
                 seen = len(squatter.openings)
-                await until(lambda: fake.hellos or len(squatter.openings) >= seen + dials, 60,
+                await until(lambda seen=seen, dials=dials: fake.hellos or len(squatter.openings) >= seen + dials, 60,
                             f"{dials} more dials of the agent at the squatter ({'TLS' if tls else 'plain'})")
                 assert not fake.hellos, "the agent said Hello (with its token) to a squatter"
                 assert token.encode() not in squatter.received, "the agent's token crossed to the squatter"

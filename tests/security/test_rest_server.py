@@ -118,7 +118,7 @@ def test_another_local_user_is_refused_and_the_owner_served(stored: Path, other_
         assert status == 200 and srv.stopped.wait(10)
 
 
-def test_running_experiment_refuses_other_users_and_bounds_writes(tmp_path: Path, home: Path,
+def test_running_experiment_refuses_other_users_and_bounds_writes(tmp_path: Path, home: Path,  # noqa: F811 (fixture)
                                                                   other_user: OtherUser) -> None:
     pytest.importorskip("nni", reason="RunningExperiment's GridSearch runs in NNI's dispatcher here")
     from tests.support.webui.experiments import RunningExperiment
@@ -190,7 +190,7 @@ def test_token_is_required_unless_bound_to_loopback() -> None:
         assert token_required(bind), bind
 
 
-def test_token_url_cookie_and_header_and_never_logged(stored: Path, home: Path, other_user: OtherUser,
+def test_token_url_cookie_and_header_and_never_logged(stored: Path, home: Path, other_user: OtherUser,  # noqa: F811
                                                       caplog: pytest.LogCaptureFixture) -> None:
     from nni_manager.webui.runner import _announce
 

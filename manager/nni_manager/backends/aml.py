@@ -176,7 +176,7 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         except Exception as e:  # azure-identity says which credentials it tried
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RestError(f"no Azure credential for {self.opts.audience}: {first} (sign in with `az login`, "
-                            "set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or run on a managed identity)")
+                            "set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, or run on a managed identity)") from e
 
     async def _drop_token(self, refused: str) -> None:
         """ARM refused the token (revoked, rotated, clock skew): the next request fetches one,

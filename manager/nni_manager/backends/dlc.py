@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Role, Shape
+from nni_manager.backends.jobs import Phase
 from nni_manager.backends.rest_jobs import (Job, JobView, RestError, RestJobBackend, agent_boot, literal_secret_lines,
                                              parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
 JOB_TYPES = ("TFJob", "PyTorchJob")  # NNI's choices (dlcUtil.py)
 # DLC's job states -> the REST-job phases (NNI: dlcEnvironmentService.ts refreshEnvironmentsStatus)
-STATES = {"Creating": "waiting", "Created": "waiting", "Queuing": "waiting", "Waiting": "waiting",
+STATES: dict[str, Phase] = {"Creating": "waiting", "Created": "waiting", "Queuing": "waiting", "Waiting": "waiting",
           "Dequeued": "waiting", "EnvPreparing": "waiting", "SanityChecking": "waiting", "Running": "running",
           "Restarting": "running", "Succeeded": "succeeded", "Completed": "succeeded", "Failed": "failed",
           "Stopping": "stopped", "Stopped": "stopped"}

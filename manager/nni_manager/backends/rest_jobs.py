@@ -59,7 +59,8 @@ ErrorWords = Callable[[int, Any], tuple[str, str]]  # (status, body) -> (code, m
 
 def _default_error_words(status: int, body: Any) -> tuple[str, str]:
     if isinstance(body, dict):
-        err = body.get("error") if isinstance(body.get("error"), dict) else body
+        inner = body.get("error")
+        err = inner if isinstance(inner, dict) else body
         return str(err.get("code", "")), str(err.get("message", "")) or str(body)[:300]
     return "", str(body).strip()[:300]
 

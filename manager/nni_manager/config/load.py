@@ -134,11 +134,14 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     nni_manager_ip = read("str_", "nniManagerIp")
     debug = read("bool_", "debug") or False
 
+    concurrency = root.int_("trialConcurrency", minimum=1, required=True)
+    assert concurrency is not None  # required: int_ raised a ConfigError otherwise
+
     config = ExperimentConfig(
         trial_command=trial_command or "",
         trial_code_directory=code_dir,
         training_service=TrainingServiceConfig(platform="local"),
-        trial_concurrency=root.int_("trialConcurrency", minimum=1, required=True),
+        trial_concurrency=concurrency,
         trial_gpu_number=gpu_number,
         max_trial_number=root.int_("maxTrialNumber", "maxTrialNum", minimum=1),
         max_experiment_duration=root.duration("maxExperimentDuration", "maxExecDuration"),

@@ -35,7 +35,7 @@ def canonical_key(key: Any) -> str:
     return str(key).lower().replace("_", "")
 
 
-class _Fields(dict):  # type: ignore[type-arg]
+class _Fields(dict):
     """A config mapping whose `in` follows NNI's key rule (`"preCommand" in section.data`)."""
 
     def __contains__(self, key: object) -> bool:

@@ -121,7 +121,7 @@ class BuiltinDispatcher(Dispatcher):
             return
         value = metric_number(decode_metric_value(message.get("value")))
         parameter_id = message.get("parameter_id")
-        if value is not None and parameter_id in self._params:
+        if value is not None and parameter_id is not None and parameter_id in self._params:
             self.tuner.receive_trial_result(parameter_id, self._params[parameter_id], value)
 
     def trial_end(self, trial_id: str, event: str, hyper_params: str) -> None:

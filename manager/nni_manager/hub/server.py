@@ -569,4 +569,4 @@ class Hub(pb_grpc.AgentHubServicer):
                         link.session.replaced.set()
                         link.session = None
                     self._stored(f"the end of agent {link.agent_id}'s trials",
-                                 lambda: self._handler().agent_expired(link.agent_id))
+                                 lambda: self._handler().agent_expired(link.agent_id))  # noqa: B023 (called at once)

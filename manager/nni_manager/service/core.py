@@ -182,8 +182,8 @@ class Core:
             else:
                 self.trials.clear_contact_message(t)
         for trial_id in kept:
-            t = self.trials.by_id.get(trial_id)
-            if t is None or t.status.is_terminal:  # e.g. cancelled after the reconnect window
+            known = self.trials.by_id.get(trial_id)
+            if known is None or known.status.is_terminal:  # e.g. cancelled after the reconnect window
                 reason = "the manager had already given up on this trial"
                 self.send(agent_id, cancel_trial=pb.CancelTrial(trial_id=trial_id, reason=reason))
         self.wake()
@@ -278,7 +278,8 @@ class Core:
     def log_file(self, agent_id: str, trial_id: str, stream: int) -> Path | None:
         if not self.scope.allows(agent_id, trial_id, "log output"):
             return None
-        name = {pb.LOG_STREAM_STDERR: "trial.stderr", pb.LOG_STREAM_TRIAL_LOG: "trial.log"}.get(stream, "trial.stdout")
+        names: dict[int, str] = {pb.LOG_STREAM_STDERR: "trial.stderr", pb.LOG_STREAM_TRIAL_LOG: "trial.log"}
+        name = names.get(stream, "trial.stdout")
         t = self.trials.by_id.get(trial_id)
         base = self.experiment_dir / "trials" / trial_id
         if t is not None and len(t.agents) > 1:  # one file per replica, named for its role and index

@@ -182,7 +182,7 @@ class HybridBackend(ElasticBackend[Any, Any]):
         (its machines that merely fail to bootstrap are reported per agent, as usual)."""
         for part in self.parts:
             self._started.append(part)
-            await part.start(_PartContext(ctx, part, self))  # type: ignore[arg-type]
+            await part.start(_PartContext(ctx, part, self))
 
     async def stop(self) -> None:
         results = await asyncio.gather(*(p.stop() for p in self._started), return_exceptions=True)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 from select import select
+from typing import Any
 
 import paramiko
 
@@ -90,15 +91,17 @@ class _ProxyCommand(paramiko.ProxyCommand):
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
         )
         self.timeout = None
+        assert self.process.stdout is not None  # stdout=PIPE
+        self._stdout = self.process.stdout
 
     def recv(self, size: int) -> bytes:
-        ready, _, _ = select([self.process.stdout], [], [], self.timeout)
+        ready, _, _ = select([self._stdout], [], [], self.timeout)
         if not ready:
             raise socket.timeout()
         try:
-            return os.read(self.process.stdout.fileno(), size)
+            return os.read(self._stdout.fileno(), size)
         except OSError as e:
-            raise paramiko.ProxyCommandFailure(" ".join(self.cmd), e.strerror) from None
+            raise paramiko.ProxyCommandFailure(" ".join(self.cmd), e.strerror or str(e)) from None
 
 
 def _proxy_exit(sock: _ProxyCommand | None) -> str:
@@ -130,7 +133,7 @@ def proxy_command_line(m: SshMachine) -> str | None:
     return "".join(out)
 
 
-def _auth_kwargs(m: SshMachine) -> dict[str, object]:
+def _auth_kwargs(m: SshMachine) -> dict[str, Any]:  # keyword arguments of SSHClient.connect
     if m.ssh_key_file is not None:
         key_file = Path(m.ssh_key_file).expanduser()
         if not key_file.is_file():

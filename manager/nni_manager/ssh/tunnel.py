@@ -11,6 +11,7 @@ import logging
 import selectors
 import socket
 import threading
+from typing import cast
 
 import paramiko
 
@@ -57,7 +58,7 @@ class RemoteForward:
         try:
             while True:
                 for key, _ in sel.select():
-                    src, dst = key.fileobj, key.data
+                    src, dst = cast("paramiko.Channel | socket.socket", key.fileobj), key.data
                     data = src.recv(_CHUNK)
                     if not data:
                         return

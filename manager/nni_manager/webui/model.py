@@ -31,6 +31,8 @@ from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui.views import metric_record, metric_record_json
 
+LiveTrials = Callable[[], Iterable[TrialJobDetail]]  # the running manager's trial table
+
 T = TypeVar("T")
 _WHERE = "the WebUI"  # who skips a malformed row, in its warning
 _CHUNK = 500  # SQLite's host-parameter limit is 999 on old builds
@@ -44,7 +46,7 @@ class DataModel:
     """
 
     def __init__(self, experiment_dir: Path,
-                 live_trials: Callable[[], Iterable[TrialJobDetail]] | None = None) -> None:
+                 live_trials: LiveTrials | None = None) -> None:
         self.experiment_dir = experiment_dir
         self._db = experiment_dir / DB_NAME
         self._live_trials = live_trials
@@ -189,7 +191,7 @@ class DataModel:
             return
         for trial_id, count, newest, rowid, data, timestamp in Store(conn).metric_summary(top):
             self.last_rowid[trial_id] = max(newest, self.last_rowid.get(trial_id, 0))
-            if rowid is None:
+            if rowid is None or data is None or timestamp is None:  # no PERIODICAL row (columns are NOT NULL)
                 continue
             message = metric_message(data, _WHERE, trial_id)
             if message is not None:

@@ -235,7 +235,7 @@ def _register(result: Exported, stored: dict[str, Any], start: int, end: int,
         if isinstance(entry, dict) and entry.get("status") != "STOPPED" and isinstance(entry.get("pid"), int) \
                 and manifest._alive(entry["pid"]):
             return
-        new = {"id": result.experiment_id, "startTime": start, "endTime": end,
+        new: dict[str, Any] = {"id": result.experiment_id, "startTime": start, "endTime": end,
                "status": "STOPPED", "platform": "local", "experimentName": name, "tag": [], "pid": None,
                "webuiUrl": [], "logDir": str(result.working_directory), "prefixUrl": None}
         if isinstance(entry, dict):

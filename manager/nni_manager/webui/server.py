@@ -17,13 +17,13 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 from nni_manager.webui import access, manifest
 from nni_manager.webui.api import Api, make_app
-from nni_manager.webui.model import DataModel
+from nni_manager.webui.model import DataModel, LiveTrials
 from nni_manager.webui.sides import ExperimentSide
 from nni_manager.webui.static import webui_dir
 
@@ -59,7 +59,8 @@ class WebServer:
         self.experiment_name = experiment_name
         self.static_dir = webui_dir()
         live = side.trials()
-        self.model = DataModel(side.experiment_dir, None if live is None else side.trials)
+        # a side whose trials() answers is a running manager's, and always answers
+        self.model = DataModel(side.experiment_dir, None if live is None else cast(LiveTrials, side.trials))
         self._runner: web.AppRunner | None = None
         self._watch: asyncio.Task[None] | None = None
         self._entry: dict[str, Any] = {}

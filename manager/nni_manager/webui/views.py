@@ -135,7 +135,7 @@ def trial_job_json(t: TrialJobDetail, parameters: dict[int, str], final_json: st
 def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any]) -> dict[str, Any] | None:
     """`/export-data`: the parameters of the final's parameter id, `value` decoded once."""
     records = []
-    for index, value in sorted(parameters.items()) or [(0, t.form.hyper_parameters.value)]:
+    for _index, value in sorted(parameters.items()) or [(0, t.form.hyper_parameters.value)]:
         try:
             record = json.loads(value)
         except ValueError:

@@ -62,8 +62,8 @@ async def allowed(api: Any, namespace: str, need: Need) -> bool:
     attrs["resource"], _, sub = need.resource.partition("/")
     if sub:
         attrs["subresource"] = sub
-    review = await client.AuthorizationV1Api(api).create_self_subject_access_review(
-        {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+    review = await client.AuthorizationV1Api(api).create_self_subject_access_review(  # a dict body is sent as is
+        {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",  # type: ignore[arg-type]
          "spec": {"resourceAttributes": attrs}})
     return bool(review.status and review.status.allowed)
 

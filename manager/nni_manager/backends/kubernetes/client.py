@@ -168,7 +168,7 @@ def _client_class() -> Any:
     import aiohttp
     from kubernetes.aio import client
 
-    class RetryingApiClient(client.ApiClient):  # type: ignore[misc]
+    class RetryingApiClient(client.ApiClient):
         credentials: Credentials
         # False while the experiment starts: a server that cannot be reached then is a wrong
         # address or a network problem to report at once, not a restart to wait out

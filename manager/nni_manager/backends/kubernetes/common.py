@@ -340,6 +340,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         except Exception as e:
             if getattr(e, "status", None) != 409:  # a restarted manager re-provisioning the same env
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
+        created: dict[str, Any] | None
         try:
             created = await self._create_main(obj)
         except Exception as e:
@@ -504,7 +505,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _ensure_wheel_configmap(self) -> None:
         core, _ = await self._client()
         assert self._wheel is not None
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
                              "labels": labels(self.experiment_id)},
                 "data": {boot.BOOT_FILE: boot.boot_file_text()},

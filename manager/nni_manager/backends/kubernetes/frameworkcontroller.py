@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import yaml
@@ -125,9 +126,11 @@ class FrameworkControllerBackend(KubeBackend):
                 + yaml.safe_dump_all(objects, sort_keys=False))
         rbac = client.RbacAuthorizationV1Api(self._api)
         ours = labels(self.experiment_id)
+        creators: dict[str, Callable[..., Awaitable[Any]]] = {
+            "ServiceAccount": core.create_namespaced_service_account,
+            "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding}
         for obj in barrier_objects(name, ns, named or [name], not named, ours):
-            create = {"ServiceAccount": core.create_namespaced_service_account,
-                      "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding}[obj["kind"]]
+            create = creators[obj["kind"]]
             try:
                 await create(ns, obj)
             except Exception as e:
@@ -156,8 +159,8 @@ class FrameworkControllerBackend(KubeBackend):
 
     def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
         template = self.kube.framework_template
-        numbers = [framework_template.port(template, i) if template else None for i in range(len(self.kube.roles))]
-        numbers = [n or BASE_PORT + i for i, n in enumerate(numbers)]  # a template's own port, else NNI's 4000 + i
+        own = [framework_template.port(template, i) if template else None for i in range(len(self.kube.roles))]
+        numbers = [n or BASE_PORT + i for i, n in enumerate(own)]  # a template's own port, else NNI's 4000 + i
         ports = " ".join(f"FB_{r.name.upper()}_PORT={n}" for r, n in zip(self.kube.roles, numbers))
         prefix = f"{ports} . {BARRIER_DIR}/injector.sh"
         task_roles = []

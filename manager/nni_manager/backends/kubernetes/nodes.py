@@ -37,6 +37,8 @@ async def list_nodes(api: Any) -> list[Node] | None:
             sizes = {k: float(parse_quantity(alloc.get(k, "0"))) for k in RESOURCES}
         except ValueError:
             continue
+        if n.metadata is None or not n.metadata.name:  # the API server names every node
+            continue
         found.append(Node(n.metadata.name, dict(n.metadata.labels or {}), sizes))
     return found
 

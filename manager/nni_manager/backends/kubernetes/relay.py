@@ -21,9 +21,9 @@ CHUNK = 65536
 
 
 class Relay:
-    def __init__(self):
+    def __init__(self, arrived):
         self.idle = []  # [(reader, writer, watcher task)]
-        self.arrived = None  # asyncio.Event, set whenever a back connection arrives
+        self.arrived = arrived  # asyncio.Event (made in the running loop), set whenever a back connection arrives
 
     async def back(self, reader, writer):
         """An idle back connection: the manager sends nothing until paired, so any read result
@@ -108,8 +108,7 @@ async def copy(reader, writer):
 
 
 async def main(agent_port, back_port):
-    relay = Relay()
-    relay.arrived = asyncio.Event()
+    relay = Relay(asyncio.Event())
     agents = await asyncio.start_server(relay.agent, None, agent_port)
     back = await asyncio.start_server(relay.back, "127.0.0.1", back_port)
     sys.stderr.write("relay: agents on port %d, the manager's port-forwards on 127.0.0.1:%d\n" % (agent_port, back_port))

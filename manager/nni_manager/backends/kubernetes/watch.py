@@ -88,7 +88,7 @@ async def watch_pods(api: Any, namespace: str, label_selector: str,
                 for name in [n for n in known if n not in present]:
                     log.info("pod %s vanished while the watch was down", name)
                     seen("DELETED", known[name])
-                version = listed.metadata.resource_version
+                version = (listed.metadata.resource_version if listed.metadata else None) or ""
             async with watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=label_selector,
                                             resource_version=version, timeout_seconds=WATCH_TIMEOUT_S) as stream:
                 async for event in stream:

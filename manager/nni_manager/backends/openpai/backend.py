@@ -173,7 +173,8 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
                 role["commands"] = self._agent_lines(env, role_name, by_role.get(role_name, []))
             job.setdefault("protocolVersion", 2)
             job.setdefault("type", "job")
-        user_secrets = job.get("secrets") if isinstance(job.get("secrets"), dict) else {}
+        given = job.get("secrets")
+        user_secrets = given if isinstance(given, dict) else {}
         job["secrets"] = {**user_secrets, **secrets}
         extras = job.setdefault("extras", {})
         if o.storage_config_name:

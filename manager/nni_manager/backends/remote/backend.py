@@ -142,6 +142,11 @@ class _Machine:
         log.info("%s: reconnected; tunnel on worker port %s", self.label, self.launch.remote_port)
         self.check_agent()
 
+    def agent_alive(self) -> tuple[bool, str]:
+        """Whether the agent's process runs, and what the check printed."""
+        assert self.client is not None and self.launch is not None
+        return bootstrap.agent_alive(self.client, self.launch)
+
     def check_agent(self) -> None:
         """Restart the agent (same port) if its process is gone; a hung link raises."""
         assert self.client is not None and self.launch is not None
@@ -202,7 +207,7 @@ class _Machine:
                 if not ever_connected:
                     ever_connected = ctx.agent_connected(self.spec.agent_id)
                     if not ever_connected and time.monotonic() - started > STARTUP_CHECK_S:
-                        alive, output = await asyncio.to_thread(bootstrap.agent_alive, self.client, self.launch)
+                        alive, output = await asyncio.to_thread(self.agent_alive)
                         if not alive:
                             self._fail(ctx, f"the agent exited right after start; its output: {output[-800:]}")
                             return

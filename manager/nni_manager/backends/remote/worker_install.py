@@ -102,7 +102,7 @@ def main() -> None:
 
     def check() -> tuple:
         bad = missing(path, list(reqs))
-        versions = {"ok": True, "problems": [], "fixes": []} if bad else version_check(lib, deps)
+        versions: dict = {"ok": True, "problems": [], "fixes": []} if bad else version_check(lib, deps)
         if not versions["ok"]:  # importable, but of versions outside the agent's ranges
             bad = {"versions": "; ".join(versions["problems"])}
         return bad, versions["fixes"]

@@ -128,7 +128,8 @@ class Arm:
         try:
             data = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ArmError(400, "InvalidRequestContent", "The request content was invalid and could not be deserialized.")
+            raise ArmError(400, "InvalidRequestContent",
+                           "The request content was invalid and could not be deserialized.") from None
         if not isinstance(data, dict):
             raise ArmError(400, "InvalidRequestContent", "The request content was invalid and could not be deserialized.")
         return data
@@ -191,7 +192,7 @@ class Arm:
         try:
             skip = int(request.query.get("$skipToken", "0"))
         except ValueError:
-            raise user_error(400, "Invalid $skipToken.")
+            raise user_error(400, "Invalid $skipToken.") from None
         view = request.query.get("listViewType", "ActiveOnly")
         jobs = sorted(self.ws.jobs.values(), key=lambda j: j.created_at, reverse=True)
         if view == "ArchivedOnly":

@@ -144,7 +144,7 @@ class Dashboard:
         except json.JSONDecodeError as e:
             ch = raw[e.pos] if e.pos < len(raw) else ""
             raise KoaError(400, f"Unexpected token {ch} in JSON at position {e.pos}" if ch else
-                           "Unexpected end of JSON input")
+                           "Unexpected end of JSON input") from None
         if not isinstance(body, (dict, list)):
             raise KoaError(400, "invalid JSON, only supports object and array")
         return body

@@ -514,7 +514,7 @@ class Kubelet:
         spec_file = cdir / f"spec{c.restart_count}.json"
         spec_file.write_text(json.dumps(spec))
         if self.use_namespaces:
-            for m in mounts:            # fallback host dirs if overlays are unavailable are created inside
+            for _m in mounts:            # fallback host dirs if overlays are unavailable are created inside
                 pass
         c.state = {"waiting": {"reason": "ContainerCreating"}}
         log = open(c.log_path, "ab")
@@ -946,7 +946,7 @@ def _set_volume_ownership(root: Path, fs_group: int | None, read_only: bool) -> 
     if fs_group is None:
         return
     mask = 0o440 if read_only else 0o660
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chown(dirpath, -1, int(fs_group))
         os.chmod(dirpath, os.stat(dirpath).st_mode & 0o7777 | 0o2000 | mask | 0o110)
         for f in filenames:

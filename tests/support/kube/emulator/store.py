@@ -440,7 +440,7 @@ class Store:
                     pass
 
     def _orphan_dependents(self, uid: str) -> None:
-        for r, ns, name, o in list(self._dependents(uid)):
+        for r, _ns, _name, o in list(self._dependents(uid)):
             self._set_owner_refs(r, o, [ref for ref in o["metadata"]["ownerReferences"] if ref.get("uid") != uid])
 
     def _set_owner_refs(self, r: Resource, o: dict, refs: list) -> None:
@@ -467,7 +467,7 @@ class Store:
         ref = {"kind": involved.get("kind"), "namespace": ns, "name": md.get("name"), "uid": md.get("uid"),
                "apiVersion": involved.get("apiVersion"), "resourceVersion": md.get("resourceVersion")}
         now = now_rfc3339()
-        for (ens, ename), ev in self.objects[EVENTS].items():
+        for (ens, _ename), ev in self.objects[EVENTS].items():
             if ens == ns and ev["involvedObject"].get("uid") == ref["uid"] and ev["reason"] == reason \
                     and ev["message"] == message and ev.get("type") == type_:
                 old = copy.deepcopy(ev)
@@ -532,7 +532,7 @@ def _qos(spec: dict) -> str:
     lim = [c.get("resources", {}).get("limits") or {} for c in cs]
     if not any(req) and not any(lim):
         return "BestEffort"
-    if all(l.get("cpu") and l.get("memory") and r.get("cpu", l["cpu"]) == l["cpu"]
-           and r.get("memory", l["memory"]) == l["memory"] for r, l in zip(req, lim)):
+    if all(li.get("cpu") and li.get("memory") and r.get("cpu", li["cpu"]) == li["cpu"]
+           and r.get("memory", li["memory"]) == li["memory"] for r, li in zip(req, lim)):
         return "Guaranteed"
     return "Burstable"

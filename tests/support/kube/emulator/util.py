@@ -54,29 +54,29 @@ def parse_label_selector(text: str) -> Callable[[dict], bool]:
             i += 1
             key = toks[i] if i < len(toks) else ""
             i += 1
-            reqs.append(lambda l, k=key: k not in l)
+            reqs.append(lambda labels, k=key: k not in labels)
         else:
             key = t
             i += 1
             op = toks[i] if i < len(toks) else ","
             if op == ",":
-                reqs.append(lambda l, k=key: k in l)
+                reqs.append(lambda labels, k=key: k in labels)
             elif op in ("=", "==", "!="):
                 i += 1
                 val = toks[i] if i < len(toks) and toks[i] != "," else ""
                 if val:
                     i += 1
                 if op == "!=":
-                    reqs.append(lambda l, k=key, v=val: l.get(k) != v)
+                    reqs.append(lambda labels, k=key, v=val: labels.get(k) != v)
                 else:
-                    reqs.append(lambda l, k=key, v=val: l.get(k) == v)
+                    reqs.append(lambda labels, k=key, v=val: labels.get(k) == v)
             elif op in ("in", "notin"):
                 i += 1
                 vals = set(expect_values())
                 if op == "in":
-                    reqs.append(lambda l, k=key, vs=vals: k in l and l[k] in vs)
+                    reqs.append(lambda labels, k=key, vs=vals: k in labels and labels[k] in vs)
                 else:
-                    reqs.append(lambda l, k=key, vs=vals: l.get(k) not in vs)
+                    reqs.append(lambda labels, k=key, vs=vals: labels.get(k) not in vs)
             else:
                 raise err(f"found '{op}', expected: in, notin, =, ==, !=, gt, lt")
         if i < len(toks):

@@ -358,7 +358,7 @@ def validate(res: Resource, obj: dict) -> list[FieldError]:
     if res.kind == "Pod":
         errs += validate_pod_spec(res, obj.get("spec") or {})
     elif res.kind == "Secret":
-        for k, v in (obj.get("data") or {}).items():
+        for v in (obj.get("data") or {}).values():
             try:
                 base64.b64decode(v or "", validate=True)
             except (binascii.Error, ValueError, TypeError):
