@@ -152,7 +152,7 @@ def unpack(boot):
 def pieces(dirs):
     """{wheel file name: [piece paths in order]} under `dirs` (one level of subdirectories; a
     ConfigMap volume's `..data` bookkeeping skipped)."""
-    found = {}
+    found = {}  # type: dict
     todo = list(dirs)
     while todo:
         d = todo.pop(0)

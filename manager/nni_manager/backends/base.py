@@ -16,7 +16,6 @@ through the agent protocol. Two kinds of backend share this contract:
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast
@@ -198,7 +197,7 @@ class Backend(abc.ABC, Generic[OptionsT]):
     # Reads this platform's own `trainingService` fields (everything the core did not take) into
     # its options object, raising `ConfigError` naming the field and the fix; None: no extra field.
     # A staticmethod: `options_parser = staticmethod(parse_slurm)`.
-    options_parser: ClassVar[Callable[[ConfigSection, ExperimentConfig], Any] | None] = None
+    options_parser: ClassVar["staticmethod[[ConfigSection, ExperimentConfig], Any] | None"] = None
     # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
     # overrides it): the hub waits this long for the agent, and the agent for its manager.
     default_reconnect_window: ClassVar[float] = 60.0
@@ -412,3 +411,9 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
                         for n, r, i in self.member_names(env_id))
         return EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
 
+
+def as_elastic(backend: Backend[Any]) -> ElasticBackend[Any, Any]:
+    """The backend as the elastic core uses it: only an elastic backend gets there."""
+    if not isinstance(backend, ElasticBackend):
+        raise TypeError(f"{type(backend).__name__} is not an ElasticBackend")
+    return backend

@@ -19,7 +19,7 @@ from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.service import constraints
-from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints
+from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints, as_elastic
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
@@ -77,7 +77,7 @@ class Background:
 
 
 class Core:
-    def __init__(self, *, config: ExperimentConfig, backend: Backend, experiment_id: str, experiment_dir: Path,
+    def __init__(self, *, config: ExperimentConfig, backend: Backend[Any], experiment_id: str, experiment_dir: Path,
                  trials: Trials, agents: Agents, hub: Hub, bundle: Bundle | None, listeners: Listeners,
                  wake: asyncio.Event, background: Background) -> None:
         self.config, self.backend = config, backend
@@ -313,7 +313,7 @@ class Core:
         env = self.agents.envs.get(t.environment_id or "")
         if env is None:
             return [self.agents.by_id[a].member for a in t.agents if a in self.agents.by_id], Completion()
-        return self.agents.members(env), self.backend.environment_backend(env.env_id).shape().completion
+        return self.agents.members(env), as_elastic(self.backend).environment_backend(env.env_id).shape().completion
 
     def place(self) -> None:
         if self.stopping:
@@ -415,7 +415,7 @@ class Core:
         if cfg.shared_storage is not None:  # the agent mounts it; the key travels only in StartTrial
             env.update(cfg.shared_storage.agent_env())
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
-            shape = self.backend.environment_backend(agent.env_id).shape()
+            shape = as_elastic(self.backend).environment_backend(agent.env_id).shape()
             role = next((r for r in shape.roles if r.name == agent.role), None)
             command = (role.command if role and role.command else None) or command
             env.update({"NNI_TRIAL_ROLE": agent.role, "NNI_TRIAL_ROLE_INDEX": str(agent.index),

@@ -12,7 +12,7 @@ import logging
 import time
 
 from nni_agent.v1 import agent_pb2 as pb
-from nni_manager.backends.base import BackendError, EnvironmentRequest, PlacementHints
+from nni_manager.backends.base import BackendError, EnvironmentRequest, PlacementHints, as_elastic
 from nni_manager.config import ConfigError
 from nni_manager.service import capacity
 from nni_manager.service.agents import (
@@ -61,7 +61,7 @@ class Elastic:
                             and (t := trials.by_id.get(e.trial_id)) is not None and t.status.is_terminal
                             and now - (t.end_time or now) < EXIT_WAIT_S * 1000)
         decided = capacity.plan(list(agents.envs.values()), busy, waiting,
-                                core.config.trial_concurrency, core.backend.reuse, now=time.monotonic(),
+                                core.config.trial_concurrency, as_elastic(core.backend).reuse, now=time.monotonic(),
                                 exiting=exiting)
         for env_id in decided.release:
             self.release(agents.envs[env_id])
@@ -78,10 +78,10 @@ class Elastic:
         env_id = f"trial-{trial_id.lower()}" if trial_id else f"env{len(agents.envs) + 1}"
         while env_id in agents.envs:  # trial ids differing only in case
             env_id += "x"
-        part = self.core.backend.environment_backend(env_id, trial)  # hybrid mode: the platform that makes it
+        part = as_elastic(self.core.backend).environment_backend(env_id, trial)  # hybrid mode: the platform that makes it
         env = agents.add_environment(env_id, trial_id)
         specs = []
-        for name, role, index in self.core.backend.member_names(env_id):
+        for name, role, index in as_elastic(self.core.backend).member_names(env_id):
             specs.append(agents.add(name, PlacementHints(), env_id, role, index,
                                     enrol=part.single_use_credentials))
             env.members.append(name)
@@ -89,13 +89,13 @@ class Elastic:
 
     async def _submit(self, env: Environment, request: EnvironmentRequest) -> None:
         try:
-            await self.core.backend.provision(request)
+            await as_elastic(self.core.backend).provision(request)
         except (BackendError, ConfigError) as e:  # the platform refused it: one line, on the trials waiting for it
             log.warning("environment %s: %s", env.env_id, e)
             self.failed(env, str(e) or type(e).__name__, TrialJobStatus.FAILED)
         except Exception as e:  # a bug of ours, not the platform's word: say so, traceback in nnimanager.log
-            log.exception("environment %s: internal error in the %s backend", env.env_id, self.core.backend.platform)
-            self.failed(env, f"internal error in the {self.core.backend.platform} backend ({type(e).__name__}: {e}); "
+            log.exception("environment %s: internal error in the %s backend", env.env_id, as_elastic(self.core.backend).platform)
+            self.failed(env, f"internal error in the {as_elastic(self.core.backend).platform} backend ({type(e).__name__}: {e}); "
                              "the traceback is in nnimanager.log", TrialJobStatus.FAILED)
 
     def release(self, env: Environment) -> None:
@@ -103,7 +103,7 @@ class Elastic:
         if env.trial_id is None:  # a one-trial environment's members stop with its object (see stops_members)
             for agent_id in env.members:
                 self.core.send(agent_id, shutdown=pb.Shutdown(reason=f"environment {env.env_id} is released"))
-        self.core.spawn(self.core.backend.release(env.env_id))
+        self.core.spawn(as_elastic(self.core.backend).release(env.env_id))
         self.core.wake()  # its place may go to a waiting trial now, not at the next periodic look
 
     def cancelled(self, trial: TrialJobDetail) -> None:
@@ -111,7 +111,7 @@ class Elastic:
         one-trial environment is stopped through the platform at once, as NNI did."""
         env = self.core.agents.envs.get(trial.environment_id or "")
         if (env is not None and env.trial_id == trial.id and env.live
-                and self.core.backend.environment_backend(env.env_id).stop_job_on_cancel):
+                and as_elastic(self.core.backend).environment_backend(env.env_id).stop_job_on_cancel):
             self.release(env)
 
     def stops_members(self, environment_id: str | None, trial_id: str) -> bool:
@@ -148,7 +148,7 @@ class Elastic:
             if self.start_failures >= MAX_START_FAILURES and not any(e.ever_ready for e in agents.envs.values()):
                 for t in trials.waiting():
                     trials.finish(t, TrialJobStatus.FAILED, f"no environment could be started: {reason}")
-        core.spawn(core.backend.release(env.env_id))
+        core.spawn(as_elastic(core.backend).release(env.env_id))
         core.wake()
 
     def _place(self, waiting: list[TrialJobDetail]) -> None:
@@ -159,7 +159,7 @@ class Elastic:
                 and agents.all_connected(e)]
         starting = [e for e in agents.envs.values() if e.state == PROVISIONING]
         for t in waiting:
-            env = next((e for e in free if e.trial_id in (None, t.id) and core.backend.environment_fits(e.env_id, t)),
+            env = next((e for e in free if e.trial_id in (None, t.id) and as_elastic(core.backend).environment_fits(e.env_id, t)),
                        None)
             if env is None:
                 mine = [e for e in starting if e.trial_id == t.id] or [e for e in starting if e.trial_id is None]

@@ -6,7 +6,7 @@ loopback: also 127.0.0.1 TCP for tunnels, always with TLS from the experiment's 
 end of a tunnel is a port any local user may bind once the SSH link drops, and an agent must
 not hand its token to (or obey) whoever does. network: `hubBindAddress`:`hubPort` with TLS (the
 experiment's own CA unless the user brings a certificate), advertised to agents as `nniManagerIp`
-or through a backend's relay (`Backend.hub_route`); the port is kept in the store so a
+or through a backend's relay (`Backend[Any].hub_route`); the port is kept in the store so a
 restarted manager listens where running agents redial. The CA stays in the experiment
 directory, so a restarted manager is trusted by the agents already running.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def _every_interface(advertise: str) -> str:
         return "0.0.0.0"
 
 
-async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
+async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
     """Bind one address, advertise another: `hubBindAddress` (default every interface, or the
     advertised address itself when that is loopback), `nniManagerIp` (an address or DNS name
     agents dial: a public IP, a NAT port-forward, a Service name), or the backend's relay."""
@@ -90,7 +91,7 @@ async def plan(backend: Backend, store: Store, experiment_dir: Path, experiment_
     return HubPlan(listen, experiment_tls(experiment_dir / "tls", names, experiment_id), advertise)
 
 
-async def listen_address(backend: Backend, store: Store, experiment_dir: Path,
+async def listen_address(backend: Backend[Any], store: Store, experiment_dir: Path,
                          experiment_id: str) -> tuple[str | None, TlsMaterial | None]:
     """(where the hub listens, its TLS material): `plan` without the advertised address."""
     p = await plan(backend, store, experiment_dir, experiment_id)

@@ -1,6 +1,6 @@
 """Hybrid mode: several training services feeding one pool of agents (NNI's hybrid mode).
 
-`HybridBackend` is the one Backend the core sees. It holds one backend per listed service,
+`HybridBackend` is the one Backend[Any] the core sees. It holds one backend per listed service,
 each built with the experiment config narrowed to its own `trainingService` entry, so each
 bootstraps its own agents exactly as it would alone (local: a subprocess; remote: SSH).
 Every agent then joins the same hub and the same placement, which spreads trials (and GPU
@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from nni_manager.service import constraints
-from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest,
+from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest, as_elastic,
                                        HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
@@ -31,7 +31,7 @@ from nni_manager.config_hybrid import HYBRID, HybridOptions
 log = logging.getLogger(__name__)
 
 
-def make_backend(config: ExperimentConfig) -> Backend:
+def make_backend(config: ExperimentConfig) -> Backend[Any]:
     """The backend for the config's platform; the hybrid composite for a list of services."""
     platform = config.training_service.platform
     if platform == HYBRID:
@@ -43,7 +43,7 @@ class _PartContext:
     """What one part sees of the core: everything, with the agents it adds remembered as its own,
     and only its own environments."""
 
-    def __init__(self, ctx: BackendContext, part: Backend, hybrid: HybridBackend) -> None:
+    def __init__(self, ctx: BackendContext, part: Backend[Any], hybrid: HybridBackend) -> None:
         self._ctx, self._part, self._owners, self._hybrid = ctx, part, hybrid._owners, hybrid
 
     def environments(self) -> list[EnvironmentRequest]:
@@ -67,15 +67,15 @@ class HybridBackend(ElasticBackend[Any, Any]):
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
         options: HybridOptions = config.training_service.options
-        self.parts: list[Backend] = [
+        self.parts: list[Backend[Any]] = [
             backend_class(ts.platform)(dataclasses.replace(config, training_service=ts)) for ts in options.services
         ]
-        self._owners: dict[str, Backend] = {}
-        self._started: list[Backend] = []
-        self._env_part: dict[str, Backend] = {}
+        self._owners: dict[str, Backend[Any]] = {}
+        self._started: list[Backend[Any]] = []
+        self._env_part: dict[str, ElasticBackend[Any, Any]] = {}
         self._turn = 0
         self.fixed_parts = [p for p in self.parts if not p.elastic]
-        self.elastic_parts = [p for p in self.parts if p.elastic]
+        self.elastic_parts = [as_elastic(p) for p in self.parts if p.elastic]
         # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
         # agents the network one (the tunnels then reach it on loopback: see hub_names).
         kinds = {p.hub for p in self.parts}
@@ -91,14 +91,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
         return bool(self.fixed_parts) and bool(self.elastic_parts)
 
     # ------------------------------------------------------------------ elastic capacity
-    def pinned_part(self, trial: Any) -> Backend | None:
+    def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
         """The cluster part a trial's placementConstraint Device names by its platform, if any."""
         c = constraints.parse(trial.form.placement_constraint, None)
         if c.device is None:
             return None
         return next((p for p in self.elastic_parts if p.platform == c.device[0]), None)
 
-    def environment_backend(self, env_id: str, trial: Any = None) -> Backend:
+    def environment_backend(self, env_id: str, trial: Any = None) -> ElasticBackend[Any, Any]:
         part = self._env_part.get(env_id)
         if part is None:
             if not self.elastic_parts:
@@ -154,7 +154,7 @@ class HybridBackend(ElasticBackend[Any, Any]):
         """The hub's window: the longest of the parts' (each agent still waits its own)."""
         return max(p.reconnect_window for p in self.parts)
 
-    def part_of(self, agent_id: str) -> Backend | None:
+    def part_of(self, agent_id: str) -> Backend[Any] | None:
         return self._owners.get(agent_id)
 
     def agent_platform(self, agent_id: str) -> str:

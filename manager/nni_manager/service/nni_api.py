@@ -53,7 +53,7 @@ class TrainingService:
         self.experiment_id = experiment_id or new_id(8)
         self.experiment_dir: Path = Path(config.experiment_working_directory).expanduser() / self.experiment_id
         self.platform = config.training_service.platform
-        self._backend: Backend = make_backend(config)  # hybrid mode: one backend per listed service
+        self._backend: Backend[Any] = make_backend(config)  # hybrid mode: one backend per listed service
         self.reconnect_window = self._backend.reconnect_window
         self._listeners = Listeners()
         self._metadata: dict[str, str] = {}
@@ -356,7 +356,7 @@ def create_training_service(
     (and working directory) it resumes that experiment and re-attaches running trials.
     """
     if not isinstance(config, ExperimentConfig):
-        from nni_manager.config import load_config
+        from nni_manager.config.load import load_config
 
         config = load_config(config)
     return TrainingService(config, experiment_id=experiment_id)

@@ -30,7 +30,7 @@ class ElasticCore(Protocol):
     core's ways to command an agent, start a trial, run background work and place again."""
 
     config: ExperimentConfig
-    backend: Backend
+    backend: Backend[Any]
     agents: Agents
     trials: Trials
 
@@ -50,4 +50,5 @@ class TrialFilesCore(Protocol):
     experiment_dir: Path
     agents: Agents
     trials: Trials
-    hub: FileFetcher
+    @property
+    def hub(self) -> FileFetcher: ...

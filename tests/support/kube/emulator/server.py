@@ -23,9 +23,10 @@ from aiohttp import web
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
 from . import faults, rbac
 
-MAX_REQUEST_BODY = 3 * 1024 * 1024  # k8s.io/apiserver DefaultMaxRequestSizeBytes
 from .store import Store
 from .util import json_merge_patch, json_patch, parse_field_selector, parse_label_selector, strategic_merge_patch
+
+MAX_REQUEST_BODY = 3 * 1024 * 1024  # k8s.io/apiserver DefaultMaxRequestSizeBytes
 
 NOT_FOUND_TEXT = "404 page not found\n"
 SERVER_VERSION = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-emulator", "gitCommit": "emulator",
