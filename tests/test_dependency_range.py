@@ -264,7 +264,8 @@ def test_agent_across_the_dependency_range(end: str, interpreter: str, monkeypat
                     raise AssertionError(f"{exc}; agent log:\n{_agent_logs(short)}") from None
                 assert done.status.value == "SUCCEEDED", (done.status, done.message, _agent_logs(short))
 
-                ours = [p for p in _live_children() if "nni_agent" in " ".join(p.cmdline())]
+                ours = [p for p in _live_children()  # this experiment's (its socket and dirs are under `short`)
+                        if "nni_agent" in " ".join(p.cmdline()) and str(short) in " ".join(p.cmdline())]
                 agents = [p for p in ours if ARGV_TAG not in p.cmdline()]  # not its guardian
                 assert len(agents) == 1, [p.cmdline() for p in ours]
                 assert agents[0].cmdline()[0] == str(python)  # the venv's agent, not this venv's

@@ -86,7 +86,8 @@ def test_dry_run_prints_the_objects_and_starts_nothing(tmp_path: Path) -> None:
         }}))
     run = cli("run", str(config), "--dry-run", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    secret, job = yaml.safe_load_all(run.stdout)
+    *shared, secret, job = yaml.safe_load_all(run.stdout)
+    assert [o["kind"] for o in shared] == ["ConfigMap"]  # the agent's boot step and wheel, once per experiment
     name = job["metadata"]["name"]
     assert secret["kind"] == "Secret" and set(secret["stringData"]) == {  # one token per replica's agent
         f"{name}-worker-0", f"{name}-worker-1", f"{name}-ps-0", "ca.crt"}

@@ -33,15 +33,15 @@ def test_created_pod_and_secret_are_the_dry_runs(kube, short_dir: Path) -> None:
             env = ts.environments()[0]
             dry = ts.core.backend.render()  # the live backend: its experiment id and agent wheel
             created = [p for p in pod_json(kube, NS) if p["metadata"]["name"] == dry.requests[-1]["metadata"]["name"]]
-            secret = kube.core().read_namespaced_secret(dry.requests[0]["metadata"]["name"], NS)
+            secret = kube.core().read_namespaced_secret(dry.requests[-2]["metadata"]["name"], NS)
             return dry.requests, created, env.members[0].hub_address, sorted(secret.data or {})
 
     requests, created, hub, secret_keys = asyncio.run(asyncio.wait_for(main(), 150))
     placeholder = ts_hub = "127.0.0.1:<hubPort>"
     assert placeholder in json.dumps(requests) and ts_hub != hub
     rendered = json.loads(json.dumps(requests).replace(placeholder, hub))
-    dry_secret, dry_pod = rendered
-    assert [r["kind"] for r in rendered] == ["Secret", "Pod"]
+    *_, dry_secret, dry_pod = rendered
+    assert [r["kind"] for r in rendered] == ["ConfigMap", "Secret", "Pod"]  # the agent ConfigMap: once per experiment
     assert len(created) == 1, [p["metadata"]["name"] for p in pod_json(kube, NS)]
     assert _pod_fields(created[0]) == _pod_fields(dry_pod)
     # the Secret: the same entries, placeholders in the dry run, the minted token and CA when submitted

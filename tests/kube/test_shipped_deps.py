@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nni_manager.backends import agent_deps
 from nni_manager.service import create_training_service
 from tests.support.kube.harness import SLIM_IMAGE, config, pods_service
 from tests.support.manager.helpers import form, wait_status
@@ -41,9 +42,12 @@ def probes_scheduled(kube: Any, experiment_id: str) -> set[str]:
             if e.reason == "Scheduled" and e.involved_object.name.startswith(prefix)}
 
 
-def test_bare_image_runs_trials_with_dependencies_shipped_in_config_maps(kube, short_dir: Path) -> None:
+def test_bare_image_runs_trials_with_dependencies_shipped_in_config_maps(kube, short_dir: Path, monkeypatch) -> None:
     if not any(WHEELHOUSE.glob("grpcio-*.whl")):
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    # the manager's own cache (wheels, probes) starts empty and stays this test's: other tests
+    # expect a manager with no wheels
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(short_dir / "wheel-cache"))
     cfg = config(kube, short_dir, pods_service(dockerImage=SLIM_IMAGE), agentWheelhouse=str(WHEELHOUSE),
                  trialConcurrency=2)
 

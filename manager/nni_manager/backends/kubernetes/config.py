@@ -45,7 +45,7 @@ class KubeConfig:
     """Everything the Kubernetes backends read from `trainingService`."""
 
     namespace: str = "default"  # else the kubeconfig context's, or in a cluster the pod's own
-    namespace_given: bool = False
+    namespace_given: bool = field(default=False, compare=False)  # bookkeeping: was `namespace` written? (not an option)
     kube_config: Path | None = None  # default: $KUBECONFIG, ~/.kube/config, else in-cluster
     context: str | None = None
     reuse_mode: bool = True
