@@ -94,6 +94,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
         self._tunnel: tunnel.Tunnel | None = None
+        self._access_checked = False
         self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
         self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
         self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
@@ -177,6 +178,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             return None
         self.experiment_id = experiment_id
         ns = self.namespace
+        await self._client()
+        await self._check_access()  # before the relay: a refused experiment leaves nothing behind
         await self._ensure_pull_secret()
         try:
             cluster_ip = await self._ensure_relay(experiment_id)
@@ -263,13 +266,17 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         return needs
 
     async def _check_access(self) -> None:
-        """One line per verb the cluster denies, before anything is created."""
+        """One line per verb the cluster denies, before anything is created (once: the tunnel's
+        hub_route asks before start does)."""
+        if self._access_checked:
+            return
         denied = await access.missing(self._api, self.namespace, self.required_access())
         if denied:
             lines = "\n".join("  " + n.line(self.namespace) for n in denied)
             raise KubeError(f"Kubernetes RBAC denies what the experiment needs:\n{lines}\ngrant these verbs to your "
                             "user or service account (the minimal Role is in docs/platforms/kubernetes.md; check with "
                             f"`kubectl auth can-i --list -n {self.namespace}`)")
+        self._access_checked = True
 
     async def _prepare(self) -> None:
         """Platform objects made once per experiment, after the checks (FrameworkController's account)."""
