@@ -207,8 +207,8 @@ def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
         b.queue["1.pbs"].state = "R"
         clock[0] += 150
         await b.poll()
-        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled 10.0.0.1:8999 "
-                                             "yet: if this lasts, check that the job's nodes can reach 10.0.0.1:8999")
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled 10.0.0.1:8999 "  # not dialed
+                                             "yet: if this lasts, check that the job's nodes can reach 10.0.0.1:8999")  # not dialed
         clock[0] += 7
         await b.poll()
         assert ctx.status["env1"].startswith("PBS job 1.pbs is R (for 7 s) but")
@@ -237,7 +237,7 @@ def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None
         await b.poll()
         [(agent, reason, failed)] = ctx.failed
         assert agent == "env1" and failed and b.queue["1.pbs"].state == "C"
-        assert reason.startswith("PBS job nni_exp_exp1_env_1 ran for 30 s but its agent never dialled 10.0.0.1:8999")
+        assert reason.startswith("PBS job nni_exp_exp1_env_1 ran for 30 s but its agent never dialled 10.0.0.1:8999")  # not dialed
         assert reason.endswith("; the job was stopped")
         await b.poll()
         assert len(ctx.failed) == 1  # reported once
