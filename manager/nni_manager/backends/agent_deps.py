@@ -211,3 +211,41 @@ def download(worker: WorkerPython, reqs: Iterable[Requirement | str], dest: Path
     if out.returncode != 0:
         log.warning("pip download of the agent's dependencies for %s failed: %s", worker.key,
                     (out.stderr.strip().splitlines() or ["no output"])[-1][:300])
+
+
+# ---------------------------------------------------------------- platforms with no probe channel
+# OpenPAI and AML run nothing cheaper than a job, so the manager cannot ask an image which Python
+# it has before the first trial. Those platforms ship wheels for every CPython the agent supports
+# (the ones any source can provide), one directory per version, and the job's shell picks its own
+# Python's directory (PICK_PYTHON_DIR). x86_64 and manylinux2014 (glibc >= 2.17): what AML and
+# OpenPAI's GPU nodes run.
+SHIP_PYTHONS: tuple[tuple[int, int], ...] = tuple((3, minor) for minor in range(8, 15))
+PYV_VAR = "NNI_PYV"
+# sh, after the boot step's interpreter search has set PY: NNI_PYV=cp311 (empty for a Python it cannot run)
+PICK_PYTHON_DIR = (f'{PYV_VAR}=$("$PY" -c "import sys; print(\'cp%d%d\' % tuple(sys.version_info[:2]))" '
+                   '2>/dev/null || true)')
+
+
+def piece_name(wheel: Path) -> str:
+    """A whole wheel as the boot step's `--parts` reads it: one piece, `<wheel>.000`."""
+    return f"{wheel.name}.000"
+
+
+def resolve_for_pythons(wheelhouse: Path | None = None, *, machine: str = "x86_64", glibc: tuple[int, int] = (2, 17),
+                        versions: Sequence[tuple[int, int]] = SHIP_PYTHONS) -> dict[str, Wheels]:
+    """`cp311` -> the wheels for that CPython, for each version some source provides (cache,
+    `wheelhouse`, one `pip download` each); versions none provides are left out (their images
+    then get the boot step's one line naming what is missing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(version: tuple[int, int]) -> Wheels | None:
+        worker = WorkerPython(version, machine, glibc)
+        try:
+            return resolve(worker, wheelhouse)
+        except DependencyError as e:
+            log.debug("no dependency wheels for %s: %s", worker.key, e)
+            return None
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # each may be one `pip download`
+        found = list(pool.map(one, versions))
+    return {f"cp{v[0]}{v[1]}": w for v, w in zip(versions, found) if w is not None}

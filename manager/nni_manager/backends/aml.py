@@ -16,7 +16,10 @@ travels over the agent stream.
   following ARM's `nextLink` as given when it names the same host.
 - Failed jobs: JobBase carries only the status (the error lives in the studio), so the trial's
   message gives the job's studio page and where its logs are.
-- The image is an AML environment (`nni-agent-<hash of the image>`, version 1), created once.
+- The image is an AML environment (`nni-agent-<hash of the image>`, version 1), created once. It
+  needs only Python >= 3.8: the agent and its dependencies come as a code asset (aml_code: the
+  workspace's default datastore, a blob upload, a code version named for its content, the job's
+  `codeId`), uploaded once per workspace; the next experiment uploads nothing.
 - AML has no secret store a job can mount and shows the command in the studio: the agent's
   credential there is single-use (the hub accepts it once, then only that agent's session).
 - Status: AML's JobStatus mapped so that a cancelled job ends (NNI left `Canceled` runs alive).
@@ -27,13 +30,16 @@ travels over the agent stream.
       resourceGroup: ...
       workspaceName: ...
       computeTarget: gpu-cluster
-      dockerImage: msranni/nni:latest   # needs Python >= 3.8 and nni-agent
+      dockerImage: msranni/nni:latest   # needs Python >= 3.8 (the agent comes as a code asset)
       nniManagerIp: 20.1.2.3            # the compute cluster must reach nniManagerIp:hubPort
       # ours, other Azure clouds: the endpoint and the audience tokens are requested for
       # (`az cloud show --query "[endpoints.resourceManager, endpoints.activeDirectoryResourceId]"`);
       # the audience is derived for Azure China and US Government when only the endpoint is given
       resourceManagerEndpoint: https://management.chinacloudapi.cn
       resourceManagerAudience: https://management.core.chinacloudapi.cn/
+      # ours: where this machine reaches the default datastore's blob service, when not at
+      # https://{account}.blob.{endpoint} (a private endpoint's name, an emulator)
+      blobEndpoint: https://myaccount.privatelink.blob.core.windows.net
 """
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from nni_manager.backends import aml_code
+from nni_manager.backends.agent_command import Sh
 from nni_manager.backends.base import EnvironmentRequest
 from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, StateTable, agent_boot,
                                              literal_secret_lines, parse_watch_fields)
@@ -79,6 +87,7 @@ class AmlConfig:
     audience: str = ARM
     poll_interval: float | None = None
     connect_timeout: float | None = None
+    blob_endpoint: str | None = None
 
 
 def parse_aml(ts: ConfigSection, config: ExperimentConfig) -> AmlConfig:
@@ -102,6 +111,12 @@ def parse_aml(ts: ConfigSection, config: ExperimentConfig) -> AmlConfig:
     if reuse is False:
         raise ConfigError(ts.at("reuseMode"), "must be true on platform aml (AML runs a pool of environments)",
                           "remove reuseMode")
+    blob = ts.str_("blobEndpoint")
+    if blob is not None and not blob.startswith(("https://", "http://")):
+        raise ConfigError(ts.at("blobEndpoint"), f"must be an http(s) URL, got {blob!r}",
+                          "the blob service URL of the default datastore's account, e.g. "
+                          "https://myaccount.blob.core.windows.net (default: from the datastore)")
+    out.blob_endpoint = blob.rstrip("/") if blob else None
     out.poll_interval, out.connect_timeout = parse_watch_fields(ts)
     return out
 
@@ -147,6 +162,7 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         self._token: Any = None  # azure-identity's AccessToken (token, expires_on), cached
         self._token_lock = asyncio.Lock()
         self.studio: dict[str, str] = {}  # job name -> studio URL
+        self.code: aml_code.CodeAsset | None = None  # the agent's code asset, once open() made sure of it
 
     options_parser = staticmethod(parse_aml)
 
@@ -204,6 +220,15 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         await self._call("GET", f"/computes/{quote(o.compute_target, safe='')}")
         await self._call("PUT", self.environment_id[len(self.workspace):], json={"properties": {
             "image": o.docker_image, "description": "nni-agent environments (nni-manager)"}})
+        assert self.ctx is not None
+        files = await asyncio.to_thread(aml_code.gather, self.ctx.experiment_dir / "agent-wheel",
+                                        self.config.agent_wheelhouse)
+        self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, files, o.blob_endpoint)
+        if self.code is not None:
+            c = self.code
+            log.info("AML: the agent's code asset %s (%.1f MB, dependencies for %s; %s)", c.code_id.rsplit("/", 1)[-1],
+                     c.size / 1e6, ", ".join(c.pythons) or "no Python",
+                     f"uploaded {c.uploaded / 1e6:.1f} MB" if c.uploaded else "already in the workspace")
 
     async def close(self) -> None:
         if self.client is not None:
@@ -217,10 +242,14 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
         command = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
                              tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.orphan_timeout,
-                             single_trial=bool(env.trial_id), env=self.agent_env, image=self.opts.docker_image)
+                             single_trial=bool(env.trial_id), env=self.agent_env, image=self.opts.docker_image,
+                             wheel=Sh(f'"$PWD/{self.code.agent_wheel}"') if self.code else "",
+                             deps_dir=Sh('"$PWD/deps"') if self.code else "")
+        code = {"codeId": self.code.code_id} if self.code else {}
         return {"properties": {
             "jobType": "Command",
             "command": "\n".join(command),
+            **code,
             "environmentId": self.environment_id,
             "computeId": f"{self.workspace}/computes/{self.opts.compute_target}",
             "experimentName": f"nni_exp_{self.experiment_id}",

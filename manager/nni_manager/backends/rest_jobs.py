@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, OptionsT
 from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for the shared job pattern)
@@ -188,7 +189,7 @@ def _retry_after(value: str | None) -> float | None:
 
 def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: bool, ca_lines: list[str],
                orphan_timeout: float, single_trial: bool, env: dict[str, str], image: str,
-               pythonpath: str | None = None) -> list[str]:
+               pythonpath: str | None = None, wheel: str = "", deps_dir: str = "") -> list[str]:
     """Shell lines (POSIX sh, safe under `set -eu`) that start one agent inside a job's container:
     a private 0700 directory, the token (and CA) written there by `token_lines` / `ca_lines` as
     files of mode 0600 (`"$NNI_AGENT_DIR/token"`, `"$NNI_AGENT_DIR/ca.crt"`), then the boot step
@@ -196,7 +197,10 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     and its dependencies' versions checked, one line saying what is wrong otherwise (the job's
     log, then the trial's message), then the agent. `agent_id` may be a shell expression in double
     quotes' syntax; `image` names the image in that line; `pythonpath`: the agent's wheel or
-    directory as the container sees it."""
+    directory as the container sees it. `wheel`: the agent wheel in the container, unpacked into
+    the private directory; `deps_dir`: where shipped dependency wheels lie in the container, one
+    directory per CPython (`cp311/`, agent_deps.resolve_for_pythons), of which the job's Python
+    picks its own. Both are shell words (an `Sh`, config values already quoted) or literals."""
     q = shlex.quote
     lines = ["umask 077",
              'NNI_AGENT_DIR=$(mktemp -d "/tmp/nni-agent.XXXXXX")',
@@ -207,9 +211,17 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     command = AgentCommand(agent_id=Sh(f'"{agent_id}"'), manager=hub_address, token_file=Sh('"$NNI_AGENT_DIR/token"'),
                            work_dir=Sh('"$NNI_AGENT_DIR/work"'), orphan_timeout=orphan_timeout,
                            ca_file=Sh('"$NNI_AGENT_DIR/ca.crt"') if tls else "", single_trial=single_trial,
-                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}")
-    lines += command.shell_lines()
+                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}",
+                           wheel=wheel, unpack_to=Sh('"$NNI_AGENT_DIR/agent"') if wheel else "",
+                           parts=(Sh(f'{_word(deps_dir)}/"${{{agent_deps.PYV_VAR}:-none}}"'),) if deps_dir else (),
+                           deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "")
+    find, start = command.shell_lines()
+    lines += [find, *([agent_deps.PICK_PYTHON_DIR] if deps_dir else []), start]
     return lines
+
+
+def _word(value: str) -> str:
+    return value if isinstance(value, Sh) else shlex.quote(value)
 
 
 def literal_secret_lines(token: str, ca_certificate: bytes) -> tuple[list[str], list[str]]:

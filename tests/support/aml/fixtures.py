@@ -35,6 +35,17 @@ AZURE_IDENTITY_VARS = ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_I
                        "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT")
 
 
+SLIM_IMAGE = "python:3.11-slim"  # the system Python alone: no grpcio, protobuf, psutil, nor the agent
+
+
+def _slim_python_dir(state: Path) -> str:
+    d = state / "image-python-slim"
+    d.mkdir(exist_ok=True)
+    for n in ("python3", "python"):
+        (d / n).symlink_to("/usr/bin/python3")
+    return str(d)
+
+
 class Aml(RestControls):
     """A running emulator: ids of its workspace, its URL and CA, credentials and test controls."""
 
@@ -148,10 +159,12 @@ def _write_az(state: Path, key_file: Path, cfg: dict) -> None:
 def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, computes: list[dict] | None = None,
               images: dict[str, str] | None = None, step: float = 0.05, hold: str | None = None,
               retry_after: int = 1, page_size: int = 20, audiences: list[str] | None = None,
-              az_delay: float = 1.0) -> Aml:
+              az_delay: float = 1.0, datastore: dict | None = None) -> Aml:
     """principals: name -> built-in roles on the workspace (default {'default': ['Contributor'],
     'reader': ['Reader'], 'norole': []}); images: image -> bin dir first on PATH ('*' = any);
-    az_delay: seconds each `az account get-access-token` takes (the real one: about a second)."""
+    az_delay: seconds each `az account get-access-token` takes (the real one: about a second);
+    datastore: the default AzureBlob datastore (emulator/assets.py `Datastore`: accountName,
+    containerName, key or sasToken, blobEndpoint where Azurite listens); none: the workspace has none."""
     state = base / f"aml-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     key_file = state / "token-signing.key"
@@ -165,9 +178,10 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
            "computes": computes or [{"name": "cpu-cluster", "vmSize": "STANDARD_DS3_V2", "maxNodes": 4}],
            "images": images if images is not None else {
                "msranni/nni:latest": VENV_BIN, "msranni/nni": VENV_BIN, "nni-test/python:3.11": VENV_BIN,
-               "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04": VENV_BIN},
+               "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04": VENV_BIN,
+               SLIM_IMAGE: _slim_python_dir(state)},
            "step": step, "hold": hold, "azDelay": az_delay, "retryAfter": retry_after, "pageSize": page_size,
-           "audiences": audiences, "principals": {p["oid"]: {"roles": p["roles"], "upn": p["upn"]}
+           "audiences": audiences, "datastore": datastore, "principals": {p["oid"]: {"roles": p["roles"], "upn": p["upn"]}
                                                   for p in by_name.values()},
            "principals_by_name": by_name}
     (state / "config.json").write_text(json.dumps(cfg))

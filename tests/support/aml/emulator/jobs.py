@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .arm import user_error
+from .assets import Datastore, validate_code_version
 from tests.support.dlts.emulator.procs import ProcessRunner
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9\-_]{0,254}$")
@@ -57,6 +58,9 @@ class Workspace:
         self.retry_after = int(cfg.get("retryAfter", 1))      # seconds, on 202s of cancel and its Location
         self.runner, self.base_env = runner, base_env
         self.environments: dict[tuple[str, str], dict] = {}
+        self.datastore = Datastore(cfg["datastore"]) if cfg.get("datastore") else None
+        self.codes: dict[tuple[str, str], dict] = {}
+        self.created_at = now_iso()
         self.jobs: dict[str, Job] = {}
         self.hold: str | None = cfg.get("hold")
         self.hold_changed = asyncio.Event()
@@ -114,6 +118,37 @@ class Workspace:
             return None
         return self.environments.get((parts[0], parts[2]))
 
+    # ------------------------------------------------------------ code assets
+    def put_code_version(self, name: str, version: str, body: dict, who: str) -> tuple[int, dict]:
+        props = validate_code_version(name, body)
+        key = (name, version)
+        existing = self.codes.get(key)
+        if existing is not None:
+            if existing["properties"].get("codeUri") != props.get("codeUri"):
+                raise user_error(409, f"Conflict: code {name}:{version} already exists with a different codeUri; "
+                                      "asset versions are immutable.")
+            existing["properties"].update({k: props[k] for k in ("description", "tags", "properties") if k in props})
+            existing["systemData"]["lastModifiedAt"] = now_iso()
+            return 200, existing
+        t = now_iso()
+        stored = {**{k: copy.deepcopy(v) for k, v in props.items() if k != "provisioningState"},
+                  "isAnonymous": bool(props.get("isAnonymous", False)), "isArchived": False,
+                  "provisioningState": "Succeeded"}
+        code = {"id": f"{self.base}/codes/{name}/versions/{version}", "name": version,
+                "type": "Microsoft.MachineLearningServices/workspaces/codes/versions",
+                "properties": stored, "systemData": self.system_data(who, t, t)}
+        self.codes[key] = code
+        return 201, code
+
+    def code_by_id(self, arm_id: str) -> dict | None:
+        prefix = self.base.lower() + "/codes/"
+        if not arm_id.lower().startswith(prefix):
+            return None
+        parts = arm_id[len(prefix):].split("/")
+        if len(parts) != 3 or parts[1].lower() != "versions":
+            return None
+        return self.codes.get((parts[0], parts[2]))
+
     # ------------------------------------------------------------ jobs
     def validate(self, name: str, body: dict) -> dict:
         if not NAME_RE.match(name):
@@ -131,7 +166,8 @@ class Workspace:
             raise user_error(400, "The EnvironmentId field is required.")
         if self.environment_by_id(props["environmentId"]) is None:
             raise user_error(404, f"Could not find asset with ID: {props['environmentId']}")
-        if props.get("codeId"):
+        if props.get("codeId") is not None and (not isinstance(props["codeId"], str)
+                                                  or self.code_by_id(props["codeId"]) is None):
             raise user_error(404, f"Could not find asset with ID: {props['codeId']}")
         compute = props.get("computeId")
         if compute is not None:
@@ -278,11 +314,37 @@ class Workspace:
             self._set(job, "Failed")
             return
         count = int(job.properties.get("resources", {}).get("instanceCount", 1))
+        code = self.code_by_id(job.properties["codeId"]) if job.properties.get("codeId") else None
+        for rank in range(count):  # the code snapshot is each node's working directory
+            work = self.runner.root / f"{job.name}-{rank}" / "work"
+            work.mkdir(parents=True, exist_ok=True)
+            if code is not None and not await self._download_code(job, code, work):
+                return
         job.exit_codes = [None] * count
         for rank in range(count):
             await self.runner.start(f"{job.name}-{rank}", job.properties["command"], self.env_for(job, image_bin, rank))
         if job.status == "Preparing":          # not cancelled while the processes started
             self._set(job, "Running")
+
+    async def _download_code(self, job: Job, code: dict, work) -> bool:
+        """The code version's blobs into the working directory; False (job Failed) when they cannot be."""
+        uri = code["properties"]["codeUri"]
+        prefix = self.datastore.prefix_of(uri) if self.datastore is not None else None
+        if prefix is None:
+            job.error = f"Failed to download the code snapshot: {uri} is not in a datastore of this workspace"
+            self._set(job, "Failed")
+            return False
+        try:
+            n = await asyncio.to_thread(self.datastore.download, prefix, work)
+        except Exception as e:  # azure.core's errors: the storage refused or is unreachable
+            job.error = f"Failed to download the code snapshot {uri}: {type(e).__name__}"
+            self._set(job, "Failed")
+            return False
+        if n == 0:
+            job.error = f"Failed to download the code snapshot: no blobs under {uri}"
+            self._set(job, "Failed")
+            return False
+        return True
 
     async def _watch(self, job: Job) -> None:
         tasks = [self.runner.tasks[f"{job.name}-{i}"] for i in range(len(job.exit_codes))]
@@ -302,7 +364,7 @@ class Workspace:
     def view(self, job: Job) -> dict:
         keys = [f"{job.name}-{i}" for i in range(len(job.exit_codes))]
         return {"name": job.name, "status": job.status, "history": job.history, "exitCodes": job.exit_codes,
-                "error": job.error, "command": job.properties.get("command"),
+                "error": job.error, "command": job.properties.get("command"), "codeId": job.properties.get("codeId"),
                 "environmentVariables": job.properties.get("environmentVariables"),
                 "pids": [p for k in keys for p in self.runner.pids(k)],
                 "taskDirs": [str(self.runner.tasks[k].dir) for k in keys if k in self.runner.tasks]}

@@ -41,6 +41,11 @@ ACTIONS = {
     "computes.get": "Microsoft.MachineLearningServices/workspaces/computes/read",
     "environments.versions.put": "Microsoft.MachineLearningServices/workspaces/environments/versions/write",
     "environments.versions.get": "Microsoft.MachineLearningServices/workspaces/environments/versions/read",
+    "datastores.list": "Microsoft.MachineLearningServices/workspaces/datastores/read",
+    "datastores.get": "Microsoft.MachineLearningServices/workspaces/datastores/read",
+    "datastores.listSecrets": "Microsoft.MachineLearningServices/workspaces/datastores/listsecrets/action",
+    "codes.versions.put": "Microsoft.MachineLearningServices/workspaces/codes/versions/write",
+    "codes.versions.get": "Microsoft.MachineLearningServices/workspaces/codes/versions/read",
     "jobs.put": "Microsoft.MachineLearningServices/workspaces/jobs/write",
     "jobs.get": "Microsoft.MachineLearningServices/workspaces/jobs/read",
     "jobs.list": "Microsoft.MachineLearningServices/workspaces/jobs/read",
@@ -85,6 +90,15 @@ class Arm:
             return Route("computes.get", scope, name=rest[1], **base)
         if lrest[:1] == ["environments"] and len(rest) == 4 and lrest[2] == "versions" and method in ("PUT", "GET"):
             return Route(f"environments.versions.{method.lower()}", scope, name=rest[1], version=rest[3], **base)
+        if lrest[:1] == ["datastores"]:
+            if len(rest) == 1 and method == "GET":
+                return Route("datastores.list", scope, **base)
+            if len(rest) == 2 and method == "GET":
+                return Route("datastores.get", scope, name=rest[1], **base)
+            if len(rest) == 3 and lrest[2] == "listsecrets" and method == "POST":
+                return Route("datastores.listSecrets", scope, name=rest[1], **base)
+        if lrest[:1] == ["codes"] and len(rest) == 4 and lrest[2] == "versions" and method in ("PUT", "GET"):
+            return Route(f"codes.versions.{method.lower()}", scope, name=rest[1], version=rest[3], **base)
         if lrest[:1] == ["jobs"]:
             if len(rest) == 1 and method == "GET":
                 return Route("jobs.list", scope, **base)
@@ -174,6 +188,41 @@ class Arm:
             raise user_error(404, f"Could not find asset with ID: {self.ws.base}/environments/{route.params['name']}"
                                   f"/versions/{route.params['version']}")
         return arm_json(env)
+
+    def _datastore(self, name: str):
+        ds = self.ws.datastore
+        if ds is None or ds.name != name:
+            raise user_error(404, f"DatastoreNotFound: {name} datastore does not exists.")
+        return ds
+
+    def _system(self) -> dict:
+        return self.ws.system_data("workspace", self.ws.created_at, self.ws.created_at)
+
+    async def datastores_list(self, request, route, who):
+        ds = self.ws.datastore
+        value = [ds.resource(self.ws.base, self._system())] if ds is not None else []
+        default = request.query.get("isDefault")
+        if default is not None and default.lower() == "false":
+            value = []
+        return arm_json({"value": value})
+
+    async def datastores_get(self, request, route, who):
+        return arm_json(self._datastore(route.params["name"]).resource(self.ws.base, self._system()))
+
+    async def datastores_listSecrets(self, request, route, who):
+        return arm_json(self._datastore(route.params["name"]).secrets())
+
+    async def codes_versions_put(self, request, route, who):
+        status, code = self.ws.put_code_version(route.params["name"], route.params["version"],
+                                                await self.body(request), who)
+        return arm_json(code, status)
+
+    async def codes_versions_get(self, request, route, who):
+        code = self.ws.codes.get((route.params["name"], route.params["version"]))
+        if code is None:
+            raise user_error(404, f"Could not find asset with ID: {self.ws.base}/codes/{route.params['name']}"
+                                  f"/versions/{route.params['version']}")
+        return arm_json(code)
 
     async def jobs_put(self, request, route, who):
         status, job = self.ws.put_job(route.params["name"], await self.body(request), who)

@@ -1,0 +1,175 @@
+"""AML: the agent and its dependencies as a code asset (the v2 flow), so a job's image needs only Python.
+
+A command job that names a code version (`codeId`) starts in a working directory holding that
+version's files: AML's runtime downloads them from the workspace's datastore. The manager puts
+there the agent wheel and the dependency wheels (grpcio, protobuf, psutil, ...), and the boot
+step unpacks them into the job's private directory:
+
+1. the files and their content hash: the version's name, so equal content is one version;
+2. `GET codes/nni-agent/versions/{hash}`: already there (an earlier experiment), nothing is uploaded;
+3. else the default datastore (`GET datastores?isDefault=true`, an AzureBlob container), its
+   credentials (`POST datastores/{name}/listSecrets`: an account key or a SAS token, kept in
+   memory only, never logged or put in a job), the files uploaded with azure-storage-blob under
+   `LocalUpload/{hash}/nni-agent/` (as the AML SDK uploads code), and `PUT codes/nni-agent/versions/{hash}`
+   with that folder's `codeUri`.
+
+Which Python the image has, the manager cannot know before a job runs: AML has no channel cheaper
+than a job (a probe job costs a node allocation, minutes, and its answer comes back only through
+run logs), and asking users for the image's Python version is one more field to get wrong. So the
+asset holds wheels for every CPython the agent supports that the sources provide (the cache,
+`agentWheelhouse`, one `pip download` each: agent_deps.resolve_for_pythons), in `deps/cpXY/`, and
+the job's shell picks its own Python's directory. That is uploaded once per workspace and content;
+each job then downloads a few tens of MB from storage in its own region. An image whose Python no
+source covered ends with the boot step's one line naming what is missing.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from nni_manager.backends import agent_deps
+from nni_manager.backends.agent_wheel import build_agent_wheel
+from nni_manager.backends.rest_jobs import RestClient, RestError
+
+log = logging.getLogger(__name__)
+
+CODE_NAME = "nni-agent"
+UPLOAD_ROOT = "LocalUpload"  # where the AML SDK puts code it uploads
+
+
+@dataclass(frozen=True)
+class CodeFiles:
+    """What the code asset holds: (name in the asset, local file) pairs, and their content hash."""
+
+    files: tuple[tuple[str, Path], ...]
+    digest: str  # the code version
+    agent_wheel: str  # the agent wheel's name in the asset
+
+    @property
+    def size(self) -> int:
+        return sum(p.stat().st_size for _, p in self.files)
+
+    @property
+    def pythons(self) -> list[str]:
+        return sorted({n.split("/")[1] for n, _ in self.files if n.startswith("deps/")})
+
+
+def gather(wheel_dir: Path, wheelhouse: Path | None) -> CodeFiles:
+    """The agent wheel and the dependency wheels for each CPython (blocking: builds, resolves, hashes)."""
+    wheel = build_agent_wheel(wheel_dir)
+    files = [(wheel.path.name, wheel.path)]
+    for pyv, wheels in sorted(agent_deps.resolve_for_pythons(wheelhouse).items()):
+        files += [(f"deps/{pyv}/{agent_deps.piece_name(f)}", f) for f in wheels.files]
+    content = hashlib.sha256()
+    for name, path in files:
+        content.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return CodeFiles(tuple(files), content.hexdigest()[:32], wheel.path.name)
+
+
+@dataclass(frozen=True)
+class CodeAsset:
+    code_id: str  # the code version's ARM id, the job's codeId
+    agent_wheel: str
+    pythons: tuple[str, ...]  # cp311, ...: the Pythons it has dependencies for
+    uploaded: int  # bytes uploaded now (0: an earlier experiment did)
+    size: int
+
+
+async def ensure(client: RestClient, workspace: str, api_version: str, files: CodeFiles,
+                 blob_endpoint: str | None = None) -> CodeAsset | None:
+    """The code version for `files`, created (datastore, upload, version) unless it exists; None
+    when the workspace has no default AzureBlob datastore with an account key or SAS token (jobs
+    then need an image with the agent, and say so in the boot step's one line)."""
+    params = {"api-version": api_version}
+    version_path = f"{workspace}/codes/{CODE_NAME}/versions/{files.digest}"
+    code_id = version_path
+    asset = CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), 0, files.size)
+    reply = await client.request("GET", version_path, params=params, accept=(404,))
+    if reply.status == 200:
+        return asset
+    store = await _default_datastore(client, workspace, params)
+    if store is None:
+        return None
+    props = store.get("properties") or {}
+    name = str(store.get("name") or "workspaceblobstore")
+    secrets = (await client.request("POST", f"{workspace}/datastores/{quote(name, safe='')}/listSecrets",
+                                    params=params, retry=True)).body or {}
+    credential = _blob_credential(secrets, str(props.get("accountName", "")), name)
+    del secrets
+    if credential is None:
+        return None
+    account, container = str(props.get("accountName", "")), str(props.get("containerName", ""))
+    canonical = f"{props.get('protocol') or 'https'}://{account}.blob.{props.get('endpoint') or 'core.windows.net'}"
+    folder = f"{UPLOAD_ROOT}/{files.digest}/{CODE_NAME}"
+    uploaded = await _upload(blob_endpoint or canonical, account, container, credential, folder, files, name)
+    await client.request("PUT", version_path, params=params, json={"properties": {
+        "codeUri": f"{canonical}/{container}/{folder}", "isAnonymous": False,
+        "description": "nni-agent and its dependencies' wheels (nni-manager)",
+        "properties": {"pythons": " ".join(files.pythons)}}})
+    return CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), uploaded, files.size)
+
+
+NEEDS = ("jobs' images must then carry Python >= 3.8 with nni-agent and its dependencies "
+         "(pip install nni-agent)")
+
+
+async def _default_datastore(client: RestClient, workspace: str, params: dict[str, str]) -> dict[str, Any] | None:
+    body = (await client.request("GET", f"{workspace}/datastores", params={**params, "isDefault": "true"})).body
+    stores = [s for s in (body or {}).get("value", []) if isinstance(s, dict)]
+    if not stores:
+        log.warning("AML: the workspace has no default datastore to hold the agent's code asset: %s", NEEDS)
+        return None
+    store = stores[0]
+    kind = (store.get("properties") or {}).get("datastoreType")
+    if kind != "AzureBlob":
+        log.warning("AML: the default datastore %s is %s, not AzureBlob, so it cannot hold the agent's code "
+                    "asset: %s", store.get("name"), kind, NEEDS)
+        return None
+    return store
+
+
+def _blob_credential(secrets: dict[str, Any], account: str, datastore: str) -> Any:
+    kind = secrets.get("secretsType")
+    if kind == "AccountKey" and secrets.get("key"):
+        return {"account_name": account, "account_key": secrets["key"]}
+    if kind == "Sas" and secrets.get("sasToken"):
+        from azure.core.credentials import AzureSasCredential
+        return AzureSasCredential(str(secrets["sasToken"]).lstrip("?"))
+    log.warning("AML: the datastore %s gives no account key or SAS token (secretsType %s), so the agent's code "
+                "asset cannot be uploaded: %s", datastore, kind or "none", NEEDS)
+    return None
+
+
+async def _upload(endpoint: str, account: str, container: str, credential: Any, folder: str,
+                  files: CodeFiles, datastore: str) -> int:
+    """Every file under `folder` in the container; the bytes sent. Errors name the blob service's
+    code, never the credential or a signed URL."""
+    from azure.core.exceptions import AzureError, HttpResponseError
+    from azure.storage.blob.aio import ContainerClient
+
+    # azure-core's HTTP logging names headers and URLs (redacted, but never needed here)
+    logging.getLogger("azure").setLevel(max(logging.getLogger("azure").getEffectiveLevel(), logging.WARNING))
+    sent = 0
+    try:
+        async with ContainerClient(endpoint, container, credential=credential) as cc:
+            for name, path in files.files:
+                data = await asyncio.to_thread(path.read_bytes)
+                await cc.upload_blob(f"{folder}/{name}", data, overwrite=True)
+                sent += len(data)
+    except HttpResponseError as e:
+        code = e.error_code or getattr(e, "status_code", "")
+        raise RestError(f"AML: uploading the agent's code asset to container {container} of storage account "
+                        f"{account} (datastore {datastore}) was refused: {code}; the workspace's identity or the "
+                        "datastore's credential may lack write access") from None
+    except AzureError as e:
+        raise RestError(f"AML: cannot reach the blob service of storage account {account} (datastore {datastore}) "
+                        f"to upload the agent's code asset: {type(e).__name__} (set trainingService.blobEndpoint if "
+                        "this machine reaches it at another address)") from None
+    log.info("AML: uploaded the agent's code asset (%d files, %.1f MB) to datastore %s", len(files.files),
+             sent / 1e6, datastore)
+    return sent

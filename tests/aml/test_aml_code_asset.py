@@ -1,0 +1,154 @@
+"""The agent and its dependencies reach a bare-Python AML image as a code asset (issue 19, item 3).
+
+The emulator's workspace has a default AzureBlob datastore whose account is Azurite (Microsoft's
+Azure Storage emulator, the real blob protocol): the manager reads the datastore, lists its
+secrets (an account key, or a SAS token), uploads the agent wheel and the dependency wheels with
+azure-storage-blob, creates a code version and names it in each job's `codeId`; the emulator
+downloads that version's blobs into the job's working directory as AML's runtime does. The image
+`python:3.11-slim` is the system Python alone. A second experiment finds the version and uploads
+nothing. The storage credential is never in a job, a command, the manager's files or its log.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nni_manager.backends import agent_deps
+from nni_manager.config import load_config
+from nni_manager.service import create_training_service
+from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
+from tests.support.aml.fixtures import SLIM_IMAGE
+from tests.support.manager.helpers import form, wait_status
+from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)
+
+T = 90.0
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
+
+
+def _container(endpoint: str) -> str:
+    from azure.storage.blob import BlobServiceClient
+
+    name = f"azureml-blobstore-{uuid.uuid4()}"
+    BlobServiceClient(endpoint, credential={"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
+                      ).create_container(name)
+    return name
+
+
+def _blobs(endpoint: str, container: str) -> dict[str, str]:
+    """name -> etag of every blob in the container."""
+    from azure.storage.blob import ContainerClient
+
+    with ContainerClient(endpoint, container, credential={"account_name": AZURITE_ACCOUNT,
+                                                          "account_key": AZURITE_KEY}) as cc:
+        return {b.name: b.etag for b in cc.list_blobs()}
+
+
+def _sas(container: str) -> str:
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    return generate_container_sas(AZURITE_ACCOUNT, container, account_key=AZURITE_KEY,
+                                  permission=ContainerSasPermissions(read=True, write=True, create=True, list=True),
+                                  expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+
+
+def _kinds(aml: Any) -> list[str]:
+    return [r.get("kind") or "" for r in aml.requests()]
+
+
+@pytest.mark.parametrize("secrets", ["AccountKey", "Sas"])
+def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azurite, base: Path,  # noqa: F811
+                                                                 monkeypatch, caplog, secrets: str) -> None:
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
+    container = _container(azurite)
+    secret = AZURITE_KEY if secrets == "AccountKey" else _sas(container)
+    aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
+                                 "containerName": container, "blobEndpoint": azurite, "secretsType": secrets,
+                                 "key": AZURITE_KEY if secrets == "AccountKey" else "",
+                                 "sasToken": secret if secrets == "Sas" else ""})
+    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
+    for var in AZURE_IDENTITY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for k, v in aml.env().items():
+        monkeypatch.setenv(k, v)
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite),
+                       "agentWheelhouse": str(WHEELHOUSE)})
+    caplog.set_level(logging.DEBUG)
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(3)]
+            for t in trials:
+                d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+                assert d.status.value == "SUCCEEDED", d.message
+            return ts.experiment_id
+
+    first = run(experiment())
+    blobs = _blobs(azurite, container)
+    names = sorted(blobs)
+    assert any(n.endswith("-py3-none-any.whl") and "/nni_agent-" in n for n in names), names
+    assert any("/deps/cp311/grpcio-" in n for n in names), names  # the image's Python's directory
+    folder = names[0].split("/nni-agent/")[0]
+    assert folder.startswith("LocalUpload/") and all(n.startswith(folder + "/nni-agent/") for n in names), names
+    jobs = ours(aml, first)
+    code_ids = {aml.job(j["name"])["codeId"] for j in jobs}
+    assert len(code_ids) == 1 and next(iter(code_ids)).endswith(f"/codes/nni-agent/versions/{folder.split('/')[1]}")
+    kinds = _kinds(aml)
+    assert kinds.count("datastores.listSecrets") == 1 and kinds.count("codes.versions.put") == 1, kinds
+
+    second = run(experiment())  # the same agent and wheels: the version exists, nothing is uploaded
+    assert _blobs(azurite, container) == blobs
+    kinds = _kinds(aml)
+    assert kinds.count("datastores.listSecrets") == 1 and kinds.count("codes.versions.put") == 1, kinds
+    assert kinds.count("codes.versions.get") == 2, kinds
+
+    # the storage credential is nowhere: not in jobs (commands, variables), the manager's files or its log
+    for j in ours(aml, first) + ours(aml, second):
+        view = aml.job(j["name"])
+        assert secret not in str(view), j["name"]
+        for d in view["taskDirs"]:
+            for f in Path(d).parent.rglob("*"):
+                if f.is_file() and f.suffix != ".whl" and "work" not in f.parts:
+                    assert secret.encode() not in f.read_bytes(), f
+    for f in (base / "exps").rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+    assert secret not in caplog.text
+
+
+def test_a_job_naming_an_unknown_code_version_is_refused_as_aml_refuses_it(aml, base: Path) -> None:
+    import ssl
+    import urllib.error
+    import json
+    import urllib.request
+
+    from azure.identity import DefaultAzureCredential
+
+    token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
+    ctx = ssl.create_default_context(cafile=aml.ca_file)
+
+    def put(path: str, body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(f"{aml.url}{aml.workspace_path}{path}?api-version=2024-04-01", method="PUT",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    env = f"{aml.workspace_path}/environments/e/versions/1"
+    assert put("/environments/e/versions/1", {"properties": {"image": "msranni/nni:latest"}})[0] == 201
+    code_id = f"{aml.workspace_path}/codes/nni-agent/versions/0123"
+    status, body = put("/jobs/j1", {"properties": {"jobType": "Command", "command": "true", "environmentId": env,
+                                                   "codeId": code_id}})
+    assert status == 404 and body["error"]["code"] == "UserError", body
+    assert body["error"]["message"] == f"Could not find asset with ID: {code_id}", body
+    status, body = put("/codes/nni-agent/versions/0123", {"properties": {}})
+    assert status == 400 and "CodeUri" in body["error"]["message"], body
