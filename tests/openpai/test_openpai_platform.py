@@ -387,9 +387,9 @@ def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai
             return ts.experiment_id, out
 
     exp, out = run(main())
-    wheels = list((storage / exp).glob("nni_agent-*.whl"))
+    wheels = list((storage / "nni-agent").glob("nni_agent-*.whl"))  # shared by experiments: named for its content
     assert len(wheels) == 1, wheels
-    assert f"AGENT {inside}/{exp}/{wheels[0].name}/nni_agent/__init__.py" in out, out
+    assert f"AGENT {inside}/nni-agent/{wheels[0].name}/nni_agent/__init__.py" in out, out
     job = next(j for j in ours(pai, exp))
     assert job["detail"]["jobStatus"]["virtualCluster"] == "default"
 

@@ -20,21 +20,30 @@ state follows the trial's.
   `Retry-After: 3600`; the trial then waits (WAITING, saying so and when it is submitted again),
   it is never failed for that.
 - Storage: `storageConfigName` is mounted at `containerStorageMountPoint` (PAI's default is
-  /mnt/<name>), where the shipped agent wheel is looked for.
+  /mnt/<name>). With `localStorageMountPoint` too (the same storage as this machine mounts it),
+  the agent and its dependencies travel through it (`ship_through_storage`): the image needs only
+  Python >= 3.8. Without, the image must have them (or install them in the task's own commands
+  of a user protocol); the boot step says in one line what it lacks.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
 import datetime as dt
+import hashlib
 import logging
+import os
 import shutil
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import yaml
 
+from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
@@ -67,6 +76,55 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class Shipped:
+    """What lies in the storage, relative to its mount point."""
+
+    wheel: str  # nni-agent/nni_agent-<tag>.whl
+    deps: str  # nni-agent/deps-<hash>: one directory per CPython (cp311/...); "" when no wheels were found
+    pythons: tuple[str, ...]
+    copied: int  # bytes copied now (0: an earlier experiment did)
+
+
+def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) -> Shipped:
+    """The agent wheel and the dependency wheels for every CPython the sources provide, under
+    `<local>/nni-agent/`, named for their content, so every experiment after the first copies
+    nothing. PAI runs nothing cheaper than a job to learn an image's Python, so each Python's
+    wheels lie in their own directory and the job's shell picks its own (agent_deps.PICK_PYTHON_DIR).
+    Each directory appears whole or not at all (copied beside, then renamed)."""
+    root = local / "nni-agent"
+    root.mkdir(parents=True, exist_ok=True)
+    wheel = build_agent_wheel(wheel_dir)
+    copied = 0
+    target = root / f"nni_agent-{wheel.tag}.whl"
+    if not target.exists():
+        tmp = root / f".{target.name}.{os.getpid()}.tmp"
+        shutil.copyfile(wheel.path, tmp)
+        os.replace(tmp, target)
+        copied += target.stat().st_size
+    per_python = agent_deps.resolve_for_pythons(wheelhouse)
+    if not per_python:
+        return Shipped(f"nni-agent/{target.name}", "", (), copied)
+    digest = hashlib.sha256("\n".join(f"{pyv}/{f.name}" for pyv, w in sorted(per_python.items())
+                                       for f in w.files).encode()).hexdigest()[:12]
+    deps = root / f"deps-{digest}"
+    if not deps.is_dir():
+        tmp_dir = Path(tempfile.mkdtemp(prefix=".deps-", dir=root))
+        try:
+            for pyv, wheels in per_python.items():
+                (tmp_dir / pyv).mkdir()
+                for f in wheels.files:
+                    shutil.copyfile(f, tmp_dir / pyv / agent_deps.piece_name(f))
+                    copied += f.stat().st_size
+            os.rename(tmp_dir, deps)
+        except OSError:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            if not deps.is_dir():
+                raise
+            copied = 0  # another experiment got there first
+    return Shipped(f"nni-agent/{target.name}", f"nni-agent/{deps.name}", tuple(sorted(per_python)), copied)
+
+
 class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
     platform = "openpai"
     service = "OpenPAI"
@@ -77,6 +135,8 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         super().__init__(config)
         self.client: RestClient | None = None
         self._wheel_path: str | None = None  # the agent wheel's path inside containers (shipped through storage)
+        self._deps_path = ""  # the dependency wheels' directory (one per CPython) inside containers
+        self.shipped_bytes = 0  # copied into the storage by this experiment (benchmarks read it)
 
     options_parser = staticmethod(parse_openpai)
 
@@ -111,13 +171,15 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         o = self.opts
         if o.local_storage_mount_point is not None and o.container_storage_mount_point:
             assert self.ctx is not None
-            wheel = await asyncio.to_thread(build_agent_wheel, self.ctx.experiment_dir / "agent-wheel")
-            dest = o.local_storage_mount_point / self.experiment_id
-            dest.mkdir(parents=True, exist_ok=True)
-            target = dest / f"nni_agent-{wheel.tag}.whl"
-            if not target.exists():
-                await asyncio.to_thread(shutil.copyfile, wheel.path, target)
-            self._wheel_path = f"{o.container_storage_mount_point.rstrip('/')}/{self.experiment_id}/{target.name}"
+            shipped = await asyncio.to_thread(ship_through_storage, self.ctx.experiment_dir / "agent-wheel",
+                                              self.config.agent_wheelhouse, o.local_storage_mount_point)
+            inside = o.container_storage_mount_point.rstrip("/")
+            self._wheel_path = f"{inside}/{shipped.wheel}"
+            self._deps_path = f"{inside}/{shipped.deps}" if shipped.deps else ""
+            self.shipped_bytes = shipped.copied
+            log.info("OpenPAI: the agent and its dependencies (for %s) are in the storage at %s (%s)",
+                     ", ".join(shipped.pythons) or "no Python", inside,
+                     f"copied {shipped.copied / 1e6:.1f} MB" if shipped.copied else "already there")
 
     async def close(self) -> None:
         if self.client is not None:
@@ -141,7 +203,7 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         return agent_boot(hub_address=first.hub_address, agent_id=f"{env.env_id}-{role}-{index}" if role else env.env_id,
                           token_lines=token_lines, tls=bool(first.ca_certificate), ca_lines=ca_lines,
                           orphan_timeout=self.orphan_timeout, single_trial=bool(env.trial_id),
-                          env=self.agent_env, image=image, pythonpath=self._wheel_path)
+                          env=self.agent_env, image=image, pythonpath=self._wheel_path, deps_dir=self._deps_path)
 
     def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
         o = self.opts

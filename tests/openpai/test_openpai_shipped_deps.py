@@ -1,0 +1,86 @@
+"""The agent's dependencies reach a bare-Python OpenPAI image through the job's storage (issue 19, item 3).
+
+With `storageConfigName`, `localStorageMountPoint` (the storage as the manager's machine mounts
+it) and `containerStorageMountPoint` (where PAI's storage plugin mounts it in the container), the
+manager copies the agent wheel and the dependency wheels for each CPython into
+`<local>/nni-agent/` (named for their content) and the job's boot step unpacks its own Python's
+wheels from `<container>/nni-agent/deps-<hash>/cpXY/`. The image `python:3.11-slim` of the
+emulator is the system Python alone (no grpcio, protobuf, psutil, nor the test's environment).
+A second experiment copies nothing."""
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nni_manager.backends import agent_deps
+from nni_manager.service import create_training_service
+from tests.support.manager.helpers import form, wait_status
+from tests.support.openpai.experiments import base, config, ours, run  # noqa: F401 (base: a fixture)
+
+T = 90.0
+SLIM_IMAGE = "python:3.11-slim"
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
+
+
+def _slim_python_dir(base: Path) -> str:
+    d = base / "image-python-slim"
+    d.mkdir(exist_ok=True)
+    for n in ("python3", "python"):
+        (d / n).symlink_to("/usr/bin/python3")
+    return str(d)
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_bare_image_runs_trials_with_dependencies_shipped_through_the_storage(pai_factory, base: Path,
+                                                                              monkeypatch) -> None:
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
+    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: _slim_python_dir(base)})
+    storage = pai.storage_dir("confignfs")
+    cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
+                             "containerStorageMountPoint": "/mnt/confignfs", "dockerImage": SLIM_IMAGE},
+                 agentWheelhouse=str(WHEELHOUSE), trialConcurrency=2)
+
+    async def experiment() -> tuple[str, int]:
+        async with create_training_service(cfg) as ts:
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(3)]
+            for t in trials:
+                d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+                assert d.status.value == "SUCCEEDED", d.message
+            return ts.experiment_id, ts.core.backend.shipped_bytes
+
+    first, copied = run(experiment())
+    deps = list((storage / "nni-agent").glob("deps-*/cp311/grpcio-*.whl.000"))
+    assert len(deps) == 1, list((storage / "nni-agent").rglob("*"))
+    assert copied > 1024 * 1024  # grpcio alone is several MB
+    tree = _tree(storage / "nni-agent")
+    # the job's command names the container's path, PAI's mount of the storage
+    job = ours(pai, first)[0]
+    url = f"{pai.api}/jobs/{pai.username}~{job['name']}/config"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {pai.token}"})
+    commands = yaml.safe_load(urllib.request.urlopen(req, timeout=30).read())["taskRoles"]["taskrole"]["commands"]
+    assert any("/mnt/confignfs/nni-agent/deps-" in c for c in commands), commands
+
+    second, copied = run(experiment())
+    assert copied == 0 and _tree(storage / "nni-agent") == tree  # nothing copied, nothing touched
+
+
+def test_bare_image_without_the_storage_route_fails_with_the_boot_steps_one_line(pai_factory, base: Path) -> None:
+    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: _slim_python_dir(base)})
+    cfg = config(pai, base, {"dockerImage": SLIM_IMAGE})
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "FAILED", "SUCCEEDED", timeout=T)
+            return d.message
+
+    message = run(experiment())
+    assert "grpcio is missing" in message and SLIM_IMAGE in message, message
