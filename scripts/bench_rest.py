@@ -6,7 +6,12 @@ backend, in one run. Prints:
     the bare command of a job that exits at once (submit -> its process ended, polled as fast as
     the platform's listing allows): what the agent, its TLS dial and our polling add.
 
-    python scripts/bench_rest.py [--trials 20]
+  * --shipped: a bare-Python image (the system Python alone) whose agent and dependencies the
+    manager ships (AML: a code asset in Azurite; OpenPAI: the job's storage): experiment start ->
+    first trial RUNNING for the first experiment (shipped), the second (already there), and an
+    image that has them (nothing shipped); ratios to the last, and the bytes shipped.
+
+    python scripts/bench_rest.py [--trials 20] [--shipped [--rounds 3]]
 """
 from __future__ import annotations
 
@@ -33,10 +38,10 @@ from tests.support.openpai.fixtures import start_emulator as start_pai  # noqa: 
 POLL = "0.2s"
 
 
-def config(work: Path, code: Path, ts: dict[str, Any], concurrency: int) -> Any:
+def config(work: Path, code: Path, ts: dict[str, Any], concurrency: int, **top: Any) -> Any:
     return load_config({"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code),
                         "trialConcurrency": concurrency, "trialGracePeriod": 2,
-                        "experimentWorkingDirectory": str(work), "trainingService": ts})
+                        "experimentWorkingDirectory": str(work), "trainingService": ts, **top})
 
 
 async def sequential(cfg: Any, n: int, warm: int = 0) -> list[float]:
@@ -90,6 +95,128 @@ async def bare_pai(pai: Any, n: int) -> list[float]:
     return out
 
 
+# ----------------------------------------------------------------------------- --shipped
+WHEELHOUSE = Path(__file__).resolve().parents[1] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
+
+
+def _shipped_bytes(backend: Any) -> int:
+    code = getattr(backend, "code", None)
+    return code.uploaded if code is not None else int(getattr(backend, "shipped_bytes", 0))
+
+
+async def first_running(cfg: Any) -> tuple[float, float, int]:
+    """(experiment start -> first trial RUNNING, of it submit -> RUNNING, bytes shipped)."""
+    t0 = time.perf_counter()
+    async with create_training_service(cfg) as ts:
+        t1 = time.perf_counter()
+        job = await ts.submit_trial_job(form(0, steps=0))
+        await wait_status(ts, job.id, "RUNNING", "SUCCEEDED", timeout=120)
+        t2 = time.perf_counter()
+        shipped = _shipped_bytes(ts.core.backend)
+        await wait_status(ts, job.id, "SUCCEEDED", timeout=60)
+    return t2 - t0, t2 - t1, shipped
+
+
+def _azurite(tmp: Path) -> tuple[Any, str]:
+    import socket
+    import subprocess
+    from tests.support.storage.fixtures import AZURITE_ACCOUNT
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp / "azurite").mkdir(exist_ok=True)
+    proc = subprocess.Popen([shutil.which("azurite-blob") or "azurite-blob", "--blobHost", "127.0.0.1", "--blobPort",
+                             str(port), "--location", str(tmp / "azurite"), "--silent", "--skipApiVersionCheck"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("azurite-blob did not start (scripts/test.sh installs it)") from None
+            time.sleep(0.1)
+
+
+async def shipped(rounds: int) -> None:
+    import uuid
+    from azure.storage.blob import BlobServiceClient
+    from tests.support.aml.fixtures import SLIM_IMAGE
+    from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY
+    from nni_manager.backends import agent_deps
+
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")) or not Path("/usr/bin/python3").exists():
+        raise SystemExit(f"needs {WHEELHOUSE} (scripts/test.sh fills it) and /usr/bin/python3 (the bare image)")
+    tmp = Path(tempfile.mkdtemp(prefix="nbs", dir="/tmp"))
+    azurite, blob = _azurite(tmp)
+    slim = tmp / "slim"
+    slim.mkdir()
+    for n in ("python3", "python"):
+        (slim / n).symlink_to("/usr/bin/python3")
+    code = tmp / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    for var in AZURE_IDENTITY_VARS:
+        os.environ.pop(var, None)
+    results: dict[str, dict[str, list[tuple[float, float, int]]]] = {"aml": {}, "openpai": {}}
+    emulators: list[Any] = []
+    try:
+        pai = start_pai(tmp, rate_limits={"list": 0, "submit": 0}, images={SLIM_IMAGE: str(slim)})
+        emulators.append(pai)
+        storage = pai.storage_dir("confignfs")
+        pai_ts = {"platform": "openpai", "host": pai.url, "username": pai.username, "token": pai.token,
+                  "nniManagerIp": "127.0.0.1", "trialMemorySize": "1gb", "pollInterval": POLL}
+        pai_bare = {**pai_ts, "dockerImage": SLIM_IMAGE, "storageConfigName": "confignfs",
+                    "localStorageMountPoint": str(storage), "containerStorageMountPoint": "/mnt/confignfs"}
+        for r in range(rounds):
+            os.environ[agent_deps.CACHE_ENV] = str(tmp / f"cache-{r}")  # a manager that has shipped nothing yet
+            shutil.rmtree(storage / "nni-agent", ignore_errors=True)
+            container = f"azureml-blobstore-{uuid.uuid4()}"
+            BlobServiceClient(blob, credential={"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
+                              ).create_container(container)
+            aml = start_aml(tmp, images={SLIM_IMAGE: str(slim), "msranni/nni:latest": str(Path(sys.executable).parent)},
+                            datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
+                                       "containerName": container, "blobEndpoint": blob, "key": AZURITE_KEY})
+            plain = start_aml(tmp)  # a workspace without a datastore: no code asset, the image has the agent
+            emulators += [aml, plain]
+            os.environ.update(aml.env())
+            aml_bare = {**aml.aml_config(), "dockerImage": SLIM_IMAGE, "nniManagerIp": "127.0.0.1",
+                        "pollInterval": POLL, "blobEndpoint": blob}
+            wh = {"agentWheelhouse": str(WHEELHOUSE)}
+            for case in ("first", "second"):
+                results["aml"].setdefault(case, []).append(
+                    await first_running(config(tmp / f"a{r}{case}", code, aml_bare, 1, **wh)))
+                results["openpai"].setdefault(case, []).append(
+                    await first_running(config(tmp / f"p{r}{case}", code, pai_bare, 1, **wh)))
+            os.environ.update(plain.env())
+            results["aml"].setdefault("has them", []).append(await first_running(config(
+                tmp / f"a{r}h", code, {**plain.aml_config(), "nniManagerIp": "127.0.0.1", "pollInterval": POLL}, 1)))
+            results["openpai"].setdefault("has them", []).append(await first_running(config(
+                tmp / f"p{r}h", code, {**pai_ts, "dockerImage": "python:3.11"}, 1)))
+            for e in (aml, plain):
+                e.stop()
+                emulators.remove(e)
+        print(f"bare-Python image, experiment start -> first trial RUNNING (median of {rounds} rounds; "
+              "of it submit -> RUNNING), bytes shipped:")
+        for platform, cases in results.items():
+            base_time = statistics.median(t for t, _, _ in cases["has them"])
+            for case in ("first", "second", "has them"):
+                rows = cases[case]
+                total = statistics.median(t for t, _, _ in rows)
+                submit = statistics.median(s for _, s, _ in rows)
+                sent = statistics.median(b for _, _, b in rows)
+                label = {"first": "first (shipped)", "second": "second (cached)", "has them": "image has them"}[case]
+                print(f"  {platform:8} {label:16} {total * 1000:7.0f} ms (submit -> RUNNING {submit * 1000:5.0f} ms)"
+                      f"   ratio {total / base_time:5.2f}x   shipped {sent / 1e6:6.2f} MB")
+    finally:
+        for emulator in emulators:
+            emulator.stop()
+        azurite.terminate()
+        azurite.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _ms(times: list[float]) -> str:
     return f"median {statistics.median(times) * 1000:.0f} ms, p90 {sorted(times)[max(0, int(len(times) * .9) - 1)] * 1000:.0f} ms"
 
@@ -140,5 +267,8 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--shipped", action="store_true", help="only the shipped-dependencies comparison")
+    parser.add_argument("--rounds", type=int, default=3, help="--shipped: rounds, each with fresh caches and storage")
     a = parser.parse_args()
-    asyncio.run(main(a.trials))
+    os.environ.setdefault("NNI_AGENT_WHEEL_DOWNLOAD", "0")  # wheels from the wheelhouse only: no index here
+    asyncio.run(shipped(a.rounds) if a.shipped else main(a.trials))

@@ -51,6 +51,7 @@ import os
 import ssl
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -221,9 +222,8 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         await self._call("PUT", self.environment_id[len(self.workspace):], json={"properties": {
             "image": o.docker_image, "description": "nni-agent environments (nni-manager)"}})
         assert self.ctx is not None
-        files = await asyncio.to_thread(aml_code.gather, self.ctx.experiment_dir / "agent-wheel",
-                                        self.config.agent_wheelhouse)
-        self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, files, o.blob_endpoint)
+        gather = partial(aml_code.gather, self.ctx.experiment_dir / "agent-wheel", self.config.agent_wheelhouse)
+        self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, gather, o.blob_endpoint)
         if self.code is not None:
             c = self.code
             log.info("AML: the agent's code asset %s (%.1f MB, dependencies for %s; %s)", c.code_id.rsplit("/", 1)[-1],

@@ -6,9 +6,10 @@ there the agent wheel and the dependency wheels (grpcio, protobuf, psutil, ...),
 step unpacks them into the job's private directory:
 
 1. the files and their content hash: the version's name, so equal content is one version;
-2. `GET codes/nni-agent/versions/{hash}`: already there (an earlier experiment), nothing is uploaded;
-3. else the default datastore (`GET datastores?isDefault=true`, an AzureBlob container), its
-   credentials (`POST datastores/{name}/listSecrets`: an account key or a SAS token, kept in
+2. the default datastore (`GET datastores?isDefault=true`, an AzureBlob container); without
+   one, no code asset (the image must then carry the agent: a warning says so);
+3. `GET codes/nni-agent/versions/{hash}`: already there (an earlier experiment), nothing is uploaded;
+4. else the datastore's credentials (`POST datastores/{name}/listSecrets`: an account key or a SAS token, kept in
    memory only, never logged or put in a job), the files uploaded with azure-storage-blob under
    `LocalUpload/{hash}/nni-agent/` (as the AML SDK uploads code), and `PUT codes/nni-agent/versions/{hash}`
    with that folder's `codeUri`.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,21 +82,23 @@ class CodeAsset:
     size: int
 
 
-async def ensure(client: RestClient, workspace: str, api_version: str, files: CodeFiles,
+async def ensure(client: RestClient, workspace: str, api_version: str, gather_files: Callable[[], CodeFiles],
                  blob_endpoint: str | None = None) -> CodeAsset | None:
     """The code version for `files`, created (datastore, upload, version) unless it exists; None
     when the workspace has no default AzureBlob datastore with an account key or SAS token (jobs
-    then need an image with the agent, and say so in the boot step's one line)."""
+    then need an image with the agent, and say so in the boot step's one line). `gather_files`
+    (blocking, run in a thread) runs only when there is a datastore."""
     params = {"api-version": api_version}
+    store = await _default_datastore(client, workspace, params)
+    if store is None:
+        return None
+    files = await asyncio.to_thread(gather_files)
     version_path = f"{workspace}/codes/{CODE_NAME}/versions/{files.digest}"
     code_id = version_path
     asset = CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), 0, files.size)
     reply = await client.request("GET", version_path, params=params, accept=(404,))
     if reply.status == 200:
         return asset
-    store = await _default_datastore(client, workspace, params)
-    if store is None:
-        return None
     props = store.get("properties") or {}
     name = str(store.get("name") or "workspaceblobstore")
     secrets = (await client.request("POST", f"{workspace}/datastores/{quote(name, safe='')}/listSecrets",
@@ -162,7 +166,7 @@ async def _upload(endpoint: str, account: str, container: str, credential: Any, 
                 await cc.upload_blob(f"{folder}/{name}", data, overwrite=True)
                 sent += len(data)
     except HttpResponseError as e:
-        code = e.error_code or getattr(e, "status_code", "")
+        code = getattr(e, "error_code", None) or getattr(e, "status_code", "")
         raise RestError(f"AML: uploading the agent's code asset to container {container} of storage account "
                         f"{account} (datastore {datastore}) was refused: {code}; the workspace's identity or the "
                         "datastore's credential may lack write access") from None
