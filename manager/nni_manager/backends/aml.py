@@ -264,7 +264,8 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         return (f"# PUT {self.opts.endpoint}{self.environment_id}?api-version={API_VERSION}\n"
                 + json.dumps({"properties": {"image": self.opts.docker_image}}, indent=2) + "\n"
                 f"# PUT {self.opts.endpoint}{self.workspace}/jobs/<name>?api-version={API_VERSION}\n"
-                "# (the agent's credential in the command is single-use: spent when the agent enrols)\n"
+                "# (the agent's credential in the command is single-use: spent when the agent enrols; at start the\n"
+                "# job also gets codeId, the agent's code asset in the default datastore, made once per workspace)\n"
                 + json.dumps(request, indent=2))
 
     async def submit(self, job: Job, request: dict[str, Any]) -> None:
