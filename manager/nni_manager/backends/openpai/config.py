@@ -14,8 +14,8 @@
       reuseMode: true                # a pool of up to trialConcurrency jobs running trial after trial
       openpaiConfig: {...}           # or openpaiConfigFile: your own job protocol (task roles, ...)
       storageConfigName: confignfs   # optional: attached to the job for trials that write outputs there;
-      localStorageMountPoint: /mnt/nfs        # with both mount points, the agent wheel is shipped
-      containerStorageMountPoint: /mnt/confignfs  # through that storage instead of the image
+      localStorageMountPoint: /mnt/nfs        # with both mount points, the agent and its dependencies
+      containerStorageMountPoint: /mnt/confignfs  # travel through that storage (<mount>/nni-agent/), not the image
       pollInterval: 5s               # ours: how often one listing call looks at all the jobs
       agentConnectTimeout: 10m       # ours: a job running this long without its agent dialling in fails
 
