@@ -129,7 +129,8 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
     def deps_root(self) -> str:
         """The experiments directory (the experiment's parent): shipped dependencies live there, for
         every experiment."""
-        return self.base_dir().rsplit("/", 1)[0]
+        base = self.base_dir()
+        return base.rsplit("/", 1)[0] if "/" in base else "<experimentWorkingDirectory>"
 
     def job_dir(self, name: str) -> str:
         return f"{self.base_dir()}/slurm/{name}"
@@ -377,6 +378,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         request = self.build_request(self.dry_run_env())
         submit = command_line(request["argv"], request["cwd"])
         where = self._render_where()
+        where_check = "on the login node" if self.opts.login_node else "on this host"
         text = "\n".join([
             f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
             f"{self.config.trial_concurrency} job(s) like this one",
@@ -384,6 +386,9 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
             "# at start: `sbatch --test-only` with this script on stdin (a request no partition can hold fails then)",
             f"# each job: `{submit}` with this script on stdin; one `squeue --me --states=all` per poll; `scancel` to stop",
             "# (tokens and the CA are files in the job directory, mode 0600; never in the script)",
+            *([f"# at start: `{self.python} - --check` (the boot step) {where_check}; what it lacks (grpcio, protobuf, "
+               f"psutil) is shipped as wheels into {self.deps_root()}/{deps.DEPS_DIR}/ once for every experiment, and "
+               "the batch script gets `--parts`/`--deps-to`"] if self.ships_wheel else []),
         ]) + "\n" + request["script"]
         return DryRun(self.platform, [request], text)
 
