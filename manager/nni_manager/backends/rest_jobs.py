@@ -188,7 +188,7 @@ def _retry_after(value: str | None) -> float | None:
 
 def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: bool, ca_lines: list[str],
                orphan_timeout: float, single_trial: bool, env: dict[str, str], image: str,
-               pythonpath: str | None = None) -> list[str]:
+               pythonpath: str | None = None, message_file: str = "") -> list[str]:
     """Shell lines (POSIX sh, safe under `set -eu`) that start one agent inside a job's container:
     a private 0700 directory, the token (and CA) written there by `token_lines` / `ca_lines` as
     files of mode 0600 (`"$NNI_AGENT_DIR/token"`, `"$NNI_AGENT_DIR/ca.crt"`), then the boot step
@@ -196,7 +196,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     and its dependencies' versions checked, one line saying what is wrong otherwise (the job's
     log, then the trial's message), then the agent. `agent_id` may be a shell expression in double
     quotes' syntax; `image` names the image in that line; `pythonpath`: the agent's wheel or
-    directory as the container sees it."""
+    directory as the container sees it; `message_file`: the boot step also writes its failure line
+    there (a pod's /dev/termination-log, where the platform shows it)."""
     q = shlex.quote
     lines = ["umask 077",
              'NNI_AGENT_DIR=$(mktemp -d "/tmp/nni-agent.XXXXXX")',
@@ -207,7 +208,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     command = AgentCommand(agent_id=Sh(f'"{agent_id}"'), manager=hub_address, token_file=Sh('"$NNI_AGENT_DIR/token"'),
                            work_dir=Sh('"$NNI_AGENT_DIR/work"'), orphan_timeout=orphan_timeout,
                            ca_file=Sh('"$NNI_AGENT_DIR/ca.crt"') if tls else "", single_trial=single_trial,
-                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}")
+                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}",
+                           message_file=message_file)
     lines += command.shell_lines()
     return lines
 
