@@ -8,6 +8,7 @@ under `<experiments dir>/agent-deps/`; trials SUCCEED, and a second experiment s
 Python whose grpcio is too old, with nothing to ship, fails its trial with the boot step's line."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from typing import Any
 import pytest
 
 from nni_manager.backends import agent_deps
+from nni_manager.backends.slurm import deps
+from nni_manager.backends.slurm.hosts import LocalHost
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
 from tests.support.slurm.experiments import T, assert_clean, config, run
@@ -91,9 +94,11 @@ def test_bare_python_runs_trials_with_dependencies_shipped_through_the_shared_fs
 
 
 def test_bare_python_through_the_login_node_gets_dependencies_by_sftp(
-        slurm, login_node, base: Path, bare_python: Path) -> None:
+        slurm, login_node, base: Path, bare_python: Path, caplog: pytest.LogCaptureFixture) -> None:
     """loginNode: the check runs on the login node over SSH and the wheels go there by SFTP
-    (into ~/nni-experiments/agent-deps, which the compute nodes see)."""
+    (into ~/nni-experiments/agent-deps, which the compute nodes see); a second experiment finds
+    them there and uploads nothing."""
+    caplog.set_level(logging.INFO, logger=DEPS_LOGGER)
     login = dict(login_node.spec)
     cfg = config(base, {"loginNode": login, "pythonPath": str(bare_python), "reuseMode": False},
                  trialCommand=f"{sys.executable} trial.py", agentWheelhouse=str(WHEELHOUSE))
@@ -102,6 +107,44 @@ def test_bare_python_through_the_login_node_gets_dependencies_by_sftp(
     libs = list((login_node.home / "nni-experiments" / "agent-deps").glob("deps-*/lib"))
     assert any((lib / "grpc").is_dir() for lib in libs), libs
     assert_clean(slurm, exp)
+
+    caplog.clear()
+    exp, results = _trials(cfg, 1)
+    assert results == ["SUCCEEDED "], results
+    assert not _shipped(caplog)
+    assert_clean(slurm, exp)
+
+
+# ----------------------------------------------------------------------------- without a cluster
+
+def test_a_python_that_does_not_run_there_ships_nothing(tmp_path: Path, caplog) -> None:
+    """The check cannot run (no such pythonPath where the Slurm commands run): nothing is shipped,
+    with a warning; the compute nodes' boot step says what is wrong."""
+    caplog.set_level(logging.WARNING, logger=DEPS_LOGGER)
+    got = asyncio.run(deps.ship(LocalHost(tmp_path), str(tmp_path / "no" / "python3"), str(tmp_path), WHEELHOUSE))
+    assert got is None
+    assert any("cannot check" in r.getMessage() and "nothing shipped" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / deps.DEPS_DIR).exists()
+
+
+def test_two_managers_shipping_at_once_leave_one_complete_directory(
+        tmp_path: Path, bare_python: Path, caplog) -> None:
+    """Two experiments starting together: both get the same directory; what each copied lands
+    whole or not at all (renamed into place), and no temporary directory is left."""
+    caplog.set_level(logging.INFO, logger=DEPS_LOGGER)
+    host = LocalHost(tmp_path)
+
+    async def both() -> list[deps.Shipped | None]:
+        return list(await asyncio.gather(*(deps.ship(host, str(bare_python), str(tmp_path), WHEELHOUSE)
+                                           for _ in range(2))))
+
+    a, b = asyncio.run(both())
+    assert a is not None and a == b
+    wheels = sorted(p.name for p in Path(a.wheels).iterdir())
+    assert len(wheels) >= 4 and all(w.endswith(".whl.000") for w in wheels)
+    assert sorted(w[:-4] for w in wheels) == sorted(p.name for p in WHEELHOUSE.glob("*.whl"))
+    assert not list(Path(a.wheels).parent.glob(".wheels-*"))
+    assert len(_shipped(caplog)) == 1  # both may copy, but one rename wins; the other's copy is dropped
 
 
 def test_too_old_grpcio_with_nothing_to_ship_fails_with_the_boot_steps_line(

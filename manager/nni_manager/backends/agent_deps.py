@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import sys
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -141,7 +142,7 @@ def resolve(worker: WorkerPython, wheelhouse: Path | None = None, *, requirement
         if f.parent != cache:
             dest = cache / f.name
             if not dest.exists():
-                tmp = cache / f".{f.name}.{os.getpid()}.tmp"
+                tmp = cache / f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent resolves: own names
                 shutil.copyfile(f, tmp)
                 os.replace(tmp, dest)
             f = dest
