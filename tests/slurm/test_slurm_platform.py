@@ -253,7 +253,8 @@ def test_slurmctld_restart_loses_nothing(slurm, base: Path) -> None:
 
 def test_agent_that_cannot_start_fails_the_trial_with_its_words(slurm, base: Path) -> None:
     """pythonPath: the job's Python runs the manager's agent wheel; one without the agent's
-    dependencies ends the job FAILED, and the trial says why (the agent's own last words)."""
+    dependencies, when the manager has none to ship (tests/conftest.py: an empty wheel cache, no
+    download, no agentWheelhouse), ends the job FAILED, and the trial says why (the boot step's line)."""
     cfg = config(base, {"pythonPath": "/usr/bin/python3", "reuseMode": False})
     if subprocess.run(["/usr/bin/python3", "-c", "import grpc"], capture_output=True).returncode == 0:
         pytest.skip("/usr/bin/python3 has grpc: it would start the agent")

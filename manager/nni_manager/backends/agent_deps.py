@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
+import threading
 import sys
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
@@ -55,6 +58,14 @@ class WorkerPython:
     version: tuple[int, int]  # (3, 11)
     machine: str  # platform.machine(): x86_64, aarch64
     glibc: tuple[int, int] | None  # None: not glibc (musl, ...), which manylinux wheels do not fit
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> WorkerPython:
+        """The worker's Python as the boot step's `--check` reports it (`nni_agent/boot.py` `worker()`:
+        version "3.11", machine, libc "glibc 2.36")."""
+        major, minor = str(report["version"]).split(".")[:2]
+        m = re.fullmatch(r"glibc (\d+)\.(\d+).*", str(report.get("libc", "")))
+        return cls((int(major), int(minor)), str(report["machine"]), (int(m[1]), int(m[2])) if m else None)
 
     @property
     def key(self) -> str:
@@ -131,7 +142,7 @@ def resolve(worker: WorkerPython, wheelhouse: Path | None = None, *, requirement
         if f.parent != cache:
             dest = cache / f.name
             if not dest.exists():
-                tmp = cache / f".{f.name}.{os.getpid()}.tmp"
+                tmp = cache / f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent resolves: own names
                 shutil.copyfile(f, tmp)
                 os.replace(tmp, dest)
             f = dest

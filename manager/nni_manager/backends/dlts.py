@@ -40,6 +40,10 @@ STATES = StateTable({"unapproved": "waiting", "queued": "waiting", "scheduling":
           "finished": "succeeded", "failed": "failed", "error": "failed", "killing": "stopped", "killed": "stopped",
           "pausing": "stopped", "paused": "stopped"})
 LIST_LIMIT = 100  # finished jobs the listing returns beside the active ones
+# DLTS runs jobs as Kubernetes pods and shows a failed pod's termination message in the job's
+# jobStatusDetail: the boot step writes its one line there, the only channel back from a job whose
+# image cannot run the agent
+TERMINATION_LOG = "/dev/termination-log"
 
 
 @dataclass
@@ -141,7 +145,8 @@ class DltsBackend(RestJobBackend[DltsConfig]):
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
         cmd = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
                          tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.orphan_timeout,
-                         single_trial=bool(env.trial_id), env=self.agent_env, image=o.image)
+                         single_trial=bool(env.trial_id), env=self.agent_env, image=o.image,
+                         message_file=TERMINATION_LOG)
         return {  # NNI's DLTSJobConfig, field for field
             "team": o.team, "vcName": o.team, "userName": o.email, "gpuType": self.gpu_type,
             "jobName": name, "resourcegpu": o.gpus, "image": o.image, "cmd": "\n".join(cmd),
@@ -199,7 +204,10 @@ class DltsBackend(RestJobBackend[DltsConfig]):
     def _view(self, row: dict[str, Any]) -> JobView:
         name, state, ref = str(row.get("jobName")), str(row.get("jobStatus") or ""), str(row.get("jobId") or "")
         detail = row.get("jobStatusDetail") or []
-        said = "; ".join(str(d.get("message")) for d in detail if isinstance(d, dict) and d.get("message"))[:400]
+        # a pod's message (k8sUtils.get_pod_status) is "<reason>:\n<termination message>": the boot step's
+        # line, for an image that cannot run the agent (it writes /dev/termination-log); one line here
+        said = " ".join("; ".join(str(d.get("message")) for d in detail
+                                  if isinstance(d, dict) and d.get("message")).split())[:800]
         phase = self.states.phase(state)
         if phase == "stopped":
             words = (f"DLTS job {name} was {'paused' if state.startswith('paus') else 'killed'} outside this "

@@ -18,7 +18,6 @@ import base64
 import hashlib
 import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,10 +78,7 @@ def remember_probe(image: str, report: dict[str, Any]) -> None:
 
 def worker_python(report: dict[str, Any]) -> agent_deps.WorkerPython:
     """The image's Python as the boot step's `--check` reports it."""
-    major, minor = str(report["version"]).split(".")[:2]
-    m = re.fullmatch(r"glibc (\d+)\.(\d+).*", str(report.get("libc", "")))
-    return agent_deps.WorkerPython((int(major), int(minor)), str(report["machine"]),
-                                   (int(m[1]), int(m[2])) if m else None)
+    return agent_deps.WorkerPython.from_report(report)
 
 
 def needs_shipping(report: dict[str, Any]) -> bool:

@@ -38,6 +38,7 @@ from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest, Role, Shape
 from nni_manager.backends.jobs import Job, JobBackend, JobView, StateTable
+from nni_manager.backends.slurm import deps
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
@@ -89,6 +90,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         super().__init__(config)
         self._host: SlurmHost | None = None
         self._wheel: str | None = None  # the agent wheel as the jobs see it (shipped when set)
+        self._deps: deps.Shipped | None = None  # the agent's dependencies, shipped for pythonPath
         self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
         self._relay_lock = asyncio.Lock()
 
@@ -123,6 +125,12 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         # dry run: the login node's $HOME is read at start (sbatch does not expand ~ in #SBATCH lines)
         return f"<$HOME on the login node>/nni-experiments/{self.experiment_id}" if self.opts.login_node \
             else "<experiment dir>"
+
+    def deps_root(self) -> str:
+        """The experiments directory (the experiment's parent): shipped dependencies live there, for
+        every experiment."""
+        base = self.base_dir()
+        return base.rsplit("/", 1)[0] if "/" in base else "<experimentWorkingDirectory>"
 
     def job_dir(self, name: str) -> str:
         return f"{self.base_dir()}/slurm/{name}"
@@ -166,7 +174,8 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
             agent_id=Sh('"$id"'), manager=hub, token_file=Sh('"$NNI_SLURM_JOB_DIR/$id.token"'),
             work_dir=Sh('"$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"'), orphan_timeout=self.orphan_timeout,
             ca_file=Sh('"$NNI_SLURM_JOB_DIR/ca.crt"') if tls else "", single_trial=bool(env.trial_id),
-            python=self.python, paths=shipped, where="the compute node")
+            python=self.python, paths=shipped, where=deps.WHERE,
+            parts=(self._deps.wheels,) if self._deps else (), deps_to=self._deps.lib if self._deps else "")
         # the boot step inline: one line in the job's log, then the trial's message, for a Python that cannot
         inner = f'id="{agent}"\n' + command.shell()
         lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives]
@@ -221,6 +230,11 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
                 await host.make_private_dir(f"{host.base_dir()}/agent-wheel")
                 self._wheel = f"{host.base_dir()}/agent-wheel/{wheel.path.name}"
                 await host.put_file(str(wheel.path), self._wheel)
+            # what pythonPath lacks (grpcio, protobuf, psutil), through the shared file system (see deps.py)
+            try:
+                self._deps = await deps.ship(host, self.python, self.deps_root(), self.config.agent_wheelhouse)
+            except deps.agent_deps.DependencyError as e:
+                raise SlurmError(str(e)) from None
         # a request no partition can hold fails now, in Slurm's words, not after a queue wait
         probe = EnvironmentRequest("env0", tuple(
             AgentSpec(agent_id=n, token="", hub_address="", hub_unix_socket=Path("/dev/null"), role=r, index=i)
@@ -364,6 +378,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         request = self.build_request(self.dry_run_env())
         submit = command_line(request["argv"], request["cwd"])
         where = self._render_where()
+        where_check = "on the login node" if self.opts.login_node else "on this host"
         text = "\n".join([
             f"# slurm: {'a pool of up to' if self.reuse else 'one job per trial, up to'} "
             f"{self.config.trial_concurrency} job(s) like this one",
@@ -371,6 +386,9 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
             "# at start: `sbatch --test-only` with this script on stdin (a request no partition can hold fails then)",
             f"# each job: `{submit}` with this script on stdin; one `squeue --me --states=all` per poll; `scancel` to stop",
             "# (tokens and the CA are files in the job directory, mode 0600; never in the script)",
+            *([f"# at start: `{self.python} - --check` (the boot step) {where_check}; what it lacks (grpcio, protobuf, "
+               f"psutil) is shipped as wheels into {self.deps_root()}/{deps.DEPS_DIR}/ once for every experiment, and "
+               "the batch script gets `--parts`/`--deps-to`"] if self.ships_wheel else []),
         ]) + "\n" + request["script"]
         return DryRun(self.platform, [request], text)
 

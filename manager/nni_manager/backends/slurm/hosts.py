@@ -25,6 +25,7 @@ class SlurmHost(Protocol):
     async def make_private_dir(self, path: str) -> None: ...
     async def write_private(self, path: str, data: bytes) -> None: ...
     async def write_text(self, path: str, text: str) -> None: ...
+    async def put_file(self, local: str, path: str) -> None: ...  # a copy of a file of this host (0600)
     async def remove(self, paths: Sequence[str]) -> None: ...
     async def log_tail(self, job_dir: str) -> str: ...  # the first non-empty agent-*.log, else job.out
 
@@ -90,6 +91,12 @@ class LocalHost:
 
     async def write_text(self, path: str, text: str) -> None:
         Path(path).write_text(text)
+
+    async def put_file(self, local: str, path: str) -> None:
+        tmp = f"{path}.part"
+        await asyncio.to_thread(shutil.copyfile, local, tmp)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
 
     async def remove(self, paths: Sequence[str]) -> None:
         for p in paths:

@@ -248,7 +248,8 @@ class JobManager:
             await self._wait_change(job)
             return
         job.attempt += 1
-        await self.runner.start(f"{job.id}-{job.attempt}", str(job.params.get("cmd", "")), self.env_for(job, image_bin))
+        await self.runner.start(f"{job.id}-{job.attempt}", str(job.params.get("cmd", "")), self.env_for(job, image_bin),
+                                termination_log=True)
         if job.status != "scheduling":          # killed or paused while the pod started
             return
         at = localized_now()
@@ -262,6 +263,10 @@ class JobManager:
         if job.status != "running" or not task.done.is_set():
             return
         job.exit_code = task.exit_code
+        # k8sUtils.get_pod_status: a terminated container's reason, then its termination message
+        said = self.runner.termination_message(task.key)
+        reason = "Completed" if task.exit_code == 0 else "Error"
+        job.detail = [{**d, "message": reason + (":\n" + said if said else "")} for d in (job.detail or [{}])]
         if task.exit_code == 0:
             self._set(job, "finished", with_finished_time(job.detail, "finished"))
         else:

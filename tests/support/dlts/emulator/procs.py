@@ -8,12 +8,18 @@ can assert that nothing is left behind.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.emulators import marked_pids
+
+# the Kubernetes emulator's container start: a private mount namespace with files bind-mounted
+CONTAINER_INIT = str(Path(__file__).resolve().parents[2] / "kube" / "emulator" / "container_init.py")
+TERMINATION_LOG = "/dev/termination-log"
 
 
 
@@ -46,8 +52,12 @@ class ProcessRunner:
     def _task_mark(self) -> str:
         return f"{self.mark}_TASK"
 
-    async def start(self, key: str, script: str, env: dict[str, str], cwd: Path | None = None) -> Task:
-        """Run `script` with bash from a 0700 file under root/key; stdout/stderr go to files there."""
+    async def start(self, key: str, script: str, env: dict[str, str], cwd: Path | None = None,
+                    termination_log: bool = False) -> Task:
+        """Run `script` with bash from a 0700 file under root/key; stdout/stderr go to files there.
+        termination_log: as in a Kubernetes container, the task sees a file of its own at
+        /dev/termination-log (root/key/termination-log here; `termination_message` reads it), in a
+        private mount namespace (needs root; without it the task has none)."""
         d = self.root / key
         d.mkdir(parents=True, exist_ok=True)
         path = d / "command.sh"
@@ -56,9 +66,20 @@ class ProcessRunner:
         work = cwd or d / "work"
         work.mkdir(parents=True, exist_ok=True)
         full_env = {**env, self.mark: self.instance, self._task_mark(): f"{self.instance}/{key}"}
+        argv = ["bash", str(path)]
+        if termination_log and os.geteuid() == 0:
+            (d / "termination-log").write_text("")
+            os.chmod(d / "termination-log", 0o666)  # as the kubelet makes it: any container user writes it
+            (d / "scratch").mkdir(exist_ok=True)
+            spec = {"namespaces": True, "hostname": key[:63], "scratch": str(d / "scratch"), "workingDir": str(work),
+                    "mounts": [{"source": str(d / "termination-log"), "target": TERMINATION_LOG}],
+                    "argv": argv, "env": full_env}
+            (d / "spec.json").write_text(json.dumps(spec))
+            os.chmod(d / "spec.json", 0o600)
+            argv = [sys.executable, "-I", CONTAINER_INIT, str(d / "spec.json")]
         with open(d / "stdout", "ab") as out, open(d / "stderr", "ab") as err:
             proc = await asyncio.create_subprocess_exec(
-                "bash", str(path), cwd=str(work), env=full_env, stdin=asyncio.subprocess.DEVNULL,
+                *argv, cwd=str(work), env=full_env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=err, start_new_session=True)
         task = Task(key, proc, d)
         self.tasks[key] = task
@@ -69,6 +90,14 @@ class ProcessRunner:
         code = await task.proc.wait()
         task.exit_code = code
         task.done.set()
+
+    def termination_message(self, key: str) -> str:
+        """What the task wrote to its /dev/termination-log (the kubelet reads at most 4096 bytes)."""
+        try:
+            with open(self.root / key / "termination-log", "rb") as f:
+                return f.read(4096).decode(errors="replace")
+        except OSError:
+            return ""
 
     def pids(self, key: str | None = None) -> list[int]:
         """Live processes of one task (key) or of every task of this emulator instance."""
