@@ -184,3 +184,47 @@ def test_a_revoked_refresh_token_is_one_line_naming_the_user_and_the_fix(kube, t
         assert "log in again" in line and "kubectl" in line, line
     stats = kube.oidc_stats()
     assert stats["refused"].get("invalid_grant", 0) <= 2, stats  # not retried on every call
+
+
+def test_public_client_with_a_ca_file_through_a_symlinked_kubeconfig(kube, tmp_path: Path) -> None:
+    """A public client (no client-secret: client_id in the form), `idp-certificate-authority` as a
+    file, the API server's --oidc-username-prefix, and ~/.kube/config a symlink: the refresh works
+    and the rotated tokens land in the file the link points to, which stays a link."""
+    from kubernetes.aio import client as aio
+
+    from nni_manager.backends.kubernetes.client import load_client
+    from nni_manager.backends.kubernetes.config import KubeConfig
+
+    kube.oidc_apiserver(client_id="public-cli", username_claim="sub", username_prefix="oidc:")
+    login = kube.oidc_login("carol", client_id="public-cli", lifetime=2)
+    real = tmp_path / "dotfiles" / "kubeconfig"
+    real.parent.mkdir()
+    (real.parent / "issuer-ca.crt").write_bytes((kube.state_dir / "ca.crt").read_bytes())
+    data = yaml.safe_load(kube.kubeconfig.read_text())
+    data["users"] = [{"name": "carol", "user": {"auth-provider": {"name": "oidc", "config": {
+        "client-id": "public-cli", "id-token": login["idToken"], "refresh-token": login["refreshToken"],
+        "idp-issuer-url": login["issuer"], "idp-certificate-authority": str(real.parent / "issuer-ca.crt")}}}}]
+    data["contexts"][0]["context"]["user"] = "carol"
+    real.write_text(yaml.safe_dump(data))
+    link = tmp_path / "config"
+    link.symlink_to(real)
+    from kubernetes import client
+    client.RbacAuthorizationV1Api(kube.api_client()).create_cluster_role_binding({
+        "metadata": {"name": "carol-view"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                        "name": "carol-view"},
+        "subjects": [{"kind": "User", "name": "oidc:carol"}]})  # --oidc-username-prefix=oidc:
+    client.RbacAuthorizationV1Api(kube.api_client()).create_cluster_role({
+        "metadata": {"name": "carol-view"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+
+    async def body() -> None:
+        await asyncio.sleep(2.2)  # the login's id-token has expired: the first load refreshes it
+        api = await load_client(KubeConfig(kube_config=link))
+        try:
+            await aio.CoreV1Api(api).list_namespaced_pod("default")
+        finally:
+            await api.close()
+
+    asyncio.run(body())
+    assert link.is_symlink()
+    assert provider_config(real)["refresh-token"] != login["refreshToken"]
+    assert kube.oidc_stats()["refreshGrants"] == 1

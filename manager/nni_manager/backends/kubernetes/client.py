@@ -137,10 +137,12 @@ class Credentials:
             raise
         except oidc.OidcError as e:
             assert source is not None
+            fix = ("log in again with the tool that wrote this kubeconfig's oidc auth-provider (kubelogin, your "
+                   "cluster's login page) so that it holds a new refresh-token" if e.refused else
+                   "check the auth-provider's idp-issuer-url and idp-certificate-authority and that the issuer "
+                   "is reachable from here")
             err = KubeError(f"cannot refresh the OIDC credentials of user {e.user!r} (context {e.context!r}) in "
-                            f"{source}: {e}; log in again with the tool that wrote this kubeconfig's oidc auth-provider "
-                            f"(kubelogin, your cluster's login page) so that it holds a new refresh-token, then check "
-                            f"with `kubectl --context {e.context} auth whoami`")
+                            f"{source}: {e}; {fix}, then check with `kubectl --context {e.context} auth whoami`")
             if e.refused:
                 self._refused = (self._files_state(source), err)
             raise err from None

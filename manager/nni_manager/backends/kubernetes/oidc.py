@@ -126,7 +126,7 @@ async def refresh(config: dict, base: Path) -> None:
 
 def write_back(path: str, content: dict) -> None:
     """Replace the kubeconfig file atomically, keeping its mode (kubectl rewrites it the same way)."""
-    target = Path(path)
+    target = Path(path).resolve()  # a symlinked ~/.kube/config stays a symlink
     mode = target.stat().st_mode & 0o7777 if target.exists() else 0o600
     fd, tmp = tempfile.mkstemp(dir=str(target.parent), prefix=f".{target.name}.")
     try:
@@ -150,20 +150,23 @@ def loader_class() -> Any:
         oidc_expiry: datetime.datetime | None = None
 
         async def _load_oid_token(self) -> str:
-            user: Any = self._user  # set by set_active_context before authentication loads
-            current: Any = self._current_context
+            current: Any = self._current_context  # set by set_active_context before authentication loads
+            try:
+                return await self._oid_token()
+            except OidcError as e:
+                e.user = current["context"].safe_get("user") or "?"
+                e.context = current.safe_get("name") or "?"
+                raise
+
+        async def _oid_token(self) -> str:
+            user: Any = self._user
             provider = user["auth-provider"]
             if "config" not in provider:
                 raise OidcError("the oidc auth-provider has no config")
             config = provider["config"].value
             if self.force_refresh or needs_refresh(config, self.skew_s):
                 path = user.path
-                try:
-                    await refresh(config, Path(path).parent if path else Path.cwd())
-                except OidcError as e:
-                    e.user = current["context"].safe_get("user") or "?"
-                    e.context = current.safe_get("name") or "?"
-                    raise
+                await refresh(config, Path(path).parent if path else Path.cwd())
                 if path in self.files:  # the user's dict is the file's own: write the rotated tokens back
                     write_back(path, self.files[path])
             self.oidc_expiry = expiry(str(config["id-token"]))
@@ -175,11 +178,12 @@ def loader_class() -> Any:
 
 async def load(source: str, context: str | None, cfg: Any, force_refresh: bool, skew_s: float) -> Any:
     """Load `source` (one path or several joined by os.pathsep) into `cfg`, as load_kube_config does."""
+    from kubernetes.aio.config.config_exception import ConfigException
     from kubernetes.aio.config.kube_config import KubeConfigMerger
 
     merger = KubeConfigMerger(source)
     if merger.config is None:
-        raise OidcError(f"no kubeconfig file found at {source}")
+        raise ConfigException(f"no kubeconfig file found at {source}")
     loader = loader_class()(config_dict=merger.config, active_context=context, config_base_path=None)
     loader.files = merger.config_files
     loader.force_refresh, loader.skew_s = force_refresh, skew_s
