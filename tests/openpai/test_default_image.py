@@ -1,8 +1,8 @@
 """OpenPAI with NNI's default image as it really is (`msranni/nni:latest`: Python 3.8 and `nni`,
-which brings psutil, but neither grpcio nor protobuf; tests/support/nni_image.py). The manager
-ships only the agent's wheel to PAI jobs (through the storage), not its dependencies, so the trial
-fails with the boot step's one line naming exactly what the image lacks and the fix, not PAI's
-`PAIRuntimeUnknownFailed`."""
+which brings psutil, but neither grpcio nor protobuf; tests/support/nni_image.py). Without
+`storageConfigName` and both mount points nothing reaches the job but its command, so the trial
+fails with the boot step's one line naming exactly what the image lacks (grpcio and protobuf, not
+psutil) and the fix, not with PAI's bare `PAIRuntimeUnknownFailed`."""
 from __future__ import annotations
 
 from pathlib import Path
