@@ -96,6 +96,33 @@ class Kube(EmulatorHandle):
         """The identity provider revokes an issued token: the API server answers 401 to it from now on."""
         return self._call("POST", "/emulator/v1/tokens/revoke", {"token": token})["revoked"]
 
+    # ------------------------------------------------------------ the OIDC issuer (emulator/oidc.py)
+    @property
+    def oidc_issuer(self) -> str:
+        return self.url + "/oidc"
+
+    def oidc_login(self, user: str, *, email: str | None = None, groups: list[str] = (), client_id: str = "kubernetes",
+                   client_secret: str | None = None, lifetime: float = 3600) -> dict:
+        """A user's login at the issuer: {"issuer", "idToken", "refreshToken"} (what `kubectl oidc-login`
+        writes into the kubeconfig); registers the client with its secret."""
+        return self._call("POST", "/emulator/v1/oidc/login", {
+            "user": user, "email": email, "groups": list(groups), "clientId": client_id,
+            "clientSecret": client_secret, "lifetime": lifetime})
+
+    def oidc_revoke(self, user: str) -> int:
+        """The issuer's administrator ends every session of `user` (their refresh tokens stop working)."""
+        return self._call("POST", "/emulator/v1/oidc/revoke", {"user": user})["revoked"]
+
+    def oidc_apiserver(self, client_id: str = "kubernetes", username_claim: str = "sub",
+                       username_prefix: str | None = None, groups_claim: str | None = "groups") -> None:
+        """The API server's --oidc-client-id / --oidc-username-claim / -prefix / --oidc-groups-claim."""
+        self._call("PUT", "/emulator/v1/oidc/apiserver", {"clientId": client_id, "usernameClaim": username_claim,
+                                                          "usernamePrefix": username_prefix, "groupsClaim": groups_claim})
+
+    def oidc_stats(self) -> dict:
+        """{"issuer", "refreshGrants": answered refresh grants, "refused": {error: count}}."""
+        return self._call("GET", "/emulator/v1/oidc")
+
     def drop_port_forwards(self) -> int:
         """End every open `pods/portforward` stream (an API server restart, a proxy timing out)."""
         return self._call("POST", "/emulator/v1/portforward/drop", {})["dropped"]

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nni_manager.backends.base import BackendError
+from nni_manager.backends.kubernetes import oidc
 from nni_manager.backends.kubernetes.config import KubeConfig
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ def api_error(e: Exception, doing: str) -> KubeError:
     status = getattr(e, "status", None)
     body: Any = getattr(e, "body", None)
     message = ""
+    if isinstance(e, KubeError):  # the credentials could not be renewed: that line already says why
+        return KubeError(f"{doing}: {e}")
     if isinstance(body, (bytes, str)):
         try:
             parsed = json.loads(body)
@@ -69,21 +72,24 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_BUDGET_S = 120.0  # one call keeps retrying this long (an API server restart takes tens of seconds)
 IN_CLUSTER_REREAD_S = 60.0  # projected service-account tokens rotate: re-read the file this often
-EXEC_EXPIRY_SKEW_S = 1.0  # re-run an exec plugin this long before its token's expirationTimestamp
+EXPIRY_SKEW_S = 1.0  # renew an exec plugin's or OIDC id-token this long before it expires
 
 
 class Credentials:
     """Where the client's identity comes from, and how to renew it: an explicit `kubeConfig`, else
     the files in KUBECONFIG that exist, else the pod's service account (in a cluster), else
-    ~/.kube/config. Exec-plugin tokens are re-run when their `expirationTimestamp` passes, and
-    anything is reloaded once after a 401 (an OIDC refresh, a rotated token file)."""
+    ~/.kube/config. Exec-plugin tokens are re-run when their `expirationTimestamp` passes, OIDC
+    id-tokens refreshed when their `exp` does (oidc.py; the rotated tokens are written back to the
+    kubeconfig), and anything is reloaded once after a 401 (a revoked id-token, a rotated token
+    file). A refresh the identity provider refused is not retried until the kubeconfig changes."""
 
     def __init__(self, kube: KubeConfig) -> None:
         self.kube = kube
         self.in_cluster = False
         self.namespace: str | None = None  # the context's namespace, or the pod's own in a cluster
         self._loader: Any = None
-        self._expiry: Any = None  # an exec plugin's expirationTimestamp (datetime)
+        self._expiry: Any = None  # an exec plugin's expirationTimestamp or an id-token's exp (datetime)
+        self._refused: tuple[Any, KubeError] | None = None  # (kubeconfig files' state, the refusal)
         self._read_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -98,9 +104,16 @@ class Credentials:
             return None
         return str(Path("~/.kube/config").expanduser())
 
-    async def load(self, cfg: Any) -> None:
-        from kubernetes.aio import config
+    def _files_state(self, source: str) -> tuple:
+        out: list[tuple[str, int | None]] = []
+        for p in source.split(os.pathsep):
+            try:
+                out.append((p, Path(p).stat().st_mtime_ns))
+            except OSError:
+                out.append((p, None))
+        return tuple(out)
 
+    async def load(self, cfg: Any, force_refresh: bool = False) -> None:
         source = self._source()
         try:
             if source is None:
@@ -112,11 +125,27 @@ class Credentials:
                 ns_file = SERVICE_ACCOUNT_DIR / "namespace"
                 self.namespace = ns_file.read_text().strip() if ns_file.is_file() else None
             else:
-                self._loader = await config.load_kube_config(config_file=source, context=self.kube.context,
-                                                             client_configuration=cfg, persist_config=False)
-                self._expiry = getattr(self._loader, "exec_plugin_expiry", None)
+                if self._refused is not None and self._refused[0] == self._files_state(source):
+                    raise self._refused[1]  # the same refresh token again: not until the user logs in again
+                self._loader = await oidc.load(source, self.kube.context, cfg, force_refresh, EXPIRY_SKEW_S)
+                self._refused = None
+                self._expiry = (getattr(self._loader, "exec_plugin_expiry", None)
+                                or getattr(self._loader, "oidc_expiry", None))
                 context = (self._loader.current_context or {}).get("context") or {}
                 self.namespace = context.get("namespace")
+        except KubeError:
+            raise
+        except oidc.OidcError as e:
+            assert source is not None
+            fix = ("log in again with the tool that wrote this kubeconfig's oidc auth-provider (kubelogin, your "
+                   "cluster's login page) so that it holds a new refresh-token" if e.refused else
+                   "check the auth-provider's idp-issuer-url and idp-certificate-authority and that the issuer "
+                   "is reachable from here")
+            err = KubeError(f"cannot refresh the OIDC credentials of user {e.user!r} (context {e.context!r}) in "
+                            f"{source}: {e}; {fix}, then check with `kubectl --context {e.context} auth whoami`")
+            if e.refused:
+                self._refused = (self._files_state(source), err)
+            raise err from None
         except Exception as e:  # ConfigException, missing files, bad YAML, a failing exec plugin
             where = "the pod's service account" if source is None else source
             raise KubeError(f"cannot load Kubernetes credentials from {where}: {e} (set trainingService.kubeConfig, "
@@ -130,7 +159,7 @@ class Credentials:
         if self._expiry is None:
             return False
         now = datetime.datetime.now(datetime.timezone.utc)
-        return bool(now + datetime.timedelta(seconds=EXEC_EXPIRY_SKEW_S) >= self._expiry)
+        return bool(now + datetime.timedelta(seconds=EXPIRY_SKEW_S) >= self._expiry)
 
     async def _before_request(self, cfg: Any) -> None:
         if self._stale():
@@ -145,7 +174,10 @@ class Credentials:
             if refused is not None and cfg.api_key.get("BearerToken") != refused:
                 return
             cfg.refresh_api_key_hook = None  # the loader reads api_key itself
-            await self.load(cfg)
+            try:
+                await self.load(cfg, force_refresh=refused is not None)
+            finally:
+                cfg.refresh_api_key_hook = self._before_request
             log.info("Kubernetes credentials reloaded")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
-from . import faults, rbac
+from . import faults, oidc, rbac
 
 from .store import Store
 from .util import json_merge_patch, json_patch, parse_field_selector, parse_label_selector, strategic_merge_patch
@@ -107,6 +107,7 @@ class Auth:
     def __init__(self, specs: list[str]):
         self.tokens: dict[str, rbac.Identity] = {}
         self.extra = rbac.Tokens()
+        self.oidc: oidc.Issuer | None = None  # id-tokens of the emulator's OIDC issuer (--oidc-* flags)
         for spec in specs:
             tok, _, rest = spec.partition("=")
             user, rules = rest, ""
@@ -131,7 +132,8 @@ class Auth:
         if scheme.lower() != "bearer":  # the scheme is case-insensitive (in-cluster clients send "bearer")
             return None
         token = token.strip()
-        return self.tokens.get(token) or self.extra.identify(store, token)
+        found = self.tokens.get(token) or self.extra.identify(store, token)
+        return found or (self.oidc.authenticate(token) if self.oidc is not None else None)
 
 
 def forbidden(user: str, verb: str, res_plural: str, group: str, ns: str | None, name: str | None) -> ApiError:
@@ -160,6 +162,7 @@ class ApiServer:
         self.restart = None  # set by amain: async (down_seconds) -> None
         self.operators: dict = {}  # name -> (start function, task or None); set by amain
         store.service_account_token = self.auth.extra.service_account_token  # for the kubelet's pods
+        self.auth.oidc = self.oidc = oidc.Issuer(lambda: store.api_url)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -167,6 +170,8 @@ class ApiServer:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/oidc/"):  # the identity provider's endpoints, not the API server's
+            return await self.oidc.handle(request)
         u = self.auth.user(request, self.store)
         if u is None:
             return status_response(ApiError(401, "Unauthorized", "Unauthorized"))
@@ -551,6 +556,10 @@ class ApiServer:
             return web.json_response({"token": tok, "expirationTimestamp": stamp})
         if parts == ["tokens", "revoke"] and request.method == "POST":  # the identity provider revokes a token
             return web.json_response({"revoked": self.auth.extra.issued.pop(str(body.get("token")), None) is not None})
+        if parts[:1] == ["oidc"]:
+            answer = self.oidc.control(request.method, parts[1:], body)
+            if answer is not None:
+                return answer
         if parts == ["faults", "storm"] and request.method == "POST":
             self.faults.start_storm(body)
             return web.json_response({"ok": True})
