@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".venv" / "test-images" / "msranni-nni-latest-py3.8"
+WHEELS = ROOT / ".venv" / "test-images" / "agent-wheels-cp38"
 NNI = "nni==3.0"
 
 
@@ -48,3 +49,26 @@ def nni_latest_bin() -> tuple[str | None, str]:
             return None, f"cannot make the msranni/nni:latest Python 3.8 environment ({NNI}): {tail[0][:200]}"
         ready.write_text(NNI + "\n")
     return str(HOME / "bin"), ""
+
+
+def cp38_wheelhouse() -> tuple[Path | None, str]:
+    """(a wheelhouse holding the agent's dependencies for CPython 3.8 on manylinux x86_64, "") or
+    (None, why not), made once with the manager's own `pip download` (agent_deps.download): for
+    platforms that ship wheels for every CPython without a probe (OpenPAI, AML), so a test can
+    keep downloads off and still give the 3.8 image its wheels."""
+    from nni_manager.backends import agent_deps
+
+    ready = WHEELS / ".complete"
+    if ready.exists():
+        return WHEELS, ""
+    WHEELS.parent.mkdir(parents=True, exist_ok=True)
+    with open(WHEELS.parent / ".agent-wheels-cp38.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.exists():
+            return WHEELS, ""
+        worker = agent_deps.WorkerPython((3, 8), "x86_64", (2, 17))
+        agent_deps.download(worker, agent_deps.agent_requirements(), WHEELS)
+        if not list(WHEELS.glob("grpcio-*cp38*.whl")):
+            return None, "cannot download the agent's dependency wheels for CPython 3.8 (no package index?)"
+        ready.write_text("cp38\n")
+    return WHEELS, ""
