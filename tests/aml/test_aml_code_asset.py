@@ -152,3 +152,60 @@ def test_a_job_naming_an_unknown_code_version_is_refused_as_aml_refuses_it(aml, 
     assert body["error"]["message"] == f"Could not find asset with ID: {code_id}", body
     status, body = put("/codes/nni-agent/versions/0123", {"properties": {}})
     assert status == 400 and "CodeUri" in body["error"]["message"], body
+
+
+NNI_TRIAL = """
+import sys
+import nni
+nni.get_next_parameter()
+assert sys.version_info[:2] == (3, 8), sys.version
+nni.report_final_result({"default": 38.0, "python": "%d.%d" % sys.version_info[:2]})
+"""
+
+
+def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azurite, base: Path,  # noqa: F811
+                                                               monkeypatch) -> None:
+    """NNI's default image as it really is (Python 3.8 and `nni`, no grpcio or protobuf;
+    tests/support/nni_image.py): the code asset's cp38 directory lets unmodified NNI trial code run."""
+    import json
+
+    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
+    from tests.support.nni_image import cp38_wheelhouse, nni_latest_bin
+
+    image_bin, why = nni_latest_bin()
+    if image_bin is None:
+        pytest.skip(why)
+    wheelhouse, why = cp38_wheelhouse()
+    if wheelhouse is None:
+        pytest.skip(why)
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
+    container = _container(azurite)
+    aml = aml_factory(images={"msranni/nni:latest": image_bin},
+                      datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
+                                 "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",
+                                 "key": AZURITE_KEY, "sasToken": ""})
+    for var in AZURE_IDENTITY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for k, v in aml.env().items():
+        monkeypatch.setenv(k, v)
+    code = base / "nni-code"
+    code.mkdir()
+    (code / "mnist.py").write_text(NNI_TRIAL)
+    cfg = load_config({**config_dict(aml, base, dockerImage="msranni/nni:latest", blobEndpoint=azurite),
+                       "trialCommand": "python3 mnist.py", "trialCodeDirectory": str(code),
+                       "agentWheelhouse": str(wheelhouse)})
+    metrics: list[str] = []
+
+    async def experiment() -> tuple[str, str]:
+        async with create_training_service(cfg) as ts:
+            ts.add_trial_job_metric_listener(lambda m: metrics.append(m.data))
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+            return d.status.value, d.message
+
+    status, message = run(experiment())
+    assert status == "SUCCEEDED", message
+    names = sorted(_blobs(azurite, container))
+    assert any("/deps/cp38/grpcio-" in n for n in names), names
+    finals = [json.loads(r["value"]) for r in map(json.loads, metrics) if r["type"] == "FINAL"]
+    assert finals == [{"default": 38.0, "python": "3.8"}], metrics
