@@ -48,7 +48,7 @@ def _manager_arg(kube: Any, prefix: str) -> str:
 
 
 def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_factory, base: Path) -> None:
-    kube = kube_factory(pod_network="isolated")
+    kube = kube_factory(pod_network="bridged")
     cfg = config(kube, base, pods_service(), trialConcurrency=2, nniManagerIp=None)
     metrics: dict[str, list[str]] = defaultdict(list)
 
@@ -82,7 +82,7 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
 
 
 def test_metrics_exactly_once_across_dropped_port_forward_streams(kube_factory, base: Path) -> None:
-    kube = kube_factory(pod_network="isolated")
+    kube = kube_factory(pod_network="bridged")
     cfg = config(kube, base, pods_service(), trialConcurrency=1, nniManagerIp=None)
     metrics: dict[str, list[str]] = defaultdict(list)
 
@@ -205,7 +205,7 @@ def test_agents_dial_the_advertised_name_while_the_hub_binds_an_address(kube, ba
 def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path, platform: str) -> None:
     from tests.support.kube.operators import experiment, role, task_role
 
-    kube = kube_factory(pod_network="isolated", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    kube = kube_factory(pod_network="bridged", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
     if platform == "kubeflow":  # a pool: both trials on the environments the tunnel already carries
         cfg = experiment(kube, tmp_path, "kubeflow", concurrency=2, manager_ip=None, operator="tf-operator",
                          apiVersion="v1", reuseMode=True, worker=role(2))
@@ -231,7 +231,7 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
     from nni_manager.backends.kubernetes.client import KubeError
     from tests.support.kube.harness import kubeconfig_with_token
 
-    kube = kube_factory(pod_network="isolated", tokens=[
+    kube = kube_factory(pod_network="bridged", tokens=[
         "no-pf-token=alice:*/pods,*/secrets,*/configmaps,*/services,*/nodes,*/events"])
     cfg = config(kube, base, pods_service(kubeConfig=str(kubeconfig_with_token(kube, base / "kc", "no-pf-token"))),
                  nniManagerIp=None)
