@@ -1,5 +1,5 @@
-"""The hub tunnel through the API server (hubTunnel), on an emulator whose pods live in a network
-namespace of their own: the manager's loopback, where the hub listens, is out of their reach
+"""The hub tunnel through the API server (hubTunnel), on an emulator whose pods each live in a network
+namespace of their own on a bridge (`pod_network="bridged"`): the manager's loopback, where the hub listens, is out of their reach
 (tests/kube/test_portforward.py proves it), so trials succeed only through the relay pod and
 `pods/portforward`. The kubeconfig is kind's shape: the API server on 127.0.0.1, no nniManagerIp."""
 from __future__ import annotations
@@ -63,7 +63,9 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
             # agents were told the relay's Service, the hub listens elsewhere, on loopback only
             hub = ts.core.hub
             assert hub.address.startswith("127.0.0.1:") and hub.address != "127.0.0.1:4000"
-            assert hub.public_address == f"127.0.0.1:{tunnel.AGENT_PORT}"  # the emulator's cluster IP
+            relay_ip = kube.core().read_namespaced_service(tunnel.relay_name(ts.experiment_id), NS).spec.cluster_ip
+            assert relay_ip.startswith("10.96.")  # netns only: a ClusterIP of the bridged pod network
+            assert hub.public_address == f"{relay_ip}:{tunnel.AGENT_PORT}"  # the relay Service's
             assert _manager_arg(kube, f"nniexp{ts.experiment_id.lower()}") == hub.public_address
             assert backend._tunnel.paired >= 1
             objs = _relay_objects(kube, ts.experiment_id)
