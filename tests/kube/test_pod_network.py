@@ -185,3 +185,57 @@ def test_trials_succeed_over_a_direct_route_to_a_nat_port_forward(kube_factory, 
             assert ts.core.hub.public_address == f"{host}:{port}"
 
     asyncio.run(asyncio.wait_for(main(), 200))
+
+
+# PyTorch's rendezvous as torch.distributed makes it: the master listens on MASTER_PORT, every worker
+# dials MASTER_ADDR (the operator's headless Service for master-0) and says its rank
+RENDEZVOUS = r'''
+import os, socket, sys, time
+from nni_agent import get_next_parameter, report_intermediate_result
+get_next_parameter()
+port, world = int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"])
+if os.environ["NNI_TRIAL_ROLE"] == "master":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(); s.settimeout(60)
+    ranks = []
+    for _ in range(world - 1):
+        c, peer = s.accept(); ranks.append(c.recv(10).decode() + "@" + peer[0]); c.close()
+    print("RENDEZVOUS " + " ".join(sorted(ranks)), flush=True)
+else:
+    for _ in range(600):  # the master's pod (and so its name) may not be up yet
+        try:
+            c = socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit(4)
+    c.sendall(os.environ["RANK"].encode()); c.close()
+report_intermediate_result({"default": 1})
+'''
+
+
+def test_pytorchjob_workers_reach_their_master_by_name_over_the_direct_route(kube_factory, tmp_path: Path) -> None:
+    from tests.support.kube.operators import experiment, role
+
+    kube = kube_factory(pod_network="bridged", host_netns=True, crd_groups=["kubeflow.org"])
+    port = _free_port()
+    host = kube.forward_from_host(port)
+    cfg = experiment(kube, tmp_path, "kubeflow", manager_ip=host, operator="pytorch-operator", apiVersion="v1",
+                     reuseMode=False, master=role(1), worker=role(2), hubPort=port, hubBindAddress="127.0.0.1",
+                     hubTunnel=False)
+    (tmp_path / "code" / "trial.py").write_text(RENDEZVOUS)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+            return (ts.experiment_dir / "trials" / job.id / "replicas" / "master-0" / "trial.stdout").read_text()
+
+    out = asyncio.run(asyncio.wait_for(main(), 200))
+    line = next(x for x in out.splitlines() if x.startswith("RENDEZVOUS "))
+    ranks = [r.split("@") for r in line.split()[1:]]
+    assert [r for r, _ in ranks] == ["1", "2"], line
+    # each worker dialled from its own pod IP on the pod network
+    assert len({ip for _, ip in ranks}) == 2 and all(ipaddress.ip_address(ip) in POD_CIDR for _, ip in ranks), line
