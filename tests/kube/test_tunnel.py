@@ -83,6 +83,26 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
     kube.wait_for(lambda: not kube.leftover_processes(), 30, what="no pod process left")
 
 
+def test_non_reuse_trials_succeed_through_the_tunnel(kube_factory, base: Path) -> None:
+    """One pod per trial: every trial's agent dials the relay's Service afresh, from a pod with no route
+    to the manager (its own network namespace on the emulator's bridge)."""
+    kube = kube_factory(pod_network="bridged")
+    cfg = config(kube, base, pods_service(reuseMode=False), trialConcurrency=2, nniManagerIp=None)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            assert ts._backend.tunnelled
+            jobs = [await ts.submit_trial_job(form(i, x=i, steps=2)) for i in range(3)]
+            for j in jobs:
+                done = await wait_status(ts, j.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=T)
+                assert done.status.value == "SUCCEEDED", done.message
+            assert ts._backend._tunnel.paired >= 3
+            ips = {p["status"].get("podIP") for p in pod_json(kube) if p["metadata"]["name"].startswith("nni")}
+            assert all(ip and ip.startswith("10.244.") for ip in ips), ips  # netns only
+
+    run(main())
+
+
 def test_metrics_exactly_once_across_dropped_port_forward_streams(kube_factory, base: Path) -> None:
     kube = kube_factory(pod_network="bridged")
     cfg = config(kube, base, pods_service(), trialConcurrency=1, nniManagerIp=None)

@@ -58,7 +58,7 @@ def list_netns() -> list[str]:
 def sweep(instance: str | None = None) -> list[str]:
     """Delete the namespaces of emulators that are gone (their lock is free); with `instance`, that
     emulator's namespaces whatever its lock says (the fixture, after the process exited)."""
-    removed = []
+    removed, dead = [], set()
     for name in list_netns():
         m = NAME_RE.match(name)
         if not m:
@@ -72,8 +72,9 @@ def sweep(instance: str | None = None) -> list[str]:
                 continue        # not ours (no lock: another tool's), or its emulator is alive
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         removed.append(name)
-    if instance is not None:
-        (LOCK_DIR / f"{instance[:10]}.lock").unlink(missing_ok=True)
+        dead.add(m.group(1))
+    for ident in dead | ({instance[:10]} if instance is not None else set()):
+        (LOCK_DIR / f"{ident}.lock").unlink(missing_ok=True)
     return removed
 
 
@@ -201,6 +202,7 @@ class PodNetwork:
         self._refresh: asyncio.TimerHandle | None = None
         self._sync_task: asyncio.Task | None = None
         self._dns: asyncio.DatagramTransport | None = None
+        self._dirty = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
