@@ -239,3 +239,56 @@ def test_pytorchjob_workers_reach_their_master_by_name_over_the_direct_route(kub
     assert [r for r, _ in ranks] == ["1", "2"], line
     # each worker dialled from its own pod IP on the pod network
     assert len({ip for _, ip in ranks}) == 2 and all(ipaddress.ip_address(ip) in POD_CIDR for _, ip in ranks), line
+
+
+# FrameworkController's barrier hands every task the pod IPs of its peers (FB_WORKER_IPS): worker-1
+# dials worker-0 there and says who it is
+PEERS = r'''
+import os, socket, sys, time
+from nni_agent import get_next_parameter, report_intermediate_result
+get_next_parameter()
+ips = os.environ["FB_WORKER_IPS"].split(",")
+if os.environ["NNI_TRIAL_ROLE_INDEX"] == "0":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 7777)); s.listen(); s.settimeout(60)
+    c, peer = s.accept()
+    print("PEER " + c.recv(20).decode() + " " + peer[0] + " " + ",".join(ips), flush=True)
+    c.close()
+else:
+    for _ in range(600):
+        try:
+            c = socket.create_connection((ips[0], 7777), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit(4)
+    c.sendall(ips[1].encode()); c.close()
+report_intermediate_result({"default": 1})
+'''
+
+
+def test_framework_tasks_reach_each_other_by_the_barriers_pod_ips(kube_factory, tmp_path: Path) -> None:
+    from tests.support.kube.operators import experiment, task_role
+
+    kube = kube_factory(pod_network="bridged", host_netns=True, crd_groups=["frameworkcontroller.microsoft.com"])
+    port = _free_port()
+    host = kube.forward_from_host(port)
+    cfg = experiment(kube, tmp_path, "frameworkcontroller", manager_ip=host, reuseMode=False,
+                     taskRoles=[task_role("worker", 2, 1, 2)], hubPort=port, hubBindAddress="127.0.0.1",
+                     hubTunnel=False)
+    (tmp_path / "code" / "trial.py").write_text(PEERS)
+
+    async def main() -> str:
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+            assert done.status.value == "SUCCEEDED", done.message
+            return (ts.experiment_dir / "trials" / job.id / "replicas" / "worker-0" / "trial.stdout").read_text()
+
+    out = asyncio.run(asyncio.wait_for(main(), 200))
+    said, seen_from, ips = next(x for x in out.splitlines() if x.startswith("PEER ")).split()[1:]
+    ips = ips.split(",")
+    # worker-1 dialled from the pod IP the barrier gave for it: one address per pod, really its own
+    assert said == seen_from == ips[1] and ips[0] != ips[1], out
+    assert all(ipaddress.ip_address(ip) in POD_CIDR for ip in ips), ips
