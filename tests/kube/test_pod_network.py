@@ -109,7 +109,7 @@ def test_a_pod_reaches_nothing_in_the_root_namespace(kube_factory) -> None:
     pod = v1.read_namespaced_pod("probe", NS)
     # the root namespace got no address and no route into the pod network
     root = _root_addresses()
-    assert pod.status.pod_ip not in root and "10.244." not in root and "10.96." not in root, root
+    assert pod.status.pod_ip not in root and "10.244." not in root and "10.96." not in root, root  # not dialed
 
 
 def test_the_api_server_is_reached_through_the_kubernetes_service(kube_factory) -> None:

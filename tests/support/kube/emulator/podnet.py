@@ -193,8 +193,8 @@ class PodNetwork:
         self.meta: dict[str, tuple[str, str]] = {}   # uid -> (namespace, pod name)
         self._seq = itertools.count(1)
         self._free_ips: list[str] = []
-        self._next_ip = 256 + 1          # 10.244.1.1 on (10.244.0.x: gateway, host)
-        self._next_svc = 11              # 10.96.0.11 on (.1 kubernetes, .10 kube-dns)
+        self._next_ip = 256 + 1          # 10.244.1.1 on (10.244.0.x: gateway, host)  netns only
+        self._next_svc = 11              # 10.96.0.11 on (.1 kubernetes, .10 kube-dns)  netns only
         self.listeners: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self.forwards: list[asyncio.AbstractServer] = []
         self._rr = itertools.count()
@@ -235,8 +235,10 @@ class PodNetwork:
         self.forwards.clear()
         if self._dns is not None:
             self._dns.close()
+        present = set(list_netns())
         for name in [n for n, _ in self.pods.values()] + ([self.host] if self.host else []) + [self.bridge]:
-            await _ip("netns", "del", name) if name in list_netns() else None
+            if name in present:
+                await _ip("netns", "del", name)
         self.pods.clear()
         sweep(self.instance)
         self.sockets.close()

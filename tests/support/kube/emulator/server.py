@@ -614,7 +614,7 @@ def parse_args(argv=None):
                    help="bridged: every pod in a network namespace of its own on a bridge of the emulator's "
                         "own (pod IPs, ClusterIPs), out of reach of the host's loopback (podnet.py)")
     p.add_argument("--host-netns", action="store_true",
-                   help="bridged: a namespace for the node / the user's host on the bridge (10.244.0.2), "
+                   help="bridged: a namespace for the node / the user's host on the bridge (10.244.0.2), "  # netns only
                         "for NAT-style port-forwards to the root loopback (POST /emulator/v1/network/forward)")
     return p.parse_args(argv)
 
