@@ -131,8 +131,15 @@ def test_namespaces_are_deleted_with_their_pod_and_the_emulator(kube_factory) ->
     wait_phase(kube, v1, "idle", phases=("Running",), timeout=30)
     before = kube.netns()
     assert podnet.prefix(kube.instance) + "br" in before and len(before) == 2, before
+    bridge = podnet.prefix(kube.instance) + "br"
+
+    def veths() -> str:
+        return subprocess.run(["ip", "-n", bridge, "-o", "link", "show", "type", "veth"],
+                              capture_output=True, text=True, check=True).stdout
+    assert veths().count("master br0") == 1
     v1.delete_namespaced_pod("idle", NS, grace_period_seconds=0)
     kube.wait_for(lambda: len(kube.netns()) == 1, 30, what="the pod's namespace deleted")
+    assert veths() == ""  # its veth pair went with it
     v1.create_namespaced_pod(NS, pod_body("idle2", "sleep 60"))
     wait_phase(kube, v1, "idle2", phases=("Running",), timeout=30)
     assert len(kube.netns()) == 2
