@@ -9,9 +9,10 @@ Needs root (the emulator runs each pod in its own mount namespace). Prints:
     Pod creation, the agent's boot from the wheel ConfigMap, its TLS dial, and the start of
     the trial. Real clusters add their own scheduling and image pull to the first part.
 
-  * the hub tunnel through the API server (hubTunnel: pods on an isolated pod network, the
-    manager reached only through the relay pod and `pods/portforward`) vs direct (nniManagerIp,
-    pods on the host network), side by side: per-trial overhead in reuse mode (target <= 1.2x),
+  * the hub tunnel through the API server (hubTunnel: the manager reached only through the relay
+    pod and `pods/portforward`) vs direct (nniManagerIp: the user's host on the pod bridge, a NAT
+    port-forward to the hub on loopback), both on the emulator's bridged pod network (each pod in
+    its own network namespace), side by side: per-trial overhead in reuse mode (target <= 1.2x),
     metrics/s from one trial reporting as fast as it can, and the manager's CPU per 1,000
     metrics (the tunnel's own cost is the difference).
 
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -40,10 +42,10 @@ from tests.support.kube.emulator.kubelet import STARTED_AT  # noqa: E402
 from tests.support.manager.helpers import TRIAL, form, until, wait_status  # noqa: E402
 
 
-def config(work: Path, code: Path, ts: dict[str, Any], concurrency: int) -> Any:
+def config(work: Path, code: Path, ts: dict[str, Any], concurrency: int, **top: Any) -> Any:
     return load_config({"trialCommand": "python trial.py", "trialCodeDirectory": str(code),
                         "trialConcurrency": concurrency, "trialGracePeriod": 2,
-                        "experimentWorkingDirectory": str(work), "trainingService": ts})
+                        "experimentWorkingDirectory": str(work), "trainingService": ts, **top})
 
 
 async def sequential(cfg: Any, n: int, warm: int = 0) -> list[float]:
@@ -101,35 +103,38 @@ async def metric_rate(cfg: Any, m: int) -> tuple[float, float]:
 
 
 async def tunnel_vs_direct(tmp: Path, code: Path, n: int, m: int, delay: float) -> None:
-    isolated = start_emulator(tmp / "iso", pod_start_delay=delay, pod_network="isolated")
-    host = start_emulator(tmp / "host", pod_start_delay=delay)
+    kube = start_emulator(tmp / "net", pod_start_delay=delay, pod_network="bridged", host_netns=True)
     try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        host_ip = kube.forward_from_host(port)  # netns only: the host's address on the pod bridge
         def pods(kube: Any, **extra: Any) -> dict[str, Any]:
             return {"platform": "kubernetes", "kubeConfig": str(kube.kubeconfig), "dockerImage": "nni-test/python:3.11",
                     "cpuNumber": 1, "memorySize": "256mb", "reuseMode": True, **extra}
 
-        def cfg(name: str, kube: Any, ip: str | None, concurrency: int) -> Any:
-            c = config(tmp / name, code, pods(kube), concurrency)
-            c.training_service.nni_manager_ip = ip
-            return c
+        def cfg(name: str, direct: bool, concurrency: int) -> Any:
+            if not direct:
+                return config(tmp / name, code, pods(kube), concurrency)
+            return config(tmp / name, code, pods(kube, hubPort=port, hubBindAddress="127.0.0.1", hubTunnel=False),
+                          concurrency, nniManagerIp=host_ip)
 
-        tunnelled = await sequential(cfg("t1", isolated, None, 2), n, warm=2)
-        direct = await sequential(cfg("d1", host, "127.0.0.1", 2), n, warm=2)
+        tunnelled = await sequential(cfg("t1", False, 2), n, warm=2)
+        direct = await sequential(cfg("d1", True, 2), n, warm=2)
         ratio = statistics.median(tunnelled) / statistics.median(direct)
         print(f"hub tunnel vs direct, per-trial submit -> SUCCEEDED, reuse (2 envs), {n} trivial trials:")
         print(f"  direct (nniManagerIp)      {_ms(direct)}")
         print(f"  tunnel (API server)        {_ms(tunnelled)}   ratio {ratio:.2f}x  "
               f"[target <= 1.2x: {'OK' if ratio <= 1.2 else 'MISSED'}]")
-        d_rate, d_cpu = await metric_rate(cfg("d2", host, "127.0.0.1", 1), m)
-        t_rate, t_cpu = await metric_rate(cfg("t2", isolated, None, 1), m)
+        d_rate, d_cpu = await metric_rate(cfg("d2", True, 1), m)
+        t_rate, t_cpu = await metric_rate(cfg("t2", False, 1), m)
         print(f"metrics from one trial, {m} back to back:")
         print(f"  direct  {d_rate:8.0f} metrics/s   manager CPU {d_cpu * 1000:6.1f} ms per 1,000 metrics")
         print(f"  tunnel  {t_rate:8.0f} metrics/s   manager CPU {t_cpu * 1000:6.1f} ms per 1,000 metrics   "
               f"(rate {t_rate / d_rate:.2f}x of direct; the tunnel's own CPU: {(t_cpu - d_cpu) * 1000:+.1f} ms "
               "per 1,000 metrics)")
     finally:
-        isolated.stop()
-        host.stop()
+        kube.stop()
 
 
 def _ms(times: list[float]) -> str:

@@ -18,9 +18,9 @@ def start(config: Path, mode: str):  # -> Popen[str]
 
 @pytest.mark.parametrize("route", ["direct", "tunnel"])
 def test_manager_sigkill_and_restart_reattaches_running_pods(kube_factory, tmp_path: Path, route: str) -> None:
-    """direct: pods on the host network dial nniManagerIp; tunnel: pods on an isolated pod network reach
+    """direct: pods on the host network dial nniManagerIp; tunnel: pods on the bridged pod network reach
     the restarted manager only through the same relay pod, over new port-forward streams."""
-    kube = kube_factory(pod_network="isolated" if route == "tunnel" else "host")
+    kube = kube_factory(pod_network="bridged" if route == "tunnel" else "host")
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)

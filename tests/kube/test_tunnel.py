@@ -1,5 +1,5 @@
-"""The hub tunnel through the API server (hubTunnel), on an emulator whose pods live in a network
-namespace of their own: the manager's loopback, where the hub listens, is out of their reach
+"""The hub tunnel through the API server (hubTunnel), on an emulator whose pods each live in a network
+namespace of their own on a bridge (`pod_network="bridged"`): the manager's loopback, where the hub listens, is out of their reach
 (tests/kube/test_portforward.py proves it), so trials succeed only through the relay pod and
 `pods/portforward`. The kubeconfig is kind's shape: the API server on 127.0.0.1, no nniManagerIp."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _manager_arg(kube: Any, prefix: str) -> str:
 
 
 def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_factory, base: Path) -> None:
-    kube = kube_factory(pod_network="isolated")
+    kube = kube_factory(pod_network="bridged")
     cfg = config(kube, base, pods_service(), trialConcurrency=2, nniManagerIp=None)
     metrics: dict[str, list[str]] = defaultdict(list)
 
@@ -63,7 +63,9 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
             # agents were told the relay's Service, the hub listens elsewhere, on loopback only
             hub = ts.core.hub
             assert hub.address.startswith("127.0.0.1:") and hub.address != "127.0.0.1:4000"
-            assert hub.public_address == f"127.0.0.1:{tunnel.AGENT_PORT}"  # the emulator's cluster IP
+            relay_ip = kube.core().read_namespaced_service(tunnel.relay_name(ts.experiment_id), NS).spec.cluster_ip
+            assert relay_ip.startswith("10.96.")  # netns only: a ClusterIP of the bridged pod network
+            assert hub.public_address == f"{relay_ip}:{tunnel.AGENT_PORT}"  # the relay Service's
             assert _manager_arg(kube, f"nniexp{ts.experiment_id.lower()}") == hub.public_address
             assert backend._tunnel.paired >= 1
             objs = _relay_objects(kube, ts.experiment_id)
@@ -81,8 +83,28 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
     kube.wait_for(lambda: not kube.leftover_processes(), 30, what="no pod process left")
 
 
+def test_non_reuse_trials_succeed_through_the_tunnel(kube_factory, base: Path) -> None:
+    """One pod per trial: every trial's agent dials the relay's Service afresh, from a pod with no route
+    to the manager (its own network namespace on the emulator's bridge)."""
+    kube = kube_factory(pod_network="bridged")
+    cfg = config(kube, base, pods_service(reuseMode=False), trialConcurrency=2, nniManagerIp=None)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            assert ts._backend.tunnelled
+            jobs = [await ts.submit_trial_job(form(i, x=i, steps=2)) for i in range(3)]
+            for j in jobs:
+                done = await wait_status(ts, j.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=T)
+                assert done.status.value == "SUCCEEDED", done.message
+            assert ts._backend._tunnel.paired >= 3
+            ips = {p["status"].get("podIP") for p in pod_json(kube) if p["metadata"]["name"].startswith("nni")}
+            assert all(ip and ip.startswith("10.244.") for ip in ips), ips  # netns only
+
+    run(main())
+
+
 def test_metrics_exactly_once_across_dropped_port_forward_streams(kube_factory, base: Path) -> None:
-    kube = kube_factory(pod_network="isolated")
+    kube = kube_factory(pod_network="bridged")
     cfg = config(kube, base, pods_service(), trialConcurrency=1, nniManagerIp=None)
     metrics: dict[str, list[str]] = defaultdict(list)
 
@@ -205,7 +227,7 @@ def test_agents_dial_the_advertised_name_while_the_hub_binds_an_address(kube, ba
 def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path, platform: str) -> None:
     from tests.support.kube.operators import experiment, role, task_role
 
-    kube = kube_factory(pod_network="isolated", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    kube = kube_factory(pod_network="bridged", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
     if platform == "kubeflow":  # a pool: both trials on the environments the tunnel already carries
         cfg = experiment(kube, tmp_path, "kubeflow", concurrency=2, manager_ip=None, operator="tf-operator",
                          apiVersion="v1", reuseMode=True, worker=role(2))
@@ -231,7 +253,7 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
     from nni_manager.backends.kubernetes.client import KubeError
     from tests.support.kube.harness import kubeconfig_with_token
 
-    kube = kube_factory(pod_network="isolated", tokens=[
+    kube = kube_factory(pod_network="bridged", tokens=[
         "no-pf-token=alice:*/pods,*/secrets,*/configmaps,*/services,*/nodes,*/events"])
     cfg = config(kube, base, pods_service(kubeConfig=str(kubeconfig_with_token(kube, base / "kc", "no-pf-token"))),
                  nniManagerIp=None)

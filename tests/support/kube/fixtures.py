@@ -5,6 +5,7 @@ import json
 import os
 import secrets
 import ssl
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -146,6 +147,23 @@ class Kube(EmulatorHandle):
         self._call("POST", "/emulator/v1/restart", {"down": down, "deletePods": [
             {"namespace": ns, "name": n} for ns, n in delete_pods]})
 
+    def forward_from_host(self, port: int, target_port: int | None = None) -> str:
+        """--host-netns: HOST:port (in the emulator's host namespace on the pod bridge) forwards to
+        127.0.0.1:target_port here, as a NAT port-forward on the user's router; returns HOST."""
+        return self._call("POST", "/emulator/v1/network/forward",
+                          {"port": port, "targetPort": target_port or port})["address"]
+
+    def netns(self) -> list[str]:
+        """This emulator's network namespaces still present (`ip netns list`)."""
+        from tests.support.kube.emulator.podnet import list_netns, prefix
+        return [n for n in list_netns() if n.startswith(prefix(self.instance))]
+
+    def stop(self) -> None:
+        super().stop()
+        from tests.support.kube.emulator.podnet import sweep
+        if shutil.which("ip") and os.geteuid() == 0:
+            sweep(self.instance)  # even if it was killed: none of its namespaces stays behind
+
     def set_operator(self, name: str, running: bool) -> None:
         """Stop or start an operator's controller: tfjob, pytorchjob, framework."""
         self._call("PUT", f"/emulator/v1/operators/{name}", {"running": running})
@@ -154,7 +172,7 @@ class Kube(EmulatorHandle):
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
                    pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
-                   pod_network: str = "host") -> Kube:
+                   pod_network: str = "host", host_netns: bool = False) -> Kube:
     state = base / f"kube-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     instance = secrets.token_hex(8)
@@ -180,8 +198,12 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--namespace", ns]
     if watch_history:
         args += ["--watch-history", str(watch_history)]
-    if pod_network != "host":  # "isolated": pods in a network namespace of the emulator's own
+    if pod_network != "host":  # "bridged": each pod in a network namespace of its own on a bridge
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            pytest.skip("the bridged pod network needs root and iproute2 (`ip`)")
         args += ["--pod-network", pod_network]
+    if host_netns:
+        args += ["--host-netns"]
     proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)

@@ -73,15 +73,17 @@ class PodRun:
         self.terminating = False
         self.done = False
         self.evicted: str | None = None
+        self.netns: str | None = None   # --pod-network bridged: the pod's own network namespace
+        self.ip: str | None = None
 
 
 class Kubelet:
     def __init__(self, store: Store, state: Path, instance: str, images: list[str], nodes: list[str],
-                 start_delay: float, use_namespaces: bool, pod_netns: str | None = None):
+                 start_delay: float, use_namespaces: bool, net=None):
         self.store, self.state, self.instance = store, state, instance
-        # --pod-network isolated: every container joins this network namespace (loopback only),
-        # so pods reach each other but never the manager's loopback (the root namespace's)
-        self.pod_netns = pod_netns
+        # --pod-network bridged (podnet.PodNetwork): every pod gets a network namespace of its own on
+        # the emulator's bridge, so pods reach each other but never the manager's loopback
+        self.net = net
         self.images = {}
         for spec in images:
             name, _, bindir = spec.partition("=")
@@ -140,6 +142,8 @@ class Kubelet:
             if run.task:
                 run.task.cancel()
             self._kill_run(run, signal.SIGKILL)
+            if self.net is not None:
+                asyncio.ensure_future(self.net.remove_pod(run.uid))
         st = node["status"]
         now = now_rfc3339()
         st["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
@@ -322,8 +326,8 @@ class Kubelet:
         st["containerStatuses"] = [self._cstatus(cur, c) for c in run.containers]
         if any("running" in c.state or c.started for c in run.containers) or st.get("phase") == "Running" \
                 or any("running" in c.state or "terminated" in c.state for c in run.inits):  # sandbox IP before inits (frameworkbarrier)
-            st["podIP"] = "127.0.0.1"
-            st["podIPs"] = [{"ip": "127.0.0.1"}]
+            st["podIP"] = run.ip or "127.0.0.1"
+            st["podIPs"] = [{"ip": run.ip or "127.0.0.1"}]
         inits_done = all("terminated" in c.state and c.state["terminated"]["exitCode"] == 0 for c in run.inits)
         ready = all(c.ready for c in run.containers) and st.get("phase") == "Running"
         terminal = st.get("phase") in ("Succeeded", "Failed")
@@ -361,6 +365,8 @@ class Kubelet:
         try:
             self._publish(run)
             await asyncio.sleep(self.start_delay)
+            if self.net is not None:  # the sandbox's network first, as the CNI plugin makes it
+                run.netns, run.ip = await self.net.add_pod(run.uid, run.ns, run.name)
             # image pull
             backoff = 1.0
             while True:
@@ -476,7 +482,7 @@ class Kubelet:
             return await self._run_barrier(run, pod, c, vols)
         argv = list(c.spec.get("command") or []) + list(c.spec.get("args") or [])
         try:
-            env = self._env(pod, c)
+            env = self._env(pod, c, run.ip)
             user = _process_user(pod, c.spec)
         except _ConfigError as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
@@ -506,11 +512,15 @@ class Kubelet:
         tmp_path = c.spec.get("terminationMessagePath") or "/dev/termination-log"
         if self.use_namespaces:
             mounts.append({"source": str(c.term_file), "target": tmp_path, "readOnly": False})
+            if self.net is not None and run.ip:  # the kubelet-managed names (see podnet.py)
+                mounts.append({"source": str(self.net.hosts_path(run.uid)), "target": "/etc/hosts", "readOnly": True})
+                mounts.append({"source": str(self.net.resolv_path(run.uid)), "target": "/etc/resolv.conf",
+                               "readOnly": True})
         scratch = cdir / f"scratch{c.restart_count}"
         scratch.mkdir(exist_ok=True)
         spec = {"namespaces": self.use_namespaces, "hostname": run.name, "scratch": str(scratch), "mounts": mounts,
                 "workingDir": c.spec.get("workingDir") or "/", "argv": argv, "env": env, "user": user,
-                "netns": self.pod_netns}
+                "netns": run.netns}
         spec_file = cdir / f"spec{c.restart_count}.json"
         spec_file.write_text(json.dumps(spec))
         if self.use_namespaces:
@@ -586,10 +596,12 @@ class Kubelet:
         return code
 
     # ------------------------------------------------------------ env and volumes
-    def _env(self, pod: dict, c: Container) -> dict:
+    def _env(self, pod: dict, c: Container, ip: str | None = None) -> dict:
         img_bin = self.images.get(c.spec.get("image"), "")
         env = {"PATH": (img_bin + ":" if img_bin else "") + BASE_PATH, "HOSTNAME": pod["metadata"]["name"],
                "HOME": "/root", "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+        if self.net is not None:  # the `kubernetes` Service, proxied to the API server
+            env["KUBERNETES_SERVICE_HOST"] = self.net.kubernetes_ip
         ns = pod["metadata"]["namespace"]
         for ef in c.spec.get("envFrom") or []:
             prefix = ef.get("prefix", "")
@@ -617,7 +629,7 @@ class Kubelet:
                 continue
             vf = e["valueFrom"]
             if vf.get("fieldRef"):
-                env[e["name"]] = _field(pod, vf["fieldRef"]["fieldPath"])
+                env[e["name"]] = _field(pod, vf["fieldRef"]["fieldPath"], ip)
             elif vf.get("secretKeyRef") or vf.get("configMapKeyRef"):
                 is_secret = bool(vf.get("secretKeyRef"))
                 ref = vf.get("secretKeyRef") or vf.get("configMapKeyRef")
@@ -820,6 +832,8 @@ class Kubelet:
                                                 for c in run.containers) or not run.done else None)
         run.done = True
         self.runs.pop(run.uid, None)
+        if self.net is not None:  # the sandbox goes with the pod: its namespace, veth and IP
+            await self.net.remove_pod(run.uid)
         self.store.pod_stopped(run.ns, run.name, run.uid)
         shutil.rmtree(self.pods_dir / run.uid / "volumes", ignore_errors=True)
         self.wake.set()
@@ -881,6 +895,10 @@ class Kubelet:
         self._publish(run, "Failed", "Evicted", message)
         run.done = True
         self.wake.set()
+
+    def netns_of(self, uid: str) -> str | None:
+        """The pod's network namespace (None: the host network)."""
+        return self.net.netns_path(uid) if self.net is not None else None
 
     def pod_processes(self, pod: dict) -> list[int]:
         return sorted(marked_pids(MARK_POD, pod["metadata"]["uid"]))
@@ -976,7 +994,7 @@ def _docker_ref(img: str) -> str:
     return name
 
 
-def _field(pod: dict, path: str) -> str:
+def _field(pod: dict, path: str, ip: str | None = None) -> str:
     import re
     m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
     if m:
@@ -984,7 +1002,7 @@ def _field(pod: dict, path: str) -> str:
     return {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
             "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": pod["spec"].get("nodeName", ""),
             "spec.serviceAccountName": pod["spec"].get("serviceAccountName", ""),
-            "status.podIP": "127.0.0.1", "status.podIPs": "127.0.0.1", "status.hostIP": "127.0.0.1",
+            "status.podIP": ip or "127.0.0.1", "status.podIPs": ip or "127.0.0.1", "status.hostIP": "127.0.0.1",
             "status.hostIPs": "127.0.0.1"}.get(path, "")
 
 

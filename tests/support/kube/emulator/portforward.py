@@ -4,49 +4,32 @@ port-forward` and the official client (`kubernetes.stream.portforward`).
 Protocol `v4.channel.k8s.io` (also accepted: `v5.channel.k8s.io`): per listed port i a data
 channel 2i and an error channel 2i+1; every binary frame starts with its channel byte; the first
 frame on each channel is the port, 2 bytes little-endian. One TCP connection into the pod per
-port per request. The connection is dialled inside the pod's network namespace (the emulator's
-pod network when isolated), so a pod port on 127.0.0.1 is reachable, as through the kubelet.
+port per request. The connection is dialled inside the pod's own network namespace (with
+`--pod-network bridged`), so a port on the pod's 127.0.0.1 is reachable, as through the kubelet.
 """
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import os
 import socket
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import WSMsgType, web
 
 from .api import PODS, ApiError, bad_request, not_found
+from .podnet import NetnsSockets
 
 PROTOCOLS = ("v4.channel.k8s.io", "v5.channel.k8s.io")
-CLONE_NEWNET = 0x40000000
-_executors: dict[str, ThreadPoolExecutor] = {}
+_sockets = NetnsSockets()
 ACTIVE: set[web.WebSocketResponse] = set()  # open streams (a test control drops them all)
 served = 0  # streams served so far
-_lock = threading.Lock()
 
 
-def _enter(path: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"setns {path}: {os.strerror(e)}")
-    finally:
-        os.close(fd)
-
-
-def _dial_in(netns: str | None, port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _connect(s: socket.socket, port: int) -> socket.socket:
     try:
         # as Go (kubelet, container runtime) dials: no Nagle. asyncio would not set it for a socket
         # made with proto 0, and small writes would then wait for the peer's delayed ACK (~40 ms)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.settimeout(5)
-        s.connect(("127.0.0.1", port))  # the pod's own loopback (netns only when isolated)
+        s.connect(("127.0.0.1", port))  # the pod's own loopback
         s.setblocking(False)
         return s
     except OSError:
@@ -55,17 +38,14 @@ def _dial_in(netns: str | None, port: int) -> socket.socket:
 
 
 async def dial(netns: str | None, port: int) -> socket.socket:
-    """A TCP connection to `port` on the pod's loopback, made from a thread that lives in the pod
-    network namespace (a socket stays in the namespace it was created in)."""
+    """A TCP connection to `port` on the pod's loopback, from a socket made inside the pod's network
+    namespace (a socket stays in the namespace it was made in)."""
     loop = asyncio.get_running_loop()
     if netns is None:
-        return await loop.run_in_executor(None, _dial_in, None, port)
-    with _lock:
-        ex = _executors.get(netns)
-        if ex is None:
-            ex = _executors[netns] = ThreadPoolExecutor(2, f"netns-{os.path.basename(netns)}",
-                                                         initializer=_enter, initargs=(netns,))
-    return await loop.run_in_executor(ex, _dial_in, netns, port)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    else:
+        s = await _sockets.socket(netns)
+    return await loop.run_in_executor(None, _connect, s, port)
 
 
 def _ports(raw: list[str]) -> list[int]:
@@ -84,10 +64,12 @@ def _ports(raw: list[str]) -> list[int]:
     return out
 
 
-async def serve(request: web.Request, store, netns: str | None, ns: str, name: str) -> web.StreamResponse:
+async def serve(request: web.Request, store, netns_of, ns: str, name: str) -> web.StreamResponse:
+    """netns_of(uid): the pod's network namespace (None: the host network)."""
     pod = store.get(PODS, ns, name)
     if pod is None:
         raise not_found(PODS, name)
+    netns = netns_of(pod["metadata"]["uid"])
     ports = _ports(request.query.getall("ports", []))
     if (pod.get("status") or {}).get("phase") != "Running":
         raise ApiError(400, "BadRequest", f"unable to upgrade connection: pod {name} is not running")

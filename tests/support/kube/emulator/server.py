@@ -11,7 +11,6 @@ import ipaddress
 import json
 import os
 import secrets
-import subprocess
 import signal
 import ssl
 import time
@@ -68,6 +67,7 @@ def make_tls(state: Path) -> ssl.SSLContext:
             .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
             .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),  # netns only
                                                         x509.DNSName("localhost")]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -286,7 +286,7 @@ class ApiServer:
                     return await self.pod_log(request, ns, name)
                 if sub == "portforward":
                     from . import portforward
-                    return await portforward.serve(request, self.store, self.kubelet.pod_netns, ns, name)
+                    return await portforward.serve(request, self.store, self.kubelet.netns_of, ns, name)
                 obj = self.store.get(res, ns, name)
                 if obj is None:
                     raise not_found(res, name)
@@ -546,6 +546,14 @@ class ApiServer:
         if len(parts) == 4 and parts[0] == "history":
             plural, ns, name = parts[1], parts[2], parts[3]
             return web.json_response({"statuses": self.store.status_history.get((plural, "" if ns == "-" else ns, name), [])})
+        if parts == ["network", "forward"] and request.method == "POST":  # a NAT port-forward to the host
+            if k.net is None:
+                raise bad_request("the emulator runs with --pod-network host: no pod network to forward into")
+            try:
+                addr = await k.net.forward(int(body["port"]), int(body.get("targetPort", body["port"])))
+            except OSError as e:
+                raise bad_request(f"network forward: {e}") from None
+            return web.json_response({"address": addr})
         if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
             from . import portforward
             return web.json_response({"dropped": await portforward.drop_all()})
@@ -611,9 +619,12 @@ def parse_args(argv=None):
     p.add_argument("--instance-id", default=None)
     p.add_argument("--watch-history", type=int, default=2000)
     p.add_argument("--no-namespaces", action="store_true", help="run containers without mount namespaces")
-    p.add_argument("--pod-network", choices=("host", "isolated"), default="host",
-                   help="isolated: pods share a network namespace of the emulator's own (loopback only), "
-                        "so they cannot reach anything on the host's loopback")
+    p.add_argument("--pod-network", choices=("host", "bridged"), default="host",
+                   help="bridged: every pod in a network namespace of its own on a bridge of the emulator's "
+                        "own (pod IPs, ClusterIPs), out of reach of the host's loopback (podnet.py)")
+    p.add_argument("--host-netns", action="store_true",
+                   help="bridged: a namespace for the node / the user's host on the bridge (10.244.0.2), "  # netns only
+                        "for NAT-style port-forwards to the root loopback (POST /emulator/v1/network/forward)")
     return p.parse_args(argv)
 
 
@@ -629,14 +640,14 @@ async def amain(args) -> None:
             store.create(NAMESPACES, {"metadata": {"name": ns}})
     tokens = args.token or ["emulator-admin-token=admin"]
     auth = Auth(tokens)
-    netns = None
-    if args.pod_network == "isolated":
-        netns = f"kemu-{instance[:10]}"
-        subprocess.run(["ip", "netns", "add", netns], check=True)
-        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+    net = None
+    api_port = [0]
+    if args.pod_network == "bridged":
+        from .podnet import PodNetwork
+        net = PodNetwork(store, instance, state, lambda: api_port[0], args.host_netns)
+        await net.start()
     kubelet = Kubelet(store, state, instance, images=args.image, nodes=args.node or ["node-1=8,16384,0"],
-                      start_delay=args.pod_start_delay, use_namespaces=not args.no_namespaces,
-                      pod_netns=f"/run/netns/{netns}" if netns else None)
+                      start_delay=args.pod_start_delay, use_namespaces=not args.no_namespaces, net=net)
     if args.crd_group:
         try:
             crds = importlib.import_module(__package__ + ".crds")
@@ -653,6 +664,7 @@ async def amain(args) -> None:
     site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=tls, shutdown_timeout=0.5)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    api_port[0] = port
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)
 
     async def restart(down: float, delete_pods: list) -> None:
@@ -690,10 +702,16 @@ async def amain(args) -> None:
         t.cancel()
     await kubelet.shutdown()
     await runner.cleanup()
-    if netns:
-        subprocess.run(["ip", "netns", "del", netns], check=False)
+    if net is not None:
+        await net.close()
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    asyncio.run(amain(args))
+    args.instance_id = args.instance_id or secrets.token_hex(8)
+    try:
+        asyncio.run(amain(args))
+    finally:  # also on a crash: no namespace of this emulator outlives it
+        if args.pod_network == "bridged":
+            from .podnet import sweep
+            sweep(args.instance_id)

@@ -234,7 +234,9 @@ class Store:
             spec.setdefault("type", "ClusterIP")
             spec.setdefault("sessionAffinity", "None")
             if not spec.get("clusterIP"):
-                spec["clusterIP"] = "127.0.0.1"     # loopback only: documented deviation
+                alloc = getattr(self, "allocate_cluster_ip", None)  # --pod-network bridged: podnet.py
+                # host pod network: loopback only (documented deviation)
+                spec["clusterIP"] = alloc() if alloc else "127.0.0.1"
             spec.setdefault("clusterIPs", [spec["clusterIP"]])
             for p in spec.get("ports") or []:
                 p.setdefault("protocol", "TCP")
