@@ -22,7 +22,7 @@ from nni_manager.backends import agent_deps
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
-from tests.support.aml.fixtures import SLIM_IMAGE
+from tests.support.images import SLIM_IMAGE
 from tests.support.manager.helpers import form, wait_status
 from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)
 
@@ -154,23 +154,13 @@ def test_a_job_naming_an_unknown_code_version_is_refused_as_aml_refuses_it(aml, 
     assert status == 400 and "CodeUri" in body["error"]["message"], body
 
 
-NNI_TRIAL = """
-import sys
-import nni
-nni.get_next_parameter()
-assert sys.version_info[:2] == (3, 8), sys.version
-nni.report_final_result({"default": 38.0, "python": "%d.%d" % sys.version_info[:2]})
-"""
-
 
 def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azurite, base: Path,  # noqa: F811
                                                                monkeypatch) -> None:
     """NNI's default image as it really is (Python 3.8 and `nni`, no grpcio or protobuf;
     tests/support/nni_image.py): the code asset's cp38 directory lets unmodified NNI trial code run."""
-    import json
-
     from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
-    from tests.support.nni_image import cp38_wheelhouse, nni_latest_bin
+    from tests.support.nni_image import PY38_FINAL, PY38_TRIAL, cp38_wheelhouse, final_results, nni_latest_bin
 
     image_bin, why = nni_latest_bin()
     if image_bin is None:
@@ -190,7 +180,7 @@ def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azur
         monkeypatch.setenv(k, v)
     code = base / "nni-code"
     code.mkdir()
-    (code / "mnist.py").write_text(NNI_TRIAL)
+    (code / "mnist.py").write_text(PY38_TRIAL)
     cfg = load_config({**config_dict(aml, base, dockerImage="msranni/nni:latest", blobEndpoint=azurite),
                        "trialCommand": "python3 mnist.py", "trialCodeDirectory": str(code),
                        "agentWheelhouse": str(wheelhouse)})
@@ -207,5 +197,4 @@ def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azur
     assert status == "SUCCEEDED", message
     names = sorted(_blobs(azurite, container))
     assert any("/deps/cp38/grpcio-" in n for n in names), names
-    finals = [json.loads(r["value"]) for r in map(json.loads, metrics) if r["type"] == "FINAL"]
-    assert finals == [{"default": 38.0, "python": "3.8"}], metrics
+    assert final_results(metrics) == [PY38_FINAL], metrics

@@ -8,7 +8,6 @@ the boot step's one line naming exactly what the image lacks (grpcio and protobu
 the fix, not with PAI's bare `PAIRuntimeUnknownFailed`."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,10 @@ import pytest
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
 from nni_manager.backends import agent_deps
-from tests.support.nni_image import cp38_wheelhouse, nni_latest_bin
+from tests.support.nni_image import PY38_FINAL, PY38_TRIAL, cp38_wheelhouse, final_results, nni_latest_bin
 from tests.support.openpai.experiments import config, ours, run
 
 T = 90.0
-NNI_TRIAL = """
-import sys
-import nni
-params = nni.get_next_parameter()
-assert sys.version_info[:2] == (3, 8), sys.version
-nni.report_intermediate_result(1.0)
-nni.report_final_result({"default": 38.0, "python": "%d.%d" % sys.version_info[:2]})
-"""
 
 
 def test_default_image_runs_nni_trial_code_with_cp38_wheels_shipped_through_the_storage(
@@ -43,7 +34,7 @@ def test_default_image_runs_nni_trial_code_with_cp38_wheels_shipped_through_the_
     storage = pai.storage_dir("confignfs")
     code = short_dir / "nni-code"
     code.mkdir()
-    (code / "mnist.py").write_text(NNI_TRIAL)
+    (code / "mnist.py").write_text(PY38_TRIAL)
     cfg = config(pai, short_dir, {"reuseMode": False, "dockerImage": "msranni/nni:latest",
                                   "storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
                                   "containerStorageMountPoint": "/mnt/confignfs"},
@@ -63,8 +54,7 @@ def test_default_image_runs_nni_trial_code_with_cp38_wheels_shipped_through_the_
     shipped = sorted(p.name for p in (storage / "nni-agent").glob("deps-*/cp38/*.000"))
     assert any(n.startswith("grpcio-") and "cp38" in n for n in shipped), shipped
     assert not list((storage / "nni-agent").glob("deps-*/cp311")), "only what a source provides is shipped"
-    finals = [json.loads(r["value"]) for r in map(json.loads, metrics) if r["type"] == "FINAL"]
-    assert finals == [{"default": 38.0, "python": "3.8"}], metrics  # NNI SDK code under the image's 3.8
+    assert final_results(metrics) == [PY38_FINAL], metrics  # NNI SDK code under the image's 3.8
 
 
 def test_default_image_lacking_grpcio_and_protobuf_fails_with_the_boots_line(pai_factory, short_dir: Path) -> None:

@@ -17,20 +17,13 @@ import yaml
 
 from nni_manager.backends import agent_deps
 from nni_manager.service import create_training_service
+from tests.support.images import SLIM_IMAGE, slim_python_dir
 from tests.support.manager.helpers import form, wait_status
 from tests.support.openpai.experiments import base, config, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0
-SLIM_IMAGE = "python:3.11-slim"
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
 
-
-def _slim_python_dir(base: Path) -> str:
-    d = base / "image-python-slim"
-    d.mkdir(exist_ok=True)
-    for n in ("python3", "python"):
-        (d / n).symlink_to("/usr/bin/python3")
-    return str(d)
 
 
 def _tree(root: Path) -> dict[str, float]:
@@ -42,7 +35,7 @@ def test_bare_image_runs_trials_with_dependencies_shipped_through_the_storage(pa
     if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
-    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: _slim_python_dir(base)})
+    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: slim_python_dir(base)})
     storage = pai.storage_dir("confignfs")
     cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
                              "containerStorageMountPoint": "/mnt/confignfs", "dockerImage": SLIM_IMAGE},
@@ -73,7 +66,7 @@ def test_bare_image_runs_trials_with_dependencies_shipped_through_the_storage(pa
 
 
 def test_bare_image_without_the_storage_route_fails_with_the_boot_steps_one_line(pai_factory, base: Path) -> None:
-    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: _slim_python_dir(base)})
+    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: slim_python_dir(base)})
     cfg = config(pai, base, {"dockerImage": SLIM_IMAGE})
 
     async def experiment() -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / ".venv" / "test-images" / "msranni-nni-latest-py3.8"
 WHEELS = ROOT / ".venv" / "test-images" / "agent-wheels-cp38"
 NNI = "nni==3.0"
+
+# unmodified NNI trial code that holds it runs under the image's own Python 3.8
+PY38_TRIAL = """
+import sys
+import nni
+nni.get_next_parameter()
+assert sys.version_info[:2] == (3, 8), sys.version
+nni.report_intermediate_result(1.0)
+nni.report_final_result({"default": 38.0, "python": "%d.%d" % sys.version_info[:2]})
+"""
+PY38_FINAL = {"default": 38.0, "python": "3.8"}
+
+
+def final_results(metrics: list[str]) -> list[object]:
+    """The FINAL values among metric records as the trial-job metric listener hands them over."""
+    return [json.loads(r["value"]) for r in map(json.loads, metrics) if r["type"] == "FINAL"]
 
 
 def python38() -> str | None:

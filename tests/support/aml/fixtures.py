@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.emulators import RestControls, emulator_factory, start_emulator_process
+from tests.support.images import SLIM_IMAGE, slim_python_dir
 
 from tests.support.aml.emulator.tokens import mint
 
@@ -35,15 +36,7 @@ AZURE_IDENTITY_VARS = ("AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET", "AZURE_TENANT_I
                        "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET", "IMDS_ENDPOINT")
 
 
-SLIM_IMAGE = "python:3.11-slim"  # the system Python alone: no grpcio, protobuf, psutil, nor the agent
 
-
-def _slim_python_dir(state: Path) -> str:
-    d = state / "image-python-slim"
-    d.mkdir(exist_ok=True)
-    for n in ("python3", "python"):
-        (d / n).symlink_to("/usr/bin/python3")
-    return str(d)
 
 
 class Aml(RestControls):
@@ -179,7 +172,7 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
            "images": images if images is not None else {
                "msranni/nni:latest": VENV_BIN, "msranni/nni": VENV_BIN, "nni-test/python:3.11": VENV_BIN,
                "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04": VENV_BIN,
-               SLIM_IMAGE: _slim_python_dir(state)},
+               SLIM_IMAGE: slim_python_dir(state)},
            "step": step, "hold": hold, "azDelay": az_delay, "retryAfter": retry_after, "pageSize": page_size,
            "audiences": audiences, "datastore": datastore, "principals": {p["oid"]: {"roles": p["roles"], "upn": p["upn"]}
                                                   for p in by_name.values()},

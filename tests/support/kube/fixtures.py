@@ -14,17 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.images import SLIM_IMAGE, slim_python_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
 
-
-def _slim_python_dir(base: Path) -> str:
-    d = base / "image-python-slim"
-    d.mkdir(exist_ok=True)
-    for n in ("python3", "python"):
-        (d / n).symlink_to("/usr/bin/python3")
-    return str(d)
 
 
 class Kube(EmulatorHandle):
@@ -181,7 +175,7 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
     if default_images:
         imgs.setdefault("nni-test/python:3.11", VENV_BIN)
         imgs.setdefault("msranni/nni:latest", VENV_BIN)
-        imgs.setdefault("python:3.11-slim", _slim_python_dir(state))
+        imgs.setdefault(SLIM_IMAGE, slim_python_dir(state))
     args = ["--instance-id", instance,
             "--pod-start-delay", str(pod_start_delay)]
     toks = list(tokens or [])

@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 
 from nni_manager.config import ExperimentConfig, load_config
+from tests.support.images import SLIM_IMAGE  # noqa: F401 (re-exported: the system Python, no grpc / psutil)
 from tests.support.manager.helpers import TRIAL
 
 IMAGE = "nni-test/python:3.11"  # the venv's Python: has the agent's dependencies
-SLIM_IMAGE = "python:3.11-slim"  # the system Python: lacks grpc / psutil
 APP = "nni-kubernetes-trial"
 
 
