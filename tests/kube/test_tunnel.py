@@ -262,6 +262,7 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
         ts = create_training_service(cfg)
         with pytest.raises(KubeError) as e:
             await ts.start()
+        assert ts._backend._core is None  # its ApiClient closed too: no aiohttp session left unclosed
         return str(e.value)
 
     msg = run(main())

@@ -153,6 +153,12 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
         return self._core, self._custom
 
+    async def _close_client(self) -> None:
+        """Close the ApiClient (and its aiohttp session) when the experiment stops before stop() would."""
+        if self._core is not None:
+            await self._api.close()
+            self._core = self._custom = None
+
     @property
     def tunnelled(self) -> bool:
         """Agents reach the hub through the relay and the API server (`hubTunnel`; default: on
@@ -165,6 +171,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         host = self._api.configuration.host
         address = manager_ip_for(host)
         if _loopback(address):  # kind, minikube: pods would dial their own loopback and wait 6 minutes
+            await self._close_client()  # refused before the hub (and so stop()) started
             raise ConfigError("trainingService.hubTunnel",
                               f"is false and nniManagerIp is not set, but the API server ({host}) is on this "
                               "machine's loopback: pods cannot reach the manager at a loopback address",
@@ -179,12 +186,16 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self.experiment_id = experiment_id
         ns = self.namespace
         await self._client()
-        await self._check_access()  # before the relay: a refused experiment leaves nothing behind
-        await self._ensure_pull_secret()
         try:
-            cluster_ip = await self._ensure_relay(experiment_id)
-        except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
-            await self._delete_relay()
+            await self._check_access()  # before the relay: a refused experiment leaves nothing behind
+            await self._ensure_pull_secret()
+            try:
+                cluster_ip = await self._ensure_relay(experiment_id)
+            except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
+                await self._delete_relay()
+                raise
+        except BaseException:  # nor an open client (its aiohttp session)
+            await self._close_client()
             raise
         ts = self.config.training_service
         return HubRoute(bind=host_port(ts.hub_bind_address or "127.0.0.1", ts.hub_port or 0),
