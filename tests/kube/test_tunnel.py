@@ -270,3 +270,32 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
     assert denied == ["cannot create pods/portforward in namespace default"], msg
     pods = [p.metadata.name for p in kube.core().list_namespaced_pod("default").items]
     assert not [n for n in pods if n.startswith("nni-relay-")], pods  # no relay was started
+
+
+def test_an_unreadable_hub_certificate_is_one_line_and_leaves_no_relay(kube_factory, base: Path) -> None:
+    """The relay is made before the hub's TLS material is read: a `hubKeyFile` gone by start is
+    one line naming the field, and the relay just made is removed with the refusal."""
+    import subprocess
+
+    tls = base / "tls"
+    tls.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tls / "hub.key"), "-out", str(tls / "hub.crt"), "-days", "1", "-subj", "/CN=hub"],
+                   check=True, capture_output=True)
+    kube = kube_factory(pod_network="bridged")
+    cfg = config(kube, base, pods_service(hubCertFile=str(tls / "hub.crt"), hubKeyFile=str(tls / "hub.key")),
+                 nniManagerIp=None)
+    (tls / "hub.key").unlink()
+
+    async def main() -> str:
+        ts = create_training_service(cfg)
+        with pytest.raises(ConfigError) as e:
+            await ts.start()
+        return str(e.value)
+
+    msg = run(main())
+    assert "hubKeyFile" in msg and "cannot be read" in msg and "\n" not in msg, msg
+    kube.wait_for(lambda: not [p for p in kube.core().list_namespaced_pod("default").items
+                               if p.metadata.name.startswith("nni-relay-")], 30, what="the relay pod is gone")
+    services = [s.metadata.name for s in kube.core().list_namespaced_service("default").items]
+    assert not [n for n in services if n.startswith("nni-relay-")], services

@@ -13,6 +13,7 @@ directory, so a restarted manager is trusted by the agents already running.
 from __future__ import annotations
 
 import ipaddress
+import os
 import logging
 from typing import Any
 from dataclasses import dataclass
@@ -53,6 +54,17 @@ def _every_interface(advertise: str) -> str:
         return "0.0.0.0"
 
 
+def _user_tls(ts: Any) -> TlsMaterial:
+    """The certificate the user brings, or one line naming the field that cannot be read."""
+    for field, path in (("hubCertFile", ts.hub_cert_file), ("hubKeyFile", ts.hub_key_file),
+                        ("hubCaFile", ts.hub_ca_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise ConfigError(f"trainingService.{field}", f"cannot be read: {path}",
+                              "give a readable PEM file (or remove hubCertFile and hubKeyFile: the experiment "
+                              "then makes its own CA)")
+    return user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
+
+
 async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
     """Bind one address, advertise another: `hubBindAddress` (default every interface, or the
     advertised address itself when that is loopback), `nniManagerIp` (an address or DNS name
@@ -67,11 +79,15 @@ async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experi
                     "code readable on the network); use it only on a network you trust")
     route = await backend.hub_route(experiment_id)
     if route is not None:  # agents dial the backend's relay; the hub listens where only the relay's far end reaches
-        host = bare_host(route.bind.rpartition(":")[0])
-        tls = (experiment_tls(experiment_dir / "tls", [host, *route.names, *backend.hub_names()], experiment_id)
-               if ts.hub_tls else None)
-        if ts.hub_tls and ts.hub_cert_file is not None and ts.hub_key_file is not None:
-            tls = user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
+        try:
+            host = bare_host(route.bind.rpartition(":")[0])
+            tls = (experiment_tls(experiment_dir / "tls", [host, *route.names, *backend.hub_names()], experiment_id)
+                   if ts.hub_tls else None)
+            if ts.hub_tls and ts.hub_cert_file is not None and ts.hub_key_file is not None:
+                tls = _user_tls(ts)
+        except BaseException:  # e.g. an unreadable hubCertFile: the relay just made must not outlive the refusal
+            await backend.stop()
+            raise
         return HubPlan(route.bind, tls, route.advertise)
     advertise = bare_host(ts.nni_manager_ip or await backend.manager_address() or "")
     if not advertise:
@@ -86,7 +102,7 @@ async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experi
     if not ts.hub_tls:
         return HubPlan(listen, None, advertise)
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
-        return HubPlan(listen, user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file), advertise)
+        return HubPlan(listen, _user_tls(ts), advertise)
     names = [advertise, *([bind] if bind not in ("0.0.0.0", "::") else []), *backend.hub_names()]
     return HubPlan(listen, experiment_tls(experiment_dir / "tls", names, experiment_id), advertise)
 
