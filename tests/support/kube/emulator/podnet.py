@@ -3,13 +3,13 @@
 Every name below is a network namespace of the emulator's own (test-infrastructure.md §1): the
 root namespace gets no address, no interface and no route; everything is deleted at the end.
 
-- `kemu-<id>-br`: the bridge `br0` (the pods' gateway, 10.244.0.1/16) and kube-proxy. Service
-  ClusterIPs (10.96.0.0/12) are local there (one `local` route, kube-proxy IPVS mode's `kube-ipvs0`
+- `kemu-<id>-br`: the bridge `br0` (the pods' gateway, 10.244.0.1/16) and kube-proxy. Service  # netns only
+  ClusterIPs (10.96.0.0/12) are local there (one `local` route, kube-proxy IPVS mode's `kube-ipvs0`  # netns only
   trick without the dummy device); a userspace proxy (kube-proxy's old userspace mode) listens on
   ClusterIP:port and connects to a ready endpoint pod's targetPort.
 - `kemu-<id>-p<n>`: one per pod, `eth0` (a veth whose peer is on br0) with the pod IP, `lo` up, a
   default route via the bridge. Deleted with the pod.
-- `kemu-<id>-host` (with `--host-netns`): the node / the user's host on the same bridge (10.244.0.2);
+- `kemu-<id>-host` (with `--host-netns`): the node / the user's host on the same bridge (10.244.0.2);  # netns only
   `forward(port)` listens there and copies each connection to 127.0.0.1:port in the root namespace,
   as a NAT port-forward does.
 
