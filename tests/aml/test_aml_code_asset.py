@@ -24,7 +24,7 @@ from nni_manager.service import create_training_service
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 from tests.support.images import SLIM_IMAGE
 from tests.support.manager.helpers import form, wait_status
-from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)
+from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite, azurite_oauth  # noqa: F401 (fixtures)
 
 T = 90.0
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
@@ -198,3 +198,116 @@ def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azur
     names = sorted(_blobs(azurite, container))
     assert any("/deps/cp38/grpcio-" in n for n in names), names
     assert final_results(metrics) == [PY38_FINAL], metrics
+
+
+def _identity_aml(aml_factory, azurite_oauth, monkeypatch, roles: list[str]) -> tuple[Any, str]:  # noqa: F811
+    """An AML emulator whose default datastore is identity-based (credentialsType None) over an
+    HTTPS Azurite with OAuth; the test logged in as 'default' with `roles`. The manager trusts
+    both the emulator's CA (ARM, the storage front) and Azurite's (REQUESTS_CA_BUNDLE)."""
+    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
+
+    container = _container_tls(azurite_oauth)
+    aml = aml_factory(principals={"default": roles},
+                      datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
+                                 "containerName": container, "blobEndpoint": azurite_oauth.endpoint,
+                                 "blobCaFile": azurite_oauth.ca_file, "secretsType": "None", "key": AZURITE_KEY})
+    for var in AZURE_IDENTITY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for k, v in aml.env().items():
+        monkeypatch.setenv(k, v)
+    return aml, container
+
+
+def _container_tls(az: Any) -> str:
+    from azure.storage.blob import BlobServiceClient
+
+    name = f"azureml-blobstore-{uuid.uuid4()}"
+    BlobServiceClient(az.endpoint, credential={"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY},
+                      connection_verify=az.ca_file).create_container(name)
+    return name
+
+
+def _blobs_tls(az: Any, container: str) -> dict[str, str]:
+    from azure.storage.blob import ContainerClient
+
+    with ContainerClient(az.endpoint, container, credential={"account_name": AZURITE_ACCOUNT,
+                                                             "account_key": AZURITE_KEY},
+                         connection_verify=az.ca_file) as cc:
+        return {b.name: b.etag for b in cc.list_blobs()}
+
+
+def test_identity_based_datastore_gets_the_code_asset_with_the_users_own_token(
+        aml_factory, azurite_oauth, base: Path, monkeypatch, caplog) -> None:  # noqa: F811
+    """No secrets to list: the upload carries the user's Azure AD token (audience
+    https://storage.azure.com), which Azurite (OAuth) and the emulated role check accept; a bare
+    image runs trials from it; a second experiment finds the version and uploads nothing."""
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    aml, container = _identity_aml(aml_factory, azurite_oauth, monkeypatch,
+                                   ["Contributor", "Storage Blob Data Contributor"])
+    bundle = base / "cas.pem"
+    bundle.write_text(Path(aml.ca_file).read_text() + Path(azurite_oauth.ca_file).read_text())
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=aml.storage_front),
+                       "agentWheelhouse": str(WHEELHOUSE)})
+    caplog.set_level(logging.DEBUG)
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            trials = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(2)]
+            for t in trials:
+                d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+                assert d.status.value == "SUCCEEDED", d.message
+            return ts.experiment_id
+
+    first = run(experiment())
+    blobs = _blobs_tls(azurite_oauth, container)
+    names = sorted(blobs)
+    assert any("/nni_agent-" in n for n in names) and any("/deps/cp311/grpcio-" in n for n in names), names
+    assert all(n.startswith("LocalUpload/") for n in names), names
+    assert {aml.job(j["name"])["codeId"] for j in ours(aml, first)} == {
+        f"{aml.workspace_path}/codes/nni-agent/versions/{names[0].split('/')[1]}"}
+    kinds = _kinds(aml)
+    assert "datastores.listSecrets" not in kinds and kinds.count("codes.versions.put") == 1, kinds
+    assert "get-access-token https://storage.azure.com" in aml.az_invocations(), aml.az_invocations()
+
+    run(experiment())  # the version exists: no upload, no storage token
+    assert _blobs_tls(azurite_oauth, container) == blobs
+    kinds = _kinds(aml)
+    assert kinds.count("codes.versions.put") == 1 and kinds.count("codes.versions.get") == 2, kinds
+    assert aml.az_invocations().count("get-access-token https://storage.azure.com") == 1, aml.az_invocations()
+
+
+def test_identity_without_a_storage_data_role_gets_one_line_naming_the_role(
+        aml_factory, azurite_oauth, base: Path, monkeypatch) -> None:  # noqa: F811
+    from nni_manager.backends.rest_jobs import RestError
+
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    aml, container = _identity_aml(aml_factory, azurite_oauth, monkeypatch, ["Contributor"])
+    bundle = base / "cas.pem"
+    bundle.write_text(Path(aml.ca_file).read_text() + Path(azurite_oauth.ca_file).read_text())
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=aml.storage_front),
+                       "agentWheelhouse": str(WHEELHOUSE)})
+
+    async def experiment() -> None:
+        async with create_training_service(cfg):
+            pass
+
+    with pytest.raises(RestError) as err:
+        run(experiment())
+    text = str(err.value)
+    assert "\n" not in text and "Traceback" not in text, text
+    assert '"Storage Blob Data Contributor"' in text and AZURITE_ACCOUNT in text, text
+    assert "az role assignment create" in text and "AuthorizationPermissionMismatch" in text, text
+    assert _blobs_tls(azurite_oauth, container) == {}
+    assert [j for j in aml.requests() if j.get("kind") == "jobs.put"] == []
+    assert "codes.versions.put" not in _kinds(aml)
+
+    aml.set_roles("default", ["Contributor", "Storage Blob Data Contributor"])  # the fix the line names
+    run(experiment())
+    assert _blobs_tls(azurite_oauth, container), "granted the role, the upload goes through"
+    assert _kinds(aml).count("codes.versions.put") == 1

@@ -223,7 +223,8 @@ class AmlBackend(RestJobBackend[AmlConfig]):
             "image": o.docker_image, "description": "nni-agent environments (nni-manager)"}})
         assert self.ctx is not None
         gather = partial(aml_code.gather, self.ctx.experiment_dir / "agent-wheel", self.config.agent_wheelhouse)
-        self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, gather, o.blob_endpoint)
+        self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, gather, o.blob_endpoint,
+                                           identity=self._credential)
         if self.code is not None:
             c = self.code
             log.info("AML: the agent's code asset %s (%.1f MB, dependencies for %s; %s)", c.code_id.rsplit("/", 1)[-1],

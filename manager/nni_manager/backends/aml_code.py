@@ -12,7 +12,14 @@ step unpacks them into the job's private directory:
 4. else the datastore's credentials (`POST datastores/{name}/listSecrets`: an account key or a SAS token, kept in
    memory only, never logged or put in a job), the files uploaded with azure-storage-blob under
    `LocalUpload/{hash}/nni-agent/` (as the AML SDK uploads code), and `PUT codes/nni-agent/versions/{hash}`
-   with that folder's `codeUri`.
+   with that folder's `codeUri`;
+5. an identity-based datastore (`credentials.credentialsType: None`, as in a workspace created
+   with `systemDatastoresAuthMode: identity`) has no secrets to list: the files are uploaded with
+   the user's own Azure AD identity (the manager's DefaultAzureCredential, token audience
+   https://storage.azure.com), as the AML SDK does. Storage then checks the data-plane role: a
+   403 fails the experiment at start with one line naming the role (Storage Blob Data
+   Contributor), the account and the `az role assignment create` that fixes it, since a bare
+   image would otherwise fail every trial later with a less direct line.
 
 Which Python the image has, the manager cannot know before a job runs: AML has no channel cheaper
 than a job (a probe job costs a node allocation, minutes, and its answer comes back only through
@@ -83,11 +90,12 @@ class CodeAsset:
 
 
 async def ensure(client: RestClient, workspace: str, api_version: str, gather_files: Callable[[], CodeFiles],
-                 blob_endpoint: str | None = None) -> CodeAsset | None:
+                 blob_endpoint: str | None = None, identity: Any = None) -> CodeAsset | None:
     """The code version for `files`, created (datastore, upload, version) unless it exists; None
-    when the workspace has no default AzureBlob datastore with an account key or SAS token (jobs
-    then need an image with the agent, and say so in the boot step's one line). `gather_files`
-    (blocking, run in a thread) runs only when there is a datastore."""
+    when the workspace has no default AzureBlob datastore with an account key or SAS token, or an
+    identity-based one without `identity` (jobs then need an image with the agent, and say so in
+    the boot step's one line). `gather_files` (blocking, run in a thread) runs only when there is a
+    datastore. `identity`: the user's async TokenCredential, for identity-based datastores."""
     params = {"api-version": api_version}
     store = await _default_datastore(client, workspace, params)
     if store is None:
@@ -101,10 +109,16 @@ async def ensure(client: RestClient, workspace: str, api_version: str, gather_fi
         return asset
     props = store.get("properties") or {}
     name = str(store.get("name") or "workspaceblobstore")
-    secrets = (await client.request("POST", f"{workspace}/datastores/{quote(name, safe='')}/listSecrets",
-                                    params=params, retry=True)).body or {}
-    credential = _blob_credential(secrets, str(props.get("accountName", "")), name)
-    del secrets
+    if identity_based(store):
+        credential = identity
+        if credential is None:
+            log.warning("AML: the datastore %s is identity-based and no Azure identity is at hand to upload the "
+                        "agent's code asset: %s", name, NEEDS)
+    else:
+        secrets = (await client.request("POST", f"{workspace}/datastores/{quote(name, safe='')}/listSecrets",
+                                        params=params, retry=True)).body or {}
+        credential = _blob_credential(secrets, str(props.get("accountName", "")), name)
+        del secrets
     if credential is None:
         return None
     account, container = str(props.get("accountName", "")), str(props.get("containerName", ""))
@@ -137,6 +151,17 @@ async def _default_datastore(client: RestClient, workspace: str, params: dict[st
     return store
 
 
+def identity_based(store: dict[str, Any]) -> bool:
+    """The datastore keeps no credential: callers reach storage with their own identity
+    (`credentials: {credentialsType: None}`, AML's NoneDatastoreCredentials)."""
+    creds = (store.get("properties") or {}).get("credentials")
+    kind = creds.get("credentialsType") if isinstance(creds, dict) else None
+    return isinstance(kind, str) and kind.lower() == "none"
+
+
+ROLE = "Storage Blob Data Contributor"
+
+
 def _blob_credential(secrets: dict[str, Any], account: str, datastore: str) -> Any:
     kind = secrets.get("secretsType")
     if kind == "AccountKey" and secrets.get("key"):
@@ -153,20 +178,37 @@ async def _upload(endpoint: str, account: str, container: str, credential: Any, 
                   files: CodeFiles, datastore: str) -> int:
     """Every file under `folder` in the container; the bytes sent. Errors name the blob service's
     code, never the credential or a signed URL."""
+    import os
+
     from azure.core.exceptions import AzureError, HttpResponseError
     from azure.storage.blob.aio import ContainerClient
 
     # azure-core's HTTP logging names headers and URLs (redacted, but never needed here)
     logging.getLogger("azure").setLevel(max(logging.getLogger("azure").getEffectiveLevel(), logging.WARNING))
     sent = 0
+    token = hasattr(credential, "get_token")
+    # trust what the ARM client trusts (REQUESTS_CA_BUNDLE): aiohttp itself reads no such variable
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE")
+    verify: dict[str, Any] = {"connection_verify": bundle} if bundle else {}
     try:
-        async with ContainerClient(endpoint, container, credential=credential) as cc:
+        async with ContainerClient(endpoint, container, credential=credential, **verify) as cc:
             for name, path in files.files:
                 data = await asyncio.to_thread(path.read_bytes)
                 await cc.upload_blob(f"{folder}/{name}", data, overwrite=True)
                 sent += len(data)
     except HttpResponseError as e:
-        code = getattr(e, "error_code", None) or getattr(e, "status_code", "")
+        status = getattr(e, "status_code", None)
+        code = getattr(e, "error_code", None) or status or ""
+        if token and status is None:  # azure-identity found no token (it names what it tried)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RestError(f"AML: no Azure token for storage account {account} (identity-based datastore "
+                            f"{datastore}): {first} (sign in with `az login`)") from None
+        if token and status == 403 and str(code) not in ("AuthenticationFailed", "InvalidAuthenticationInfo"):
+            raise RestError(
+                f"AML: your Azure identity may not write to storage account {account} (identity-based datastore "
+                f"{datastore}: {code}): it needs the role \"{ROLE}\" there; grant it with `az role assignment create "
+                f"--role \"{ROLE}\" --assignee <your user or app id> --scope <the storage account's resource id, "
+                f"or its container {container}>` (it takes a few minutes to apply), then start the experiment again") from None
         raise RestError(f"AML: uploading the agent's code asset to container {container} of storage account "
                         f"{account} (datastore {datastore}) was refused: {code}; the workspace's identity or the "
                         "datastore's credential may lack write access") from None

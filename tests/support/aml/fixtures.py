@@ -70,6 +70,13 @@ class Aml(RestControls):
                 "workspaceName": self.workspace_name, "computeTarget": self.compute,
                 "dockerImage": "msranni/nni:latest", "resourceManagerEndpoint": self.url, **overrides}
 
+    @property
+    def storage_front(self) -> str:
+        """An identity-based datastore's account as the manager reaches it (its blobEndpoint): the
+        emulated storage authorization (emulator/storage_front.py) in front of Azurite, same CA."""
+        port = int((self.state / "storage-front-port").read_text())
+        return f"https://127.0.0.1:{port}/{self.cfg['datastore']['accountName']}"
+
     # ------------------------------------------------------------ credentials
     def config_dir(self, principal: str = "default") -> str:
         return str(self.state / "az" / "profiles" / principal)
@@ -157,7 +164,9 @@ def start_aml(base: Path, *, principals: dict[str, list[str]] | None = None, com
     'reader': ['Reader'], 'norole': []}); images: image -> bin dir first on PATH ('*' = any);
     az_delay: seconds each `az account get-access-token` takes (the real one: about a second);
     datastore: the default AzureBlob datastore (emulator/assets.py `Datastore`: accountName,
-    containerName, key or sasToken, blobEndpoint where Azurite listens); none: the workspace has none."""
+    containerName, key or sasToken, blobEndpoint where Azurite listens; secretsType None: identity-based,
+    with blobCaFile for Azurite's HTTPS and `storage_front` the URL the manager uses); none: the workspace has none.
+    A principal's roles may include "Storage Blob Data Contributor" (the storage front checks it)."""
     state = base / f"aml-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     key_file = state / "token-signing.key"

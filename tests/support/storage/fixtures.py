@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -23,17 +24,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def azurite(tmp_path: Path) -> Iterator[str]:
-    """A running Azurite blob service on 127.0.0.1; yields its endpoint URL for the dev account."""
+def _azurite(data: Path, extra: list[str], scheme: str) -> Iterator[str]:
     exe = shutil.which("azurite-blob")
     if exe is None:
         pytest.skip("azurite-blob not installed (scripts/test.sh installs it with npm)")
     port = _free_port()
-    data = tmp_path / "azurite"
     data.mkdir()
     proc = subprocess.Popen([exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
-                             "--silent", "--skipApiVersionCheck"],
+                             "--silent", "--skipApiVersionCheck", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -45,7 +43,7 @@ def azurite(tmp_path: Path) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"azurite did not start: {proc.stderr.read().decode(errors='replace')[-500:]}")
                 time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+        yield f"{scheme}://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     finally:
         proc.terminate()
         try:
@@ -53,6 +51,33 @@ def azurite(tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def azurite(tmp_path: Path) -> Iterator[str]:
+    """A running Azurite blob service on 127.0.0.1; yields its endpoint URL for the dev account."""
+    yield from _azurite(tmp_path / "azurite", [], "http")
+
+
+@dataclass(frozen=True)
+class AzuriteTls:
+    endpoint: str  # https://127.0.0.1:PORT/devstoreaccount1
+    ca_file: str  # the CA that signed its certificate
+
+
+@pytest.fixture
+def azurite_oauth(tmp_path: Path) -> Iterator[AzuriteTls]:
+    """Azurite over HTTPS with `--oauth basic`: it accepts Azure AD bearer tokens (issuer, audience
+    https://storage.azure.com and expiry checked; signature and permission not: see
+    tests/support/aml/emulator/storage_front.py) besides the account key."""
+    from tests.support.aml.emulator.tls import make_tls
+
+    tls = tmp_path / "azurite-tls"
+    tls.mkdir()
+    make_tls(tls)
+    for endpoint in _azurite(tmp_path / "azurite", ["--cert", str(tls / "server.crt"), "--key",
+                                                    str(tls / "server.key"), "--oauth", "basic"], "https"):
+        yield AzuriteTls(endpoint, str(tls / "ca.crt"))
 
 
 @pytest.fixture

@@ -398,9 +398,23 @@ async def amain(args) -> None:
     arm = Arm(ws, gate, Faults(), RequestLog(), int(cfg.get("pageSize", 20)))
     runner = web.AppRunner(make_app(arm), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=make_tls(state), shutdown_timeout=0.5)
+    tls = make_tls(state)
+    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=tls, shutdown_timeout=0.5)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
+    front = None
+    if ws.datastore is not None and ws.datastore.identity_based:
+        from urllib.parse import urlsplit
+
+        from .storage_front import make_front
+        up = urlsplit(ws.datastore.blob_endpoint)
+        front = web.AppRunner(make_front(gate, f"{up.scheme}://{up.netloc}", ws.datastore.blob_ca_file),
+                              access_log=None, handle_signals=False)
+        await front.setup()
+        fsite = web.TCPSite(front, "127.0.0.1", 0, ssl_context=tls,
+                            shutdown_timeout=0.5)
+        await fsite.start()
+        (state / "storage-front-port").write_text(str(fsite._server.sockets[0].getsockname()[1]))
     (state / "pid").write_text(str(os.getpid()))
     (state / "port.tmp").write_text(str(port))
     os.replace(state / "port.tmp", state / "port")
@@ -410,6 +424,8 @@ async def amain(args) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await ws.shutdown()
+    if front is not None:
+        await front.cleanup()
     await runner.cleanup()
 
 
