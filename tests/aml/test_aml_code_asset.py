@@ -311,3 +311,66 @@ def test_identity_without_a_storage_data_role_gets_one_line_naming_the_role(
     run(experiment())
     assert _blobs_tls(azurite_oauth, container), "granted the role, the upload goes through"
     assert _kinds(aml).count("codes.versions.put") == 1
+
+
+def test_identity_datastore_storage_checks_token_audience_signature_and_role(
+        aml_factory, azurite_oauth, base: Path, monkeypatch) -> None:  # noqa: F811
+    """What the manager's upload relies on is checked, not waved through: Azurite (OAuth) refuses a
+    token for another audience, the storage front one this directory did not sign and a principal
+    without a Storage Blob Data role; listSecrets has nothing for an identity-based datastore."""
+    import json
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    from azure.core.credentials import AccessToken
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
+    from azure.storage.blob import ContainerClient
+
+    from tests.support.aml.emulator.tokens import mint
+
+    aml, container = _identity_aml(aml_factory, azurite_oauth, monkeypatch, ["Contributor"])
+
+    class Static:
+        def __init__(self, token: str) -> None:
+            self.token = token
+
+        def get_token(self, *scopes: str, **kw: Any) -> AccessToken:
+            return AccessToken(self.token, int(time.time()) + 3600)
+
+    def upload(token: str, direct: bool = False) -> None:
+        with ContainerClient(azurite_oauth.endpoint if direct else aml.storage_front, container,
+                             credential=Static(token), connection_verify=azurite_oauth.ca_file if direct
+                             else aml.ca_file) as cc:
+            cc.upload_blob("probe", b"x", overwrite=True)
+
+    arm_token = aml.mint_token(audience="https://management.azure.com")
+    for direct in (True, False):  # Azurite itself, then the front: the audience is ARM's, not storage's
+        with pytest.raises(ClientAuthenticationError) as err:
+            upload(arm_token, direct)
+        assert err.value.error_code == "AuthenticationFailed", err.value
+    forged = mint(b"another directory's key", audience="https://storage.azure.com", tenant=aml.tenant_id,
+                  oid=aml.principal_oid(), upn="default@contoso.example")[0]
+    with pytest.raises(ClientAuthenticationError) as err:  # the front: not signed by this directory
+        upload(forged)
+    assert err.value.error_code == "InvalidAuthenticationInfo", err.value
+    with pytest.raises(HttpResponseError) as err:  # the front: no Storage Blob Data role
+        upload(aml.mint_token(audience="https://storage.azure.com"))
+    assert err.value.status_code == 403 and err.value.error_code == "AuthorizationPermissionMismatch", err.value
+    aml.set_roles("default", ["Contributor", "Storage Blob Data Contributor"])
+    upload(aml.mint_token(audience="https://storage.azure.com"))
+    assert list(_blobs_tls(azurite_oauth, container)) == ["probe"]
+
+    token = aml.mint_token(audience="https://management.azure.com")
+    req = urllib.request.Request(f"{aml.url}{aml.workspace_path}/datastores/workspaceblobstore/listSecrets"
+                                 "?api-version=2024-04-01", method="POST", data=b"{}",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(req, context=ssl.create_default_context(cafile=aml.ca_file), timeout=30)
+    assert http.value.code == 400 and "None" in json.loads(http.value.read())["error"]["message"]
+    req = urllib.request.Request(f"{aml.url}{aml.workspace_path}/datastores?api-version=2024-04-01&isDefault=true",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=aml.ca_file), timeout=30) as r:
+        store = json.loads(r.read())["value"][0]["properties"]
+    assert store["credentials"] == {"credentialsType": "None"} and store["datastoreType"] == "AzureBlob", store

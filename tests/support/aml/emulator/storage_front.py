@@ -4,13 +4,15 @@ Azurite's `--oauth basic` checks a bearer token's issuer, audience and expiry bu
 says, neither its signature nor the caller's permission. Azure Storage grants data access to an
 Azure AD identity only through a Storage Blob Data role on the account (or container): without
 one it answers 403 AuthorizationPermissionMismatch. This front does that part: it verifies the
-token with the emulator's signing key, looks the principal's roles up in the emulated directory
+token with the emulator's signing key and its audience (so a role-less caller with a wrong token
+gets storage's authentication error first, as from Azure), looks the principal's roles up in the emulated directory
 (the roles `Aml.set_roles` sets) and forwards what is allowed, unchanged, to Azurite over HTTPS.
 Requests signed with the account key (the emulated AML runtime's) pass through to Azurite.
 """
 from __future__ import annotations
 
 import datetime as dt
+import re
 import ssl
 import uuid
 
@@ -22,6 +24,8 @@ from .tokens import verify
 
 WRITERS = ("Storage Blob Data Contributor", "Storage Blob Data Owner")
 READERS = WRITERS + ("Storage Blob Data Reader",)
+# the audiences Azure Storage (and Azurite) accept for blob data: https://storage.azure.com or the account's URL
+AUDIENCE = re.compile(r"^(https://storage\.azure\.com|https://[a-z0-9]+\.blob\.core\.windows\.net)/?$")
 HOP = {"host", "content-length", "transfer-encoding", "connection", "content-encoding"}
 
 
@@ -47,6 +51,10 @@ def make_front(gate: Gate, upstream: str, ca_file: str | None) -> web.Applicatio
                 return _storage_error(401, "InvalidAuthenticationInfo",
                                       "Server failed to authenticate the request. Please refer to the information "
                                       "in the www-authenticate header.")
+            if not AUDIENCE.match(str(claims.get("aud", ""))):  # authentication comes before authorization
+                return _storage_error(403, "AuthenticationFailed",
+                                      "Server failed to authenticate the request. Make sure the value of "
+                                      "Authorization header is formed correctly including the signature.")
             roles = gate.principals.get(claims.get("oid", ""), {}).get("roles", [])
             needed = READERS if request.method in ("GET", "HEAD") else WRITERS
             if not any(r in needed for r in roles):
