@@ -19,7 +19,8 @@ travels over the agent stream.
 - The image is an AML environment (`nni-agent-<hash of the image>`, version 1), created once. It
   needs only Python >= 3.8: the agent and its dependencies come as a code asset (aml_code: the
   workspace's default datastore, a blob upload, a code version named for its content, the job's
-  `codeId`), uploaded once per workspace; the next experiment uploads nothing.
+  `codeId`), uploaded once per workspace; the next experiment uploads nothing. An identity-based
+  datastore is written with the user's own Azure AD token (needs Storage Blob Data Contributor).
 - AML has no secret store a job can mount and shows the command in the studio: the agent's
   credential there is single-use (the hub accepts it once, then only that agent's session).
 - Status: AML's JobStatus mapped so that a cancelled job ends (NNI left `Canceled` runs alive).
