@@ -17,7 +17,7 @@ import subprocess
 import threading
 from typing import Sequence
 
-from tests.support.kube.emulator.podnet import NetnsSockets, splice
+from tests.support.kube.emulator.podnet import NetnsSockets, serve_forward
 
 
 class Laptop:
@@ -65,16 +65,10 @@ class Laptop:
         sock.listen(128)
         sock.setblocking(False)
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        def counted() -> None:
             self.connections += 1
-            try:
-                up = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", target_port), 5)
-            except (OSError, asyncio.TimeoutError):
-                writer.transport.abort()
-                return
-            await splice((reader, writer), up)
 
-        self._servers.append(await asyncio.start_server(handle, sock=sock))
+        self._servers.append(await serve_forward(sock, target_port, counted))
         return sock.getsockname()[1]
 
     def close(self) -> None:

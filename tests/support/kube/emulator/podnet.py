@@ -159,6 +159,22 @@ async def splice(a: tuple, b: tuple) -> None:
         b[1].close()
 
 
+async def serve_forward(sock: socket.socket, target_port: int,
+                        on_connect: Callable[[], None] | None = None) -> asyncio.AbstractServer:
+    """Accept on `sock` (listening, made in some namespace) and copy each connection to
+    127.0.0.1:`target_port` of this process's namespace: a NAT port-forward into loopback."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if on_connect is not None:
+            on_connect()
+        try:
+            up = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", target_port), 5)
+        except (OSError, asyncio.TimeoutError):
+            writer.transport.abort()
+            return
+        await splice((reader, writer), up)
+    return await asyncio.start_server(handle, sock=sock)
+
+
 class _NoSuchName(asyncio.DatagramProtocol):
     """kube-dns at DNS_IP: every name it is asked is NXDOMAIN. Service names are answered by the
     pod's /etc/hosts, which glibc reads first ("files dns"); what reaches DNS is no Service (the
@@ -458,13 +474,5 @@ class PodNetwork:
         sock.bind((HOST_ADDRESS, port))
         sock.listen(128)
         sock.setblocking(False)
-
-        async def handle(reader, writer):
-            try:
-                up = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", target_port), 5)
-            except (OSError, asyncio.TimeoutError):
-                writer.transport.abort()
-                return
-            await splice((reader, writer), up)
-        self.forwards.append(await asyncio.start_server(handle, sock=sock))
+        self.forwards.append(await serve_forward(sock, target_port))
         return HOST_ADDRESS
