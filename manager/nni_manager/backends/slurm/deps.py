@@ -92,7 +92,7 @@ async def ship(host: SlurmHost, python: str, root: str, wheelhouse: Path | None)
     await host.make_private_dir(tmp)
     try:
         for f in wheels.files:
-            await host.put_file(str(f), f"{tmp}/{f.name}.000")  # one piece each: boot.py joins pieces
+            await host.put_file(str(f), f"{tmp}/{agent_deps.piece_name(f)}")  # one piece each: boot.py joins pieces
         rc, _, err = await host.run(["mv", "-T", tmp, shipped.wheels])  # complete, or not there at all
     finally:
         await host.run(["rm", "-rf", "--", tmp])
