@@ -242,6 +242,12 @@ def piece_name(wheel: Path) -> str:
     return f"{wheel.name}.000"
 
 
+def per_python_layout(per_python: dict[str, Wheels]) -> list[tuple[str, Path]]:
+    """(`cp311/<piece>`, wheel) for every wheel of `resolve_for_pythons`: the one layout the job's
+    shell picks its own Python's directory from (PICK_PYTHON_DIR), however the files travel."""
+    return [(f"{pyv}/{piece_name(f)}", f) for pyv, wheels in sorted(per_python.items()) for f in wheels.files]
+
+
 def resolve_for_pythons(wheelhouse: Path | None = None, *, machine: str = "x86_64", glibc: tuple[int, int] = (2, 17),
                         versions: Sequence[tuple[int, int]] = SHIP_PYTHONS) -> dict[str, Wheels]:
     """`cp311` -> the wheels for that CPython, for each version some source provides (cache,

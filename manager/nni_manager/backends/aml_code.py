@@ -72,8 +72,7 @@ def gather(wheel_dir: Path, wheelhouse: Path | None) -> CodeFiles:
     """The agent wheel and the dependency wheels for each CPython (blocking: builds, resolves, hashes)."""
     wheel = build_agent_wheel(wheel_dir)
     files = [(wheel.path.name, wheel.path)]
-    for pyv, wheels in sorted(agent_deps.resolve_for_pythons(wheelhouse).items()):
-        files += [(f"deps/{pyv}/{agent_deps.piece_name(f)}", f) for f in wheels.files]
+    files += [(f"deps/{rel}", f) for rel, f in agent_deps.per_python_layout(agent_deps.resolve_for_pythons(wheelhouse))]
     content = hashlib.sha256()
     for name, path in files:
         content.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())

@@ -111,11 +111,10 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) 
     if not deps.is_dir():
         tmp_dir = Path(tempfile.mkdtemp(prefix=".deps-", dir=root))
         try:
-            for pyv, wheels in per_python.items():
-                (tmp_dir / pyv).mkdir()
-                for f in wheels.files:
-                    shutil.copyfile(f, tmp_dir / pyv / agent_deps.piece_name(f))
-                    copied += f.stat().st_size
+            for rel, f in agent_deps.per_python_layout(per_python):
+                (tmp_dir / rel).parent.mkdir(exist_ok=True)
+                shutil.copyfile(f, tmp_dir / rel)
+                copied += f.stat().st_size
             os.rename(tmp_dir, deps)
         except OSError:
             shutil.rmtree(tmp_dir, ignore_errors=True)
