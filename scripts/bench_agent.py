@@ -12,7 +12,7 @@
 3. Idle agent: RSS and CPU of a connected agent with no trials over a window.
    Targets: RSS <= 40 MB, CPU <= 0.5 % of one core.
 
-    python scripts/bench_agent.py [--metrics 200000] [--starts 30] [--idle 10]
+    python scripts/bench_agent.py [--metrics 100000] [--starts 30] [--idle 10]
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ async def idle_agent(workdir: Path, seconds: float) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--metrics", type=int, default=200_000)
+    parser.add_argument("--metrics", type=int, default=100_000)  # a trial's burst (metric_check)
     parser.add_argument("--starts", type=int, default=30)
     parser.add_argument("--idle", type=float, default=10.0, help="idle window in seconds")
     args = parser.parse_args()

@@ -158,7 +158,7 @@ def _handler_class(channel: HttpChannelServer) -> type:
                 return
             try:
                 command = json.loads(self.rfile.read(length))
-            except ValueError:
+            except (ValueError, RecursionError):  # nested deeper than the decoder goes: no command
                 self._reply(HTTPStatus.BAD_REQUEST, {"error": "the body must be a JSON object"})
                 return
             if not isinstance(command, dict):

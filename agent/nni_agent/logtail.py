@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from nni_agent.metrics import MetricFileParser, metric_from_stdout_line, route_metric
+from nni_agent.metrics import MetricFileParser, MetricGate, metric_from_stdout_line, route_metric
 from nni_agent.v1 import agent_pb2 as pb
 
 CHUNK_SIZE = 64 * 1024
@@ -104,9 +104,11 @@ class MarkerScanner:
 class TrialTail:
     """All tails of one trial; `run` polls until `exited` is set, then drains to EOF."""
 
-    def __init__(self, sys_dir: Path, trial_id: str, events: TailEvents, trial_log: Path | None = None) -> None:
+    def __init__(self, sys_dir: Path, trial_id: str, events: TailEvents, trial_log: Path | None = None,
+                 gate: MetricGate | None = None) -> None:
         self._trial_id = trial_id
         self._events = events
+        self._gate = gate
         self._metric_parser = MetricFileParser()
         self._scanner = MarkerScanner(self._metric)
         self._tails = [
@@ -156,7 +158,7 @@ class TrialTail:
         return sum(tail.poll() for tail in self._tails) > 0
 
     def _metric(self, data: str) -> None:
-        route_metric(self._events, self._trial_id, data)
+        route_metric(self._events, self._trial_id, data, self._gate)
 
     def _stdout(self, offset: int, data: bytes) -> None:
         self._events.log(self._trial_id, pb.LOG_STREAM_STDOUT, offset, data)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Protocol
+
+from nni_agent.metric_check import MetricBudget, metric_problem
 
 log = logging.getLogger(__name__)
 
 RECORD_MAGIC = b"ME"
 HEADER_SIZE = 8  # b"ME" + 6 decimal digits
-METRIC_SIZE_LIMIT = 1_000_000
 STDOUT_MARKER = b"NNISDK_MEb'"
 
 
@@ -49,7 +51,8 @@ class MetricFileParser:
                 break
             payload = bytes(buf[pos + HEADER_SIZE:end])
             pos = end
-            out.append(payload.decode("utf-8", errors="replace").rstrip("\r\n"))
+            # invalid UTF-8 stays visible (as lone surrogates) for the gate to refuse, not silently replaced
+            out.append(payload.decode("utf-8", errors="surrogateescape").rstrip("\r\n"))
         del buf[:pos]
         return out
 
@@ -67,7 +70,7 @@ def metric_from_stdout_line(line: bytes) -> str | None:
     end = line.rfind(b"'")
     if end < start:
         return None
-    return line[start:end].decode("utf-8", errors="replace")
+    return line[start:end].decode("utf-8", errors="surrogateescape")
 
 
 # The C scanner json.loads ends in, without its Python frames (set in JSONDecoder.__init__; typeshed omits it)
@@ -88,11 +91,60 @@ def _parse(data: str) -> object:
     return json.loads(data)
 
 
-def route_metric(sink: MetricSink, trial_id: str, data: str) -> None:
-    """Send one metric JSON to the sink, turning REQUEST_PARAMETER into a parameter request."""
+LOGGED_REFUSALS = 20  # lines in the trial's log; refusals after these are only counted
+
+
+class MetricGate:
+    """One trial's metric check: content (metric_check.metric_problem) and budget. A refusal is
+    one line in the trial's stderr (which the agent streams as the trial's log), then counted;
+    `summary` goes into the trial's final message."""
+
+    def __init__(self, trial_id: str, log_path: "os.PathLike[str] | str") -> None:
+        self.trial_id = trial_id
+        self.log_path = log_path
+        self.budget = MetricBudget()
+        self.refused = 0
+        self.first = ""
+
+    def admit(self, data: str) -> bool:
+        problem = self.budget.take(len(data)) or metric_problem(data)  # a flood costs no content check
+        if not problem:
+            return True
+        self.refused += 1
+        if not self.first:
+            self.first = problem
+        if self.refused <= LOGGED_REFUSALS:
+            more = "; further refusals are counted, not logged" if self.refused == LOGGED_REFUSALS else ""
+            self._line(f"nni-agent: metric refused, not stored: {problem}{more}")
+        return False
+
+    def summary(self) -> str:
+        """"" or what the trial's message says about refused metrics."""
+        if not self.refused:
+            return ""
+        s = "" if self.refused == 1 else "s"
+        return f"{self.refused:,} metric{s} refused (first: {self.first}); see the trial's log"
+
+    def _line(self, text: str) -> None:
+        log.warning("trial %s: %s", self.trial_id, text)
+        try:  # O_APPEND, as the trial's own stderr: whole lines, never over the trial's bytes
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                os.write(fd, (text + "\n").encode("utf-8", errors="replace"))
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("trial %s: cannot write to %s: %s", self.trial_id, self.log_path, e)
+
+
+def route_metric(sink: MetricSink, trial_id: str, data: str, gate: MetricGate | None = None) -> None:
+    """Send one metric JSON to the sink, turning REQUEST_PARAMETER into a parameter request;
+    `gate` refuses what must not be taken (checked before parsing: a deep value must not recurse)."""
+    if gate is not None and not gate.admit(data):
+        return
     try:
         parsed = _parse(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("trial %s reported a metric that is not JSON, dropped: %.200r", trial_id, data)
         return
     if not isinstance(parsed, dict):

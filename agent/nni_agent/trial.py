@@ -21,7 +21,7 @@ from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
 from nni_agent import mounts
-from nni_agent.metrics import route_metric
+from nni_agent.metrics import MetricGate, route_metric
 from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, spawn_shell
 from nni_agent.v1 import agent_pb2 as pb
 
@@ -80,6 +80,7 @@ class Trial:
         self._task: asyncio.Task[None] | None = None
         self._http_requests = 0  # request_parameter commands seen on the HTTP channel
         self._http_waiting = 0  # of those, still waiting for send_parameter
+        self._gate = MetricGate(self.trial_id, self.sys_dir / "trial.stderr")
 
     # ------------------------------------------------------------------ public API
 
@@ -156,7 +157,7 @@ class Trial:
             return
         kind = command.get("type")
         if kind == "metric" and isinstance(command.get("metric"), str):
-            route_metric(self._events, self.trial_id, command["metric"])
+            route_metric(self._events, self.trial_id, command["metric"], self._gate)
         elif kind == "request_parameter":
             index = self._http_requests
             self._http_requests += 1
@@ -255,7 +256,8 @@ class Trial:
         assert self._pid is not None
         exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         trial_log = self.output_dir / "trial.log" if self.stream_trial_log else None
-        tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log).run(exited))
+        tail_task = asyncio.create_task(TrialTail(self.sys_dir, self.trial_id, self._events, trial_log,
+                                                 self._gate).run(exited))
         state: int
         cause: int
         state, reason, cause = pb.TRIAL_STATE_FAILED, "the agent lost track of the trial", pb.END_CAUSE_LOST
@@ -322,7 +324,8 @@ class Trial:
         if self.done:
             return
         self._status.state = state  # type: ignore[assignment]
-        self._status.reason = reason
+        refused = self._gate.summary()
+        self._status.reason = f"{reason}; {refused}" if reason and refused else reason or refused
         self._status.end_cause = cause  # type: ignore[assignment]
         if not self._status.end_time_ms:
             self._status.end_time_ms = _now_ms()

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from nni_agent.metric_check import MAX_BYTES, MAX_DEPTH, metric_problem as content_problem
+
 log = logging.getLogger(__name__)
 
 _INT_RANGE = 1 << 63  # SQLite's INTEGER
@@ -43,7 +45,12 @@ def _parse(data: str) -> Any:
 
 
 def checked(data: str) -> tuple[dict[str, Any] | None, str]:
-    """`data` parsed, or None and why it is no metric message the readers can show."""
+    """`data` parsed, or None and why it is no metric message the readers can show (or NNI's tuner
+    take: too big, too deep, not valid Unicode; metric_check.metric_problem)."""
+    if type(data) is str:
+        problem = content_problem(data)
+        if problem:
+            return None, problem
     try:
         message = _parse(data)
     except (ValueError, TypeError, RecursionError):
@@ -81,7 +88,7 @@ def decode_metric_value(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return _loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return value
     return value
 
@@ -130,6 +137,8 @@ def numbered(rows: Iterable[tuple[str, str, str, int]], where: str) -> Iterator[
         if kind == "REQUEST_PARAMETER":
             continue
         try:
+            if len(data) > MAX_BYTES or "\\u" in data or data.count("[") + data.count("{") > MAX_DEPTH:
+                raise ValueError  # metric_problem's quick test failed: the whole check decides
             message, end = scan(data, 0)
         except (StopIteration, ValueError, RecursionError, TypeError):
             message = None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nni_agent.metric_check import MetricBudget
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.service import constraints
 from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints, as_elastic
@@ -90,6 +91,10 @@ class Core:
         self.elastic = Elastic(self)
         self.scope = AgentScope(trials, agents.name)
         self._bad_metrics: set[tuple[str, str]] = set()  # (agent, trial) warned about
+        # a live trial's metric budget, 1.25 times the agent's own (a replay after a reconnect may
+        # exceed), and [refused, first reason]
+        self._metric_budgets: dict[str, MetricBudget] = {}
+        self._refused_metrics: dict[str, list[Any]] = {}
         self._placer = Placer()
         # Placement's view of each fixed agent, kept between placements and rebuilt only for the
         # agents something happened to (None: failed): placing one trial costs O(1) views, not
@@ -204,6 +209,7 @@ class Core:
                         continue
                     message = self._metric_ok(agent_id, trial_id, data)
                     if message is None:
+                        self._metric_refused(trial_id)
                         continue
                     metrics.append((trial_id, agent_id, boot_id, r.seq, m.trial_seq, data, m.time_ms or now_ms(),
                                     message))
@@ -287,15 +293,39 @@ class Core:
         return base / name
 
     def _metric_ok(self, agent_id: str, trial_id: str, data: str) -> dict[str, Any] | None:
-        """The metric decoded, when every reader can show it; a malformed one is refused here
-        (None, with a warning the first time per agent and trial), so that no reader ever meets it."""
-        message, problem = checked(data)
+        """The metric decoded, when every reader (and NNI's tuner) can take it and the trial's budget
+        allows it; else None, with a warning the first time per agent and trial, so that no reader
+        ever meets it. The agent checks the same first: this is the trust boundary's own check."""
+        budget = self._metric_budgets.get(trial_id)
+        if budget is None:
+            t = self.trials.by_id.get(trial_id)
+            budget = MetricBudget(scale=1.25)
+            if t is not None and not t.status.is_terminal:
+                self._metric_budgets[trial_id] = budget
+        problem = budget.take(len(data))  # first: a flood costs no parsing
+        message, problem = (None, problem) if problem else checked(data)
+        if problem:
+            refused = self._refused_metrics.setdefault(trial_id, [0, problem])
+            refused[0] += 1
         if problem and (agent_id, trial_id) not in self._bad_metrics:
             if len(self._bad_metrics) < 4096:
                 self._bad_metrics.add((agent_id, trial_id))
             log.warning("agent %s sent a malformed metric for trial %s (%s): refused", self.agents.name(agent_id),
                         trial_id, problem)
         return message
+
+    def _metric_refused(self, trial_id: str) -> None:
+        """Say in a live trial's message how many of its metrics the manager refused (once per 1,000:
+        each says it, in the store, and a flood must not become a flood of writes)."""
+        t = self.trials.by_id.get(trial_id)
+        refused = self._refused_metrics.get(trial_id)
+        if t is None or refused is None or t.status.is_terminal:
+            self._refused_metrics.pop(trial_id, None)
+            return
+        count, first = refused
+        if count == 1 or count % 1000 == 0:
+            s = "" if count == 1 else "s"
+            self.trials.change(t, message=f"{count:,} metric{s} refused by the manager (first: {first})")
 
     # ------------------------------------------------------------------ trials
     def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:
@@ -308,6 +338,13 @@ class Core:
             if other != agent_id and not ended_by_platform:
                 reason = f"the trial ended: {t.message or t.status.value}"
                 self.send(other, cancel_trial=pb.CancelTrial(trial_id=t.id, reason=reason))
+        if t.status.is_terminal:
+            self._metric_budgets.pop(t.id, None)
+            refused = self._refused_metrics.pop(t.id, None)
+            if refused is not None:
+                count, first = refused
+                said = f"{count:,} metric{'' if count == 1 else 's'} refused by the manager (first: {first})"
+                self.trials.change(t, notes, message=f"{t.message}; {said}" if t.message else said)
 
     def _members(self, t: TrialJobDetail) -> tuple[list[Member], Completion]:
         env = self.agents.envs.get(t.environment_id or "")

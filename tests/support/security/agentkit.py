@@ -79,6 +79,11 @@ class RawAgent:
         self._channel: grpc.aio.Channel | None = None
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._writing = asyncio.Lock()  # one write at a time: a big batch must not overlap a heartbeat
+
+    async def _write(self, message: pb.AgentMessage) -> None:
+        async with self._writing:
+            await self._call.write(message)
 
     async def __aenter__(self) -> RawAgent:
         self._channel = grpc.aio.insecure_channel(self.target, options=[("grpc.enable_http_proxy", 0)])
@@ -106,13 +111,13 @@ class RawAgent:
                 self.acked = max(self.acked, msg.ack.seq)
             elif msg.HasField("command"):
                 self.commands.append(msg.command)
-                await self._call.write(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=msg.command.cmd_seq)))
+                await self._write(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=msg.command.cmd_seq)))
             self._changed.set()
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            await self._call.write(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=1)))
+            await self._write(pb.AgentMessage(heartbeat=pb.Heartbeat(time_ms=1)))
 
     async def send(self, *bodies: dict[str, Any]) -> None:
         """One batch of records (each a `pb.Record` body: status=..., metric=..., log=...),
@@ -121,11 +126,11 @@ class RawAgent:
         for body in bodies:
             self.seq += 1
             records.append(pb.Record(seq=self.seq, **body))
-        await self._call.write(pb.AgentMessage(records=pb.RecordBatch(records=records)))
+        await self._write(pb.AgentMessage(records=pb.RecordBatch(records=records)))
         await self.until(lambda: self.acked >= self.seq, f"the hub to acknowledge record {self.seq}")
 
     async def resources(self, *trials: pb.TrialResources) -> None:
-        await self._call.write(pb.AgentMessage(resources=pb.ResourceReport(time_ms=1, trials=list(trials))))
+        await self._write(pb.AgentMessage(resources=pb.ResourceReport(time_ms=1, trials=list(trials))))
 
     async def until(self, cond: Any, what: str, timeout: float = 30) -> None:
         loop = asyncio.get_running_loop()
