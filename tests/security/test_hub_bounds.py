@@ -177,6 +177,13 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         sock.setblocking(True)
 
 
+def _speaking(port: int) -> socket.socket:
+    """A connection that speaks at once, as an agent does (its TLS ClientHello): the relay pipes it."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"\x16")
+    return conn
+
+
 def test_the_slurm_relay_pipes_a_bounded_number_of_connections(tmp_path: Path) -> None:
     upstream = _Upstream()
     target, port_file = tmp_path / "relay.target", tmp_path / "relay.port"
@@ -192,7 +199,7 @@ def test_the_slurm_relay_pipes_a_bounded_number_of_connections(tmp_path: Path) -
         asyncio.run(wait(lambda: port_file.exists() and port_file.read_text().strip(), "the relay's port"))
         port = int(port_file.read_text())
         for _ in range(3):
-            clients.append(socket.create_connection(("127.0.0.1", port)))
+            clients.append(_speaking(port))
         asyncio.run(wait(lambda: upstream.accepted == 3, "three piped connections"))
         extra = socket.create_connection(("127.0.0.1", port))
         extra.settimeout(30)
@@ -211,10 +218,10 @@ def test_the_slurm_relay_pipes_a_bounded_number_of_connections(tmp_path: Path) -
             if upstream.accepted > 3:
                 return True
             if not clients or _closed_by_peer(clients[-1]):  # refused while the ended one was still counted
-                clients.append(socket.create_connection(("127.0.0.1", port)))
+                clients.append(_speaking(port))
             return False
 
-        clients.append(socket.create_connection(("127.0.0.1", port)))
+        clients.append(_speaking(port))
         asyncio.run(wait(piped_again, "a new connection piped once one ended"))
         assert upstream.accepted == 4
     finally:

@@ -146,6 +146,13 @@ def _peer_host(peer: str) -> str:
     return rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else kind
 
 
+def _budget_key(peer: str) -> str:
+    """Whose pre-authentication budget a stream spends: its address, or on loopback (where every
+    tunnelled or relayed agent comes from) its own connection ("ipv4:127.0.0.1:5000" whole)."""
+    host = _peer_host(peer)
+    return peer if host.startswith("127.") or host in ("[::1]", "::1") else host
+
+
 def _raw(data: bytes) -> bytes:
     """Messages reach Connect unparsed, so a Hello's size is checked before it is parsed."""
     return data
@@ -153,12 +160,16 @@ def _raw(data: bytes) -> bytes:
 
 class Hub(pb_grpc.AgentHubServicer):
     # Bounds for streams that have not proven a token yet (a stranger's): their first message
-    # must come within `hello_timeout` s and hold at most `max_hello_bytes`, and one address may
-    # hold at most `max_unauthenticated_per_peer` such streams at once (agents behind a tunnel or
-    # relay share 127.0.0.1; theirs are unauthenticated only for the moment a Hello takes).
+    # must come within `hello_timeout` s and hold at most `max_hello_bytes`; one peer may hold at
+    # most `max_unauthenticated_per_peer` such streams at once, and all peers together
+    # `max_unauthenticated`, beyond which the oldest is dropped for the newcomer. A peer is an
+    # address, but on loopback it is one connection: agents behind a tunnel or relay all arrive
+    # from 127.0.0.1, and anyone who reaches the relay must not spend their budget. A real agent
+    # says Hello as it opens its stream, so only streams that do not (a flood) grow old.
     hello_timeout = 10.0
     max_hello_bytes = 4 * 1024 * 1024
     max_unauthenticated_per_peer = 64
+    max_unauthenticated = 256
 
     def __init__(
         self,
@@ -197,7 +208,9 @@ class Hub(pb_grpc.AgentHubServicer):
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
         self.files = FileFetches()
         self.log_files = LogFiles()
-        self._unauthenticated: dict[str, int] = {}  # streams still to prove a token, by peer address
+        self._unauthenticated: dict[str, int] = {}  # streams still to prove a token, by peer
+        # the same streams, oldest first: each one's future, set to drop it for a newcomer
+        self._waiting_hello: dict[object, asyncio.Future[None]] = {}
 
     @property
     def public_address(self) -> str:
@@ -317,28 +330,40 @@ class Hub(pb_grpc.AgentHubServicer):
         self.storage_error = str(e)
 
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
-        peer = _peer_host(context.peer())
+        peer = _budget_key(context.peer())
         if self._unauthenticated.get(peer, 0) >= self.max_unauthenticated_per_peer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 "too many streams from this address have not said Hello yet; try again later")
+        if len(self._waiting_hello) >= self.max_unauthenticated:  # the oldest gives way
+            oldest = next(iter(self._waiting_hello))
+            self._waiting_hello.pop(oldest).set_result(None)
+        me, dropped = object(), asyncio.get_running_loop().create_future()
+        self._waiting_hello[me] = dropped
         self._unauthenticated[peer] = self._unauthenticated.get(peer, 0) + 1
         try:
-            link, hello, session_token = await self._authenticate(context)
+            link, hello, session_token = await self._authenticate(context, dropped)
         finally:
+            self._waiting_hello.pop(me, None)
             self._unauthenticated[peer] -= 1
             if not self._unauthenticated[peer]:
                 del self._unauthenticated[peer]
         await self._serve(link, hello, session_token, context)
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> tuple[_Link, pb.Hello, str]:
-        """Read the Hello (bounded in time and size, before any parsing), check the token, then
-        the protocol version, and only then spend a single-use enrolment credential: an agent
-        too old to talk keeps its credential for the upgraded one."""
-        try:
-            first = await asyncio.wait_for(context.read(), self.hello_timeout)
-        except asyncio.TimeoutError:
+    async def _authenticate(self, context: grpc.aio.ServicerContext,
+                            dropped: asyncio.Future[None]) -> tuple[_Link, pb.Hello, str]:
+        """Read the Hello (bounded in time and size, before any parsing; given up when `dropped`
+        is set), check the token, then the protocol version, and only then spend a single-use
+        enrolment credential: an agent too old to talk keeps its credential for the upgraded one."""
+        read = asyncio.ensure_future(context.read())
+        await asyncio.wait((read, dropped), timeout=self.hello_timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not read.done():
+            read.cancel()
+            if dropped.done():
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    "dropped: too many streams to this hub have not said Hello yet; try again")
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"no Hello within {self.hello_timeout:g} s of opening the stream")
+        first = read.result()
         if first is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
         assert isinstance(first, bytes)

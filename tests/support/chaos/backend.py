@@ -31,12 +31,13 @@ class RelayedBackend(Backend):
     work_root: ClassVar[Path] = Path("/nonexistent")
     heartbeat: ClassVar[float | None] = None
     procs: ClassVar[dict[str, subprocess.Popen[bytes]]] = {}
+    launches: ClassVar[dict[str, tuple[list[str], dict[str, str]]]] = {}  # agent id -> (argv, env)
     ca_certificate: ClassVar[bytes] = b""  # the hub's CA, as the agents got it (for tests that dial too)
 
     async def start(self, ctx: BackendContext) -> None:
         relay = RelayedBackend.relay
         assert relay is not None, "set RelayedBackend.relay first"
-        RelayedBackend.procs = {}
+        RelayedBackend.procs, RelayedBackend.launches = {}, {}
         for i in range(RelayedBackend.agents):
             spec = ctx.add_agent(f"worker{i}")
             relay.target = spec.hub_address
@@ -51,8 +52,19 @@ class RelayedBackend(Backend):
             argv = [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{relay.port}", "--ca-file", str(ca),
                     "--agent-id", spec.agent_id, "--work-dir", str(work),
                     "--orphan-timeout", str(self.reconnect_window), "--log-file", str(work / "agent.log")]
+            RelayedBackend.launches[spec.agent_id] = (argv, env)
             RelayedBackend.procs[spec.agent_id] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                                                    start_new_session=True)
+
+    @classmethod
+    def restart_agent(cls, agent_id: str) -> None:
+        """Kill the agent (its whole session) and start a fresh process: a new agent that dials in."""
+        proc = cls.procs[agent_id]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        argv, env = cls.launches[agent_id]
+        cls.procs[agent_id] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
     async def stop(self) -> None:
         """The hub already sent Shutdown; whatever has not exited in time is killed."""

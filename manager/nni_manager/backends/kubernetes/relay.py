@@ -10,7 +10,12 @@ It never reads them: TLS stays end to end between agent and hub. A back connecti
 while idle (the manager gone, a dropped stream) is discarded; an agent finding no back
 connection within WAIT seconds is closed and redials.
 
-Usage: python3 relay.py AGENT_PORT BACK_PORT
+Any pod can reach the Service, so an agent connection is paired only once it has spoken (an
+agent opens with its TLS ClientHello at once): one silent for FIRST_BYTES_S is closed without
+ever taking a back connection, and of more than MAX_WAITING unpaired connections the oldest is
+closed for the newcomer. Idle connections cost the manager nothing and never delay an agent.
+
+Usage: python3 relay.py AGENT_PORT BACK_PORT [AGENT_HOST (default: every address)]
 """
 import asyncio
 import socket
@@ -18,11 +23,14 @@ import sys
 
 WAIT = 30.0
 CHUNK = 65536
+FIRST_BYTES_S = 10.0
+MAX_WAITING = 1024
 
 
 class Relay:
     def __init__(self, arrived):
         self.idle = []  # [(reader, writer, watcher task)]
+        self.waiting = []  # agent connections not paired yet, oldest first (their writers)
         self.arrived = arrived  # asyncio.Event (made in the running loop), set whenever a back connection arrives
 
     async def back(self, reader, writer):
@@ -66,14 +74,27 @@ class Relay:
                 return None
 
     async def agent(self, reader, writer):
-        paired = await self.take()
-        if paired is None:
-            sys.stderr.write("relay: no connection from the manager within %gs; closing an agent connection\n" % WAIT)
+        self.waiting.append(writer)
+        if len(self.waiting) > MAX_WAITING:  # the oldest gives way (its read ends, it is closed)
+            self.waiting.pop(0).close()
+        try:
+            first = await asyncio.wait_for(reader.read(CHUNK), FIRST_BYTES_S)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            first = b""
+        paired = await self.take() if first and not writer.is_closing() else None
+        if writer in self.waiting:
+            self.waiting.remove(writer)
+        if paired is None or writer.is_closing():
+            if first and paired is None:
+                sys.stderr.write("relay: no connection from the manager within %gs; closing an agent connection\n"
+                                 % WAIT)
             writer.close()
+            if paired is not None:  # it gave way meanwhile: the manager replaces the stream it spent
+                paired[1].close()
             return
         back_reader, back_writer = paired
         try:
-            back_writer.write(b"\x01")
+            back_writer.write(b"\x01" + first)
             await back_writer.drain()
         except (ConnectionError, OSError):
             writer.close()
@@ -107,9 +128,9 @@ async def copy(reader, writer):
         writer.close()
 
 
-async def main(agent_port, back_port):
+async def main(agent_port, back_port, agent_host=None):
     relay = Relay(asyncio.Event())
-    agents = await asyncio.start_server(relay.agent, None, agent_port)
+    agents = await asyncio.start_server(relay.agent, agent_host, agent_port)
     back = await asyncio.start_server(relay.back, "127.0.0.1", back_port)
     sys.stderr.write("relay: agents on port %d, the manager's port-forwards on 127.0.0.1:%d\n" % (agent_port, back_port))
     sys.stderr.flush()
@@ -118,4 +139,4 @@ async def main(agent_port, back_port):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None))

@@ -7,8 +7,12 @@ the manager's hub, re-read for every connection, so a reconnected manager only r
 stays end to end between agent and hub: this process never sees a clear byte. Writes the port it
 got to <port file>. Exits when <target file> is removed (the experiment ended), or after <idle
 exit> seconds in which the manager's forward never answered (a manager that never came back).
-At most <max connections> (default 256) connections are piped at once, two threads each; more
-are closed at once, so anyone who can reach the port cannot make it start threads without end.
+At most <max connections> (default 256) connections are held at once, two threads each, so anyone
+who can reach the port cannot make it start threads without end. A connection is piped only once
+it has spoken (an agent opens with its TLS ClientHello at once): one silent for FIRST_BYTES_S is
+closed, and when all places are taken the oldest silent connection gives its place to a newcomer
+(only when every place pipes a connection that spoke is the newcomer closed): idle connections
+from someone without the experiment's secret never keep an agent out.
 """
 import os
 import socket
@@ -19,7 +23,9 @@ import time
 bind, port, target_file, port_file, idle_exit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
 MAX_CONNECTIONS = int(sys.argv[6]) if len(sys.argv) > 6 else 256
 PROBE_S = 30.0
+FIRST_BYTES_S = 10.0
 state = {"open": 0, "accepted": 0, "refused": 0, "last_ok": time.monotonic(), "probed": 0.0}
+silent = []  # type: list[socket.socket]  # not spoken yet, oldest first (under `lock`)
 lock = threading.Lock()
 
 
@@ -53,16 +59,29 @@ def copy(src, dst):
 
 def serve(conn, peer):
     try:
-        pipe(conn, peer)
+        conn.settimeout(FIRST_BYTES_S)
+        try:
+            first = conn.recv(65536)
+        except OSError:  # silent too long, or made to give way
+            first = b""
+        with lock:
+            if conn in silent:
+                silent.remove(conn)
+        if not first:
+            conn.close()
+            return
+        conn.settimeout(None)
+        pipe(conn, peer, first)
     finally:
         with lock:
             state["accepted"] -= 1
 
 
-def pipe(conn, peer):
+def pipe(conn, peer, first):
     try:
         where = target()
         up = socket.create_connection(where, timeout=10)
+        up.sendall(first)
     except (OSError, ValueError) as e:
         log("%s:%s: cannot reach the manager's forward: %s" % (peer[0], peer[1], e))
         conn.close()
@@ -127,8 +146,16 @@ def main():
             continue
         with lock:
             full = state["accepted"] >= MAX_CONNECTIONS
-            if not full:
+            victim = silent.pop(0) if full and silent else None
+            if not full or victim is not None:
                 state["accepted"] += 1
+                silent.append(conn)
+                full = False
+        if victim is not None:  # its recv ends, its thread closes it and frees its place
+            try:
+                victim.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if full:
             conn.close()
             state["refused"] += 1

@@ -1,0 +1,185 @@
+"""A party without the experiment's secret cannot delay or deny a real agent by holding what the hub
+keeps for strangers: tunnelled and relayed agents all arrive from 127.0.0.1, so a per-address
+budget was everyone's budget (a pod with 400 idle connections or a raw HTTP/2 flood through the
+relay got real agents refused 78 times out of 80). Now a loopback peer's budget is its own
+connection, and the streams that never say Hello give way, oldest first, to newcomers.
+
+The flood is its own process (tests/support/security/flood.py), as another pod would be; the hub
+is the production one over real gRPC; the agent is a real nni-agent process behind a relay.
+Timings are measured in scripts/bench_preauth_flood.py, not asserted here.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+
+from nni_manager.backends.kubernetes import relay as relay_module
+from nni_manager.service import create_training_service
+from nni_manager.types import TrialJobStatus
+from tests.chaos.conftest import code_dir, make_config, relayed_platform  # noqa: F401  (fixtures)
+from tests.security.test_hub_bounds import (CHANNEL_OPTIONS, _bounded_hub, _first_answer, _hello, _open,
+                                            _relay_script, _Upstream)
+from tests.support.chaos.backend import RelayedBackend
+from tests.support.chaos.relay import ChaosRelay
+from tests.support.manager.helpers import form, until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@asynccontextmanager
+async def flood(target: str, ca_file: str, idle: int, connections: int,
+                streams: int) -> AsyncIterator[Callable[[], Counter[str]]]:
+    """The flood process, once everything is open; yields how the hub has ended its streams so far
+    (the loop runs on meanwhile: the relay and the hub may live in it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.security.flood", target, ca_file, str(idle),
+                             str(connections), str(streams)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    started = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
+    assert started.strip() == "flooding", "the flood did not start"
+    last: list[Counter[str]] = [Counter()]
+
+    def ended() -> Counter[str]:
+        os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
+        for line in proc.stdout.readlines():  # type: ignore[union-attr]
+            last[0] = Counter(json.loads(line))
+        return last[0]
+
+    try:
+        yield ended
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+async def _welcomed(address: str, token: str) -> str:
+    """A Hello on a connection of its own (as a new agent makes): "welcome" or how it was refused."""
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        call = _open(channel)
+        try:
+            await call.write(_hello(token))
+        except grpc.aio.AioRpcError as e:
+            return e.code().name
+        return await _first_answer(call)
+
+
+def test_silent_streams_from_loopback_do_not_stop_a_new_agent(short_dir: Path) -> None:
+    async def body() -> None:
+        async with _bounded_hub(short_dir / "exp") as (hub, token):
+            hub.hello_timeout = 600.0  # only giving way ends a silent stream here
+            async with flood(hub.address, "-", 400, 25, 16) as ended:  # 400 silent streams: over every budget
+                await until(lambda: sum(ended().values()) > 0, 60, "the hub to end some silent streams")
+                answers = [await _welcomed(hub.address, token) for _ in range(10)]
+                assert answers == ["welcome"] * 10, answers
+                assert ended()["RESOURCE_EXHAUSTED"] > 0, ended()  # the flood did hold the budget
+
+    asyncio.run(body())
+
+
+def test_a_flood_through_the_relay_does_not_stop_a_new_agent_s_trial(
+        relayed_platform: None, make_config: Callable, short_dir: Path) -> None:  # noqa: F811
+    async def body() -> None:
+        relay = ChaosRelay(0)  # a plain pipe to the hub, from 127.0.0.1 as a tunnel's
+        RelayedBackend.relay, RelayedBackend.agents, RelayedBackend.work_root = relay, 1, short_dir / "workers"
+        async with create_training_service(make_config("relayed", reconnect_window=60.0)) as ts:
+            await until(lambda: ts.agents() and ts.agents()[0]["connected"], 60, "the agent")
+            agent_id = ts.agents()[0]["agent_id"]
+            ca = short_dir / "hub-ca.crt"
+            ca.write_bytes(RelayedBackend.ca_certificate)
+            async with flood(f"127.0.0.1:{relay.port}", str(ca), 400, 25, 16) as ended:
+                await until(lambda: sum(ended().values()) > 0, 60, "the hub to end some silent streams")
+                RelayedBackend.restart_agent(agent_id)  # a new agent process dials in under the flood
+                job = await ts.submit_trial_job(form(0, n=3))
+                await until(lambda: ts.trials.get(job.id).status.is_terminal, 120, "the new agent's trial")
+                detail = ts.trials.get(job.id)
+                assert detail.status == TrialJobStatus.SUCCEEDED, (detail.status, detail.message)
+                assert ended()["RESOURCE_EXHAUSTED"] > 0, ended()
+        await relay.stop()
+
+    asyncio.run(body())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_idle_connections_to_the_kubernetes_relay_never_take_the_manager_s_streams(tmp_path: Path) -> None:
+    """The relay program as it runs in the relay pod (a real process, real sockets): 400 connections
+    that never speak, then an agent that does; the manager's one idle stream carries the agent."""
+    agent_port, back_port = _free_port(), _free_port()
+    relay = subprocess.Popen([sys.executable, relay_module.__file__, str(agent_port), str(back_port), "127.0.0.1"],
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sockets: list[socket.socket] = []
+    try:
+        def connect(port: int) -> socket.socket:
+            for _ in range(300):
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+                    sockets.append(s)
+                    return s
+                except ConnectionRefusedError:
+                    time.sleep(0.05)  # the relay is starting
+            raise AssertionError(f"the relay does not listen on {port}")
+
+        back = connect(back_port)  # the manager's idle port-forward stream
+        for _ in range(400):
+            connect(agent_port)  # another pod's silent connections
+        time.sleep(0.5)
+        agent = connect(agent_port)
+        agent.sendall(b"\x16agent's ClientHello")
+        got = b""
+        back.settimeout(30)
+        while len(got) < 20:
+            chunk = back.recv(100)
+            assert chunk, f"the stream closed after {got!r}"
+            got += chunk
+        assert got == b"\x01\x16agent's ClientHello", got
+    finally:
+        for s in sockets:
+            s.close()
+        relay.kill()
+        relay.wait(10)
+
+
+def test_silent_connections_to_the_slurm_relay_give_way_to_an_agent(tmp_path: Path) -> None:
+    """The login-node relay as it runs there (a real process): with every place held by connections
+    that never speak, an agent that speaks takes the oldest one's place and is piped."""
+    upstream = _Upstream()
+    target, port_file = tmp_path / "relay.target", tmp_path / "relay.port"
+    target.write_text(f"127.0.0.1:{upstream.port}\n")
+    relay = subprocess.Popen([sys.executable, str(_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
+                              "600", "3"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    held: list[socket.socket] = []
+    try:
+        asyncio.run(until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the relay's port"))
+        port = int(port_file.read_text())
+        held += [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # silent, every place
+        time.sleep(0.5)
+        agent = socket.create_connection(("127.0.0.1", port))
+        held.append(agent)
+        agent.sendall(b"\x16agent's ClientHello")
+        asyncio.run(until(lambda: upstream.accepted >= 1, 30, "the agent piped to the manager"))
+        time.sleep(0.5)
+        assert upstream.accepted == 1, upstream.accepted  # the silent ones were never piped
+        held[0].settimeout(30)
+        assert held[0].recv(1) == b"", "the oldest silent connection was kept"
+    finally:
+        for s in held:
+            s.close()
+        relay.terminate()
+        relay.wait(10)
+        upstream.sock.close()
