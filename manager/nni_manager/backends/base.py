@@ -263,17 +263,18 @@ class Backend(abc.ABC, Generic[OptionsT]):
         """`trainingService.agentEnv` as it may be written into a script, a pod spec, a job's
         command or an SSH command line: without its secrets (`config.is_secret`), which reach
         the trials over the agent's authenticated stream instead (`trial_secret_env`)."""
-        from nni_manager.config import is_secret
+        from nni_manager.config import is_secret_entry
 
-        return {k: v for k, v in self.config.training_service.agent_env.items() if not is_secret(k)}
+        return {k: v for k, v in self.config.training_service.agent_env.items() if not is_secret_entry(k, v)}
 
     def trial_secret_env(self, agent_id: str) -> dict[str, str]:
         """agentEnv's secret entries (`WANDB_API_KEY`, `HF_TOKEN`, ...), added to the environment of
         each trial this agent starts. They travel in StartTrial over the stream the agent
-        authenticated, kept in memory on both sides: never in a file, argv or job definition."""
-        from nni_manager.config import is_secret
+        authenticated, kept in memory on both sides: never in a file, argv or job definition.
+        `PIP_INDEX_URL` with a password is one too (`config.is_secret_value`)."""
+        from nni_manager.config import is_secret_entry
 
-        return {k: v for k, v in self.config.training_service.agent_env.items() if is_secret(k)}
+        return {k: v for k, v in self.config.training_service.agent_env.items() if is_secret_entry(k, v)}
 
     def agent_platform(self, agent_id: str) -> str:
         """NNI_PLATFORM for trials on this agent (hybrid mode: the platform of the agent's part)."""

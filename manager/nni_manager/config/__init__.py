@@ -29,6 +29,8 @@ from nni_manager.config.redaction import (
     REDACTED,
     SecretFormatter,
     is_secret,
+    is_secret_entry,
+    is_secret_value,
     redacted,
     redacted_repr,
     secret_values,
@@ -56,6 +58,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "LOG_LEVELS", "MISSING", "REDACTED", "AlgorithmConfig", "ConfigError", "ConfigSection", "ExperimentConfig",
     "SecretFormatter", "TrainingServiceConfig", "TunerConfig", "canonical_key", "check_per_gpu", "is_secret",
+    "is_secret_entry", "is_secret_value",
     "load_config", "parse_duration", "parse_size_mb", "redacted", "redacted_repr", "secret_values",
     "supported_platforms", "yaml_file",
 ]

@@ -28,6 +28,14 @@ _SECRET_WORDS = frozenset({
 _SECRET_SUFFIXES = ("password", "passwd", "passphrase", "token", "secret", "apikey", "credential", "credentials")
 _DATA_SERVICES = frozenset({"database", "db", "redis", "mongo", "mongodb", "postgres", "postgresql", "pg", "mysql",
                             "amqp", "rabbitmq", "broker", "sqlalchemy", "kafka", "elasticsearch", "celery"})
+# An environment variable's name (SCREAMING_CASE) names a secret when ANY of its words is one of
+# these: `GITLAB_TOKEN_RW`, `BASIC_AUTH_HEADER`, `SESSION_COOKIE_VALUE`
+# (whole words only: `TOKENIZERS_PARALLELISM` stays visible). `jwt` is one in any name.
+_ENV_SECRET_WORDS = frozenset({"token", "auth", "cookie", "cookies", "jwt"})
+# A value is a secret whatever its name says when it is a URL carrying a password in its userinfo
+# (`PIP_INDEX_URL=https://user:pw@host/simple`) in a `*_URL`/`*_URI`/`*_PROXY` entry, or any
+# credentials in a proxy's (`HTTPS_PROXY=http://user@proxy:3128`).
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#@\s]*)@")
 # Fields kept as given: a search space maps the user's parameter names (never credentials) to
 # distributions, and view mode shows it from the store.
 _NEVER_SECRET = frozenset({"search_space"})
@@ -47,11 +55,37 @@ def is_secret(name: str) -> bool:
     if not words:
         return False
     last = words[-1]
+    if "jwt" in words or (str(name).isupper() and not _ENV_SECRET_WORDS.isdisjoint(words)):
+        return True
     if last in _SECRET_WORDS or "".join(words[-2:]) in _SECRET_WORDS or last.endswith(_SECRET_SUFFIXES):
         return True
     if last == "pwd":
         return len(words) > 1
     return last in ("url", "uri") and any(w in _DATA_SERVICES for w in words[:-1])
+
+
+def is_secret_value(name: str, value: Any) -> bool:
+    """Whether `value` (of a field or variable called `name`) is a secret by what it holds: a URL
+    with a password (a proxy's: any credentials) in `*_URL`, `*_URI`, `*_PROXY`."""
+    if not isinstance(value, str) or "@" not in value:
+        return False
+    words = _words(str(name))
+    if not words or words[-1] not in ("url", "uri", "urls", "proxy"):
+        return False
+    return any(_credentials(part, proxy=words[-1] == "proxy") for part in re.split(r"[\s,]+", value.strip()))
+
+
+def _credentials(url: str, proxy: bool) -> bool:
+    match = _USERINFO.match(url) or (_USERINFO.match("http://" + url) if proxy else None)
+    if match is None:
+        return False
+    user, _, password = match.group(1).partition(":")
+    return bool(password) or (proxy and bool(user))
+
+
+def is_secret_entry(name: str, value: Any) -> bool:
+    """The secret rule for one entry: by its name (`is_secret`) or by its value (`is_secret_value`)."""
+    return is_secret(name) or is_secret_value(name, value)
 
 
 def redacted(value: Any, name: str = "") -> Any:
@@ -60,10 +94,10 @@ def redacted(value: Any, name: str = "") -> Any:
     (Kubernetes env lists) hides V when X names a secret. Empty secrets stay empty."""
     if name in _NEVER_SECRET:
         return value
-    if is_secret(name) and value not in (None, "", [], {}):
+    if is_secret_entry(name, value) and value not in (None, "", [], {}):
         return REDACTED
     if isinstance(value, dict):
-        pair_secret = isinstance(value.get("name"), str) and is_secret(value["name"])
+        pair_secret = isinstance(value.get("name"), str) and is_secret_entry(value["name"], value.get("value"))
         return {k: REDACTED if pair_secret and k == "value" and v else redacted(v, str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redacted(v) for v in value]
@@ -88,10 +122,10 @@ def secret_values(value: Any, name: str = "") -> set[str]:
         return found
     if name in _NEVER_SECRET:
         return found
-    if is_secret(name):
+    if is_secret_entry(name, value):
         return {v for v in _strings(value) if len(v) >= 4}  # shorter: masking would mangle the log
     if isinstance(value, dict):
-        if isinstance(value.get("name"), str) and is_secret(value["name"]):
+        if isinstance(value.get("name"), str) and is_secret_entry(value["name"], value.get("value")):
             found |= secret_values(value.get("value"), "secret")
         for k, v in value.items():
             found |= secret_values(v, str(k))
