@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -140,7 +141,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--detach", action="store_true",
                         help="run in the background: print the id and the WebUI's URL and return; the WebUI stays "
                              "after the end until `nni-manager stop ID` (output in <experimentWorkingDirectory>/"
-                             "<id>.log)")
+                             "<id>/detach.log)")
 
 
 def _experiment_dir(ref: str) -> Path:
@@ -203,6 +204,38 @@ def _stop(ref: str) -> int:
     return 0
 
 
+DETACH_LOG = "detach.log"  # in the experiment's own directory: it holds the WebUI's token URL
+
+
+def _private_dir(path: Path) -> Path:
+    """`path` as a directory of this user's alone (made 0700, or one of ours already: not a link,
+    our uid), for a background run's log: a shared experimentWorkingDirectory must not let anyone
+    else plant it or read the WebUI token it holds."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise UsageError(f"cannot make the experiment directory {path}: {e.strerror or e}") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise UsageError(f"{path} is not a directory of yours (someone else made it, or it is a link): "
+                         "use another --experiment-id or experimentWorkingDirectory")
+    os.chmod(path, 0o700)
+    return path
+
+
+def _own_file(path: Path) -> int:
+    """An append descriptor of `path`, created 0600, never through a link nor into someone else's file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise UsageError(f"cannot write the background run's log {path}: {e.strerror or e}") from e
+    if os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        raise UsageError(f"{path} belongs to someone else: remove it, or use another --experiment-id")
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 def _detach(args: argparse.Namespace) -> int:
     """Start the same `run` in a new session, wait for its WebUI line (or its end), return."""
     import subprocess
@@ -213,13 +246,13 @@ def _detach(args: argparse.Namespace) -> int:
     experiment_id = args.experiment_id or new_id(8)
     root = Path(config.experiment_working_directory).expanduser()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path = root / f"{experiment_id}.log"
+    log_path = _private_dir(root / experiment_id) / DETACH_LOG
     argv = [sys.executable, "-m", "nni_manager", "run", str(args.config), "--experiment-id", experiment_id, "--plain",
             "--keep-serving" if args.keep_serving is not False else "--no-keep-serving",
             "--port", str(args.port), "--bind", args.bind, "--url-prefix", args.url_prefix]
     if args.no_webui:
         argv.append("--no-webui")
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = _own_file(log_path)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
@@ -232,7 +265,7 @@ def _detach(args: argparse.Namespace) -> int:
         for line in log_path.read_text(errors="replace").splitlines():
             if line.startswith("WebUI: "):
                 url = line.split(None, 1)[1].strip()
-        if args.no_webui and (root / experiment_id).is_dir():
+        if args.no_webui and (root / experiment_id / "experiment.db").is_file():
             break
     if proc.poll() is not None and proc.returncode != 0:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
