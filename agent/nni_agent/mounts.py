@@ -59,6 +59,7 @@ class Storage:
         self.key = str(data.get("storageAccountKey") or "")
         self.container = str(data.get("containerName") or "")
         self.endpoint = str(data.get("blobEndpoint") or "")
+        self._cache = None  # type: Optional[Path]
 
     def __repr__(self) -> str:  # never the key
         return f"Storage({self.storage_type}, {self.source()} at {self.mount_point})"
@@ -102,8 +103,16 @@ class Storage:
         return [tool, "mount", str(mount_point), f"--tmp-path={self.tmp_path()}", "-o", "allow_other"], env
 
     def tmp_path(self) -> Path:
-        """blobfuse's local cache of this container (NNI: /mnt/resource/nniblobfusetmp)."""
-        return Path(os.environ.get("TMPDIR") or "/tmp") / "nni-blobfuse" / f"{self.account}-{self.container}"
+        """blobfuse's local cache of this container (NNI: /mnt/resource/nniblobfusetmp), made on first
+        use: a fresh private directory (mkdtemp in $TMPDIR: 0700, this user's, a name nobody can
+        guess). A predictable /tmp path could be made first by another user, who then reads the
+        container's blobs from the cache (OSError when it cannot be made)."""
+        if self._cache is None:
+            import tempfile
+
+            label = re.sub(r"[^A-Za-z0-9-]", "", f"{self.account}-{self.container}")[:64]
+            self._cache = Path(tempfile.mkdtemp(prefix=f"nni-blobfuse-{label}-"))
+        return self._cache
 
     def tool(self) -> str:
         """The mount helper this storage needs (NNI: nfs-common's mount.nfs, blobfuse)."""
@@ -156,18 +165,18 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
             return False
         what = f"{storage.storage_type} shared storage: cannot mount {storage.source()} on {mount_point}"
         _check_tools(storage, what)
+        if storage.storage_type == "AzureBlob":
+            try:
+                storage.tmp_path()
+            except OSError as e:
+                raise MountError(f"{what}: cannot create blobfuse's cache in {os.environ.get('TMPDIR') or '/tmp'}: "
+                                 f"{e.strerror or e} (set TMPDIR to a writable directory)") from None
         prefix = _privilege_prefix(what, storage)
         try:
             mount_point.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise MountError(f"{what}: cannot create the mount point: {e.strerror or e}") from None
         argv, extra = storage.mount_argv(mount_point)
-        if storage.storage_type == "AzureBlob":
-            try:
-                storage.tmp_path().mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as e:
-                raise MountError(f"{what}: cannot create blobfuse's cache {storage.tmp_path()}: "
-                                 f"{e.strerror or e}") from None
         said = _run(prefix + argv, extra, what, storage)
         if not is_mounted(mount_point):  # mount.nfs exited 0 after "No such device" under an SSH-started agent
             raise MountError(f"{what}: `{shown(prefix + argv)}` exited 0 but left nothing mounted there"
