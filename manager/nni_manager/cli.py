@@ -338,6 +338,7 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
 
     experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event)
     view = ExperimentView(experiment, live=False if plain else None)
+    _console_notices(config)
     webui: LiveWebUI | None = None
 
     async def go() -> bool:
@@ -391,6 +392,21 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
         return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
+
+
+def _console_notices(config) -> None:  # config: ExperimentConfig
+    """What the user must see (nni_manager.notices: e.g. dependencies that cannot be shipped) on this console."""
+    import logging
+
+    from nni_manager.config import secret_values
+    from nni_manager.notices import console_handler, log
+
+    if not any(getattr(h, "nni_console", False) for h in log.handlers):
+        handler = console_handler(secret_values(config))
+        handler.nni_console = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.WARNING)
 
 
 def _open_store(experiment_dir: Path):  # -> Store

@@ -23,18 +23,34 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 
 from nni_manager.backends.kubernetes import relay as relay_module
+from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.chaos.conftest import code_dir, make_config, relayed_platform  # noqa: F401  (fixtures)
-from tests.security.test_hub_bounds import (CHANNEL_OPTIONS, _bounded_hub, _first_answer, _hello, _open,
-                                            _relay_script, _Upstream)
+from tests.support.security.hubkit import (CHANNEL_OPTIONS, Upstream, bounded_hub, first_answer, hello, open_stream,
+                                          slurm_relay_script)
 from tests.support.chaos.backend import RelayedBackend
 from tests.support.chaos.relay import ChaosRelay
-from tests.support.manager.helpers import form, until
+from tests.support.manager.helpers import form, register_backend, until
 
 REPO = Path(__file__).resolve().parents[2]
+TRIAL = "from nni_agent import get_next_parameter, report_final_result\nget_next_parameter()\nreport_final_result(1)\n"
+
+
+@pytest.fixture
+def relayed_config(short_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ExperimentConfig:
+    """The `relayed` platform (tests/support/chaos/backend.py) registered as a third-party package
+    would be, and an experiment on it: real nni-agent processes dialing the hub through a relay."""
+    monkeypatch.syspath_prepend(str(register_backend(tmp_path / "plugin", "flood-relayed", "relayed",
+                                                     "tests.support.chaos.backend:RelayedBackend")))
+    code = short_dir / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    return ExperimentConfig(trial_code_directory=code, trial_command=f"{sys.executable} trial.py",
+                            trial_grace_period=2.0, experiment_working_directory=short_dir / "exps",
+                            training_service=TrainingServiceConfig(platform="relayed", reconnect_window=60.0))
 
 
 @asynccontextmanager
@@ -67,17 +83,17 @@ async def _welcomed(address: str, token: str) -> str:
     """A Hello on a connection of its own (as a new agent makes): "welcome" or how it was refused."""
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
-        call = _open(channel)
+        call = open_stream(channel)
         try:
-            await call.write(_hello(token))
+            await call.write(hello(token))
         except grpc.aio.AioRpcError as e:
             return e.code().name
-        return await _first_answer(call)
+        return await first_answer(call)
 
 
 def test_silent_streams_from_loopback_do_not_stop_a_new_agent(short_dir: Path) -> None:
     async def body() -> None:
-        async with _bounded_hub(short_dir / "exp") as (hub, token):
+        async with bounded_hub(short_dir / "exp") as (hub, token):
             hub.hello_timeout = 600.0  # only giving way ends a silent stream here
             async with flood(hub.address, "-", 400, 25, 16) as ended:  # 400 silent streams: over every budget
                 await until(lambda: sum(ended().values()) > 0, 60, "the hub to end some silent streams")
@@ -88,12 +104,12 @@ def test_silent_streams_from_loopback_do_not_stop_a_new_agent(short_dir: Path) -
     asyncio.run(body())
 
 
-def test_a_flood_through_the_relay_does_not_stop_a_new_agent_s_trial(
-        relayed_platform: None, make_config: Callable, short_dir: Path) -> None:  # noqa: F811
+def test_a_flood_through_the_relay_does_not_stop_a_new_agent_s_trial(relayed_config: ExperimentConfig,
+                                                                      short_dir: Path) -> None:
     async def body() -> None:
         relay = ChaosRelay(0)  # a plain pipe to the hub, from 127.0.0.1 as a tunnel's
         RelayedBackend.relay, RelayedBackend.agents, RelayedBackend.work_root = relay, 1, short_dir / "workers"
-        async with create_training_service(make_config("relayed", reconnect_window=60.0)) as ts:
+        async with create_training_service(relayed_config) as ts:
             await until(lambda: ts.agents() and ts.agents()[0]["connected"], 60, "the agent")
             agent_id = ts.agents()[0]["agent_id"]
             ca = short_dir / "hub-ca.crt"
@@ -101,7 +117,7 @@ def test_a_flood_through_the_relay_does_not_stop_a_new_agent_s_trial(
             async with flood(f"127.0.0.1:{relay.port}", str(ca), 400, 25, 16) as ended:
                 await until(lambda: sum(ended().values()) > 0, 60, "the hub to end some silent streams")
                 RelayedBackend.restart_agent(agent_id)  # a new agent process dials in under the flood
-                job = await ts.submit_trial_job(form(0, n=3))
+                job = await ts.submit_trial_job(form(0))
                 await until(lambda: ts.trials.get(job.id).status.is_terminal, 120, "the new agent's trial")
                 detail = ts.trials.get(job.id)
                 assert detail.status == TrialJobStatus.SUCCEEDED, (detail.status, detail.message)
@@ -158,10 +174,10 @@ def test_idle_connections_to_the_kubernetes_relay_never_take_the_manager_s_strea
 def test_silent_connections_to_the_slurm_relay_give_way_to_an_agent(tmp_path: Path) -> None:
     """The login-node relay as it runs there (a real process): with every place held by connections
     that never speak, an agent that speaks takes the oldest one's place and is piped."""
-    upstream = _Upstream()
+    upstream = Upstream()
     target, port_file = tmp_path / "relay.target", tmp_path / "relay.port"
     target.write_text(f"127.0.0.1:{upstream.port}\n")
-    relay = subprocess.Popen([sys.executable, str(_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
+    relay = subprocess.Popen([sys.executable, str(slurm_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
                               "600", "3"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     held: list[socket.socket] = []
     try:

@@ -24,6 +24,7 @@ from nni_manager.backends.base import AgentSpec, Backend, Completion, Environmen
 from nni_manager.bundle import Bundle
 from nni_manager.config import ExperimentConfig
 from nni_manager.hub import Hub
+from nni_manager import notices
 from nni_manager.metrics import checked
 from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
@@ -124,6 +125,7 @@ class Core:
         agent = self.agents.by_id.get(agent_id)
         if agent is None:
             return
+        reason = notices.explain_agent_failure(reason)
         self._explain_signalled(agent_id, reason)
         env = self.agents.env_of(agent_id)
         if env is not None and self.elastic.agent_ended(env, agent_id):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
+from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, deps, nodes, starting, tunnel
@@ -575,7 +576,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             try:
                 wheels = await asyncio.to_thread(agent_deps.resolve, worker, self.config.agent_wheelhouse)
             except agent_deps.DependencyError as e:  # its pods then fail with the boot step's one line
-                log.warning("cannot ship the agent's dependencies to the image %s: %s", image, e)
+                notices.deps_unshipped(f"the image {image}", str(e))
                 continue
             shipped, uploaded = await deps.ship(core, self.namespace, wheels, worker.key)
             self._deps[image] = shipped

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import boot_source
 from nni_manager.backends.slurm.hosts import SlurmHost
@@ -78,8 +79,7 @@ async def ship(host: SlurmHost, python: str, root: str, wheelhouse: Path | None)
     try:
         wheels = await asyncio.to_thread(agent_deps.resolve, worker, wheelhouse)
     except agent_deps.DependencyError as e:
-        log.warning("%s %s cannot run the agent (%s) and the manager cannot ship its dependencies: %s", python,
-                    host.where, "; ".join(report.get("problems") or []), e)
+        notices.deps_unshipped(f"{python} {host.where}", f"{'; '.join(report.get('problems') or [])}. {e}")
         return None
     base = f"{root}/{DEPS_DIR}/{wheels_dir_name(worker, wheels)}"
     shipped = Shipped(wheels=f"{base}/wheels", lib=f"{base}/lib")
