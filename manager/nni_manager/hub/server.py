@@ -162,10 +162,10 @@ class Hub(pb_grpc.AgentHubServicer):
     # Bounds for streams that have not proven a token yet (a stranger's): their first message
     # must come within `hello_timeout` s and hold at most `max_hello_bytes`; one peer may hold at
     # most `max_unauthenticated_per_peer` such streams at once, and all peers together
-    # `max_unauthenticated`, beyond which the oldest is dropped for the newcomer. A peer is an
-    # address, but on loopback it is one connection: agents behind a tunnel or relay all arrive
-    # from 127.0.0.1, and anyone who reaches the relay must not spend their budget. A real agent
-    # says Hello as it opens its stream, so only streams that do not (a flood) grow old.
+    # `max_unauthenticated`, beyond which the peer holding the most gives up its oldest for the
+    # newcomer. A peer is an address, but on loopback it is one connection: agents behind a tunnel
+    # or relay all arrive from 127.0.0.1, and anyone who reaches the relay must not spend their
+    # budget. A real agent says Hello as it opens its one stream: a flood's peers hold more.
     hello_timeout = 10.0
     max_hello_bytes = 4 * 1024 * 1024
     max_unauthenticated_per_peer = 64
@@ -208,9 +208,9 @@ class Hub(pb_grpc.AgentHubServicer):
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
         self.files = FileFetches()
         self.log_files = LogFiles()
-        self._unauthenticated: dict[str, int] = {}  # streams still to prove a token, by peer
-        # the same streams, oldest first: each one's future, set to drop it for a newcomer
-        self._waiting_hello: dict[object, asyncio.Future[None]] = {}
+        # streams still to prove a token, by peer, oldest first: each one's future, set to drop it
+        self._waiting_hello: dict[str, dict[object, asyncio.Future[None]]] = {}
+        self._waiting_count = 0
 
     @property
     def public_address(self) -> str:
@@ -331,22 +331,25 @@ class Hub(pb_grpc.AgentHubServicer):
 
     async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
         peer = _budget_key(context.peer())
-        if self._unauthenticated.get(peer, 0) >= self.max_unauthenticated_per_peer:
+        mine = self._waiting_hello.get(peer)
+        if mine is not None and len(mine) >= self.max_unauthenticated_per_peer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 "too many streams from this address have not said Hello yet; try again later")
-        if len(self._waiting_hello) >= self.max_unauthenticated:  # the oldest gives way
-            oldest = next(iter(self._waiting_hello))
-            self._waiting_hello.pop(oldest).set_result(None)
+        if self._waiting_count >= self.max_unauthenticated:  # the biggest holder's oldest gives way
+            biggest = max(self._waiting_hello.values(), key=len)
+            biggest.pop(next(iter(biggest))).set_result(None)
+            self._waiting_count -= 1
         me, dropped = object(), asyncio.get_running_loop().create_future()
-        self._waiting_hello[me] = dropped
-        self._unauthenticated[peer] = self._unauthenticated.get(peer, 0) + 1
+        mine = self._waiting_hello.setdefault(peer, {})
+        mine[me] = dropped
+        self._waiting_count += 1
         try:
             link, hello, session_token = await self._authenticate(context, dropped)
         finally:
-            self._waiting_hello.pop(me, None)
-            self._unauthenticated[peer] -= 1
-            if not self._unauthenticated[peer]:
-                del self._unauthenticated[peer]
+            if mine.pop(me, None) is not None:
+                self._waiting_count -= 1
+            if not mine and self._waiting_hello.get(peer) is mine:
+                del self._waiting_hello[peer]
         await self._serve(link, hello, session_token, context)
 
     async def _authenticate(self, context: grpc.aio.ServicerContext,
