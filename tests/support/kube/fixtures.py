@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 from tests.support.images import SLIM_IMAGE, slim_python_dir
+from tests.support.schemas import schemas_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -167,6 +168,8 @@ class Kube(EmulatorHandle):
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
                    pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
                    pod_network: str = "host", host_netns: bool = False) -> Kube:
+    if crd_groups:
+        schemas_dir()  # custom resources are validated with the published schemas: SchemasMissing skips
     state = base / f"kube-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     instance = secrets.token_hex(8)
