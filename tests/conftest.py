@@ -45,6 +45,13 @@ def code_dir(short_dir: Path) -> Path:
     return code
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py)."""
+    from tests.support.system_marker import mark_system
+
+    mark_system(items)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     outcome = yield
