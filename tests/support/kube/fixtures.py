@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,6 +206,48 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
     proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)
+
+
+class KubeNamespace:
+    """A module's shared emulator as one test sees it: every attribute of `Kube`, plus `namespace`,
+    a namespace made for this test alone. Objects the test creates go there; what is cluster-wide
+    (nodes, faults, restarts, tokens, OIDC, operators) stays with a private `kube_factory()` one."""
+
+    def __init__(self, shared: Kube, namespace: str) -> None:
+        self.shared, self.namespace = shared, namespace
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shared, name)
+
+
+def namespace_of(kube: Any) -> str:
+    """Where a test's objects live: its own namespace on a shared emulator, else "default"."""
+    return getattr(kube, "namespace", None) or "default"
+
+
+@pytest.fixture(scope="module")
+def kube_module() -> Iterator[Kube]:
+    """One emulator (default options) for a whole test module; tests reach it through `kube_ns`."""
+    if os.geteuid() != 0:
+        pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
+    with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
+        yield make()
+
+
+@pytest.fixture
+def kube_ns(kube_module: Kube) -> Iterator[KubeNamespace]:
+    """The module's emulator with a fresh namespace for this test (`.namespace`). Afterwards the
+    namespace's pods are deleted and the test fails if any of their processes is left, as a private
+    emulator's teardown would."""
+    ns = f"t-{secrets.token_hex(4)}"
+    core = kube_module.core()
+    core.create_namespace({"metadata": {"name": ns}})
+    yield KubeNamespace(kube_module, ns)
+    for pod in core.list_namespaced_pod(ns).items:
+        core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+    kube_module.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
+    kube_module.wait_for(lambda: not kube_module.leftover_processes(), 15,
+                         what=f"the processes of {ns}'s pods to end (left: {kube_module.leftover_processes()})")
 
 
 @pytest.fixture
