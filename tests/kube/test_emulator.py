@@ -28,7 +28,7 @@ def err(e: ApiException) -> dict:
 
 @pytest.fixture
 def kube(kube_ns: KubeNamespace) -> KubeNamespace:
-    """This module's tests share one emulator, each in a namespace of its own; those that change
+    """This module's tests share the session's emulator, each in a namespace of its own; those that change
     the cluster itself (nodes, tokens, watch history) start a private one with `kube_factory`."""
     return kube_ns
 
@@ -413,7 +413,7 @@ _namespaces_seen: list[str] = []
 
 @pytest.mark.parametrize("turn", ["first", "second"])
 def test_each_test_gets_a_namespace_of_its_own_and_leaves_nothing_running(kube, turn):
-    """`kube_ns`: one emulator for the module, a fresh namespace per test; the pod the first turn
+    """`kube_ns`: one emulator for the session, a fresh namespace per test; the pod the first turn
     leaves running is gone, with its process, before the second turn starts."""
     v1 = kube.core()
     assert kube.namespace not in _namespaces_seen and kube.namespace != "default"

@@ -45,7 +45,7 @@ def base(short_dir: Path) -> Path:
 
 @pytest.fixture
 def kube(kube_ns: KubeNamespace) -> KubeNamespace:
-    """This module's tests share one emulator, each in a namespace of its own; those that change
+    """This module's tests share the session's emulator, each in a namespace of its own; those that change
     the cluster itself (nodes, tokens) start a private one with `kube_factory`."""
     return kube_ns
 

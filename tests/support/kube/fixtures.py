@@ -209,7 +209,7 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
 
 
 class KubeNamespace:
-    """A module's shared emulator as one test sees it: every attribute of `Kube`, plus `namespace`,
+    """The session's shared emulator as one test sees it: every attribute of `Kube`, plus `namespace`,
     a namespace made for this test alone. Objects the test creates go there; what is cluster-wide
     (nodes, faults, restarts, tokens, OIDC, operators) stays with a private `kube_factory()` one."""
 
@@ -225,9 +225,9 @@ def namespace_of(kube: Any) -> str:
     return getattr(kube, "namespace", None) or "default"
 
 
-@pytest.fixture(scope="module")
-def kube_module() -> Iterator[Kube]:
-    """One emulator (default options) for a whole test module; tests reach it through `kube_ns`."""
+@pytest.fixture(scope="session")
+def kube_shared() -> Iterator[Kube]:
+    """One emulator (default options) for the whole session; tests reach it through `kube_ns`."""
     if os.geteuid() != 0:
         pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
     with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
@@ -235,19 +235,19 @@ def kube_module() -> Iterator[Kube]:
 
 
 @pytest.fixture
-def kube_ns(kube_module: Kube) -> Iterator[KubeNamespace]:
-    """The module's emulator with a fresh namespace for this test (`.namespace`). Afterwards the
+def kube_ns(kube_shared: Kube) -> Iterator[KubeNamespace]:
+    """The shared emulator with a fresh namespace for this test (`.namespace`). Afterwards the
     namespace's pods are deleted and the test fails if any of their processes is left, as a private
     emulator's teardown would."""
     ns = f"t-{secrets.token_hex(4)}"
-    core = kube_module.core()
+    core = kube_shared.core()
     core.create_namespace({"metadata": {"name": ns}})
-    yield KubeNamespace(kube_module, ns)
+    yield KubeNamespace(kube_shared, ns)
     for pod in core.list_namespaced_pod(ns).items:
         core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
-    kube_module.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
-    kube_module.wait_for(lambda: not kube_module.leftover_processes(), 15,
-                         what=f"the processes of {ns}'s pods to end (left: {kube_module.leftover_processes()})")
+    kube_shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
+    kube_shared.wait_for(lambda: not kube_shared.leftover_processes(), 15,
+                         what=f"the processes of {ns}'s pods to end (left: {kube_shared.leftover_processes()})")
 
 
 @pytest.fixture
