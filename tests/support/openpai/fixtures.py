@@ -156,6 +156,14 @@ def pai_factory():
         yield make
 
 
+@pytest.fixture(scope="module")
+def pai_shared():
+    """One emulator (as `pai`) for a module's tests whose every request is refused: they create no
+    job, so they need no fresh one (each still checks `pai.jobs() == []`)."""
+    with emulator_factory("pai-emu-", start_emulator, "the OpenPAI emulator") as make:
+        yield make()
+
+
 @pytest.fixture
 def pai(pai_factory) -> Pai:
     """User ``alice`` (VCs ``default`` unlimited and ``vc2`` with room for 1 task; storage ``confignfs``)."""
