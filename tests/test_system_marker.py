@@ -41,3 +41,18 @@ def test_every_test_using_a_process_fixture_is_marked_system(tmp_path: Path) -> 
     inner = [n for n, i in items.items() if not i["system"]]
     assert len(inner) >= 300, f"the inner loop (`-m 'not system'`) has only {len(inner)} tests"
     assert any(i["system"] for i in items.values())
+
+
+def test_the_audit_fails_an_unmarked_test_that_starts_a_process(tmp_path: Path) -> None:
+    """`-p tests.support.system_audit`: a test outside every system rule that runs a process fails,
+    naming itself and where to mark it; a marked one runs."""
+    (tmp_path / "test_sneaky.py").write_text(
+        "import subprocess, sys\nimport pytest\n\n"
+        "def test_sneaky():\n    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n\n"
+        "@pytest.mark.system\ndef test_marked():\n    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.system_audit",
+                        "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "test_sneaky.py")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert "1 failed, 1 passed" in out, out[-3000:]
+    assert "test_sneaky is not marked `system` but starts a process" in out, out[-3000:]

@@ -40,6 +40,7 @@ SYSTEM_TESTS = (
     "test_agent_min_python.py", "test_boot.py", "test_dependency_range.py", "test_fresh_clone.py",
     "test_proto_current.py", "test_quickstart_serving.py",
     "test_system_marker.py::test_every_test_using_a_process_fixture_is_marked_system",
+    "test_system_marker.py::test_the_audit_fails_an_unmarked_test_that_starts_a_process",
 )
 
 
