@@ -49,4 +49,9 @@ fi
 .venv/bin/ruff check manager agent tests scripts
 .venv/bin/mypy
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
-exec python -m pytest -q -p no:cacheprovider "$@"
+# The 25 slowest tests, then the suite's own wall time (docs/testing.md: the layers and their times).
+started=$SECONDS
+rc=0
+python -m pytest -q -p no:cacheprovider --durations=25 "$@" || rc=$?
+echo "scripts/test.sh: pytest ran $((SECONDS - started)) s (exit $rc)"
+exit "$rc"

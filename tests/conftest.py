@@ -43,3 +43,31 @@ def code_dir(short_dir: Path) -> Path:
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
     return code
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py)."""
+    from tests.support.system_marker import mark_system
+
+    mark_system(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    outcome = yield
+    _skip_without_schemas(outcome)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    outcome = yield
+    _skip_without_schemas(outcome)
+
+
+def _skip_without_schemas(outcome) -> None:  # noqa: ANN001 (pluggy's Result)
+    """A test or fixture that needs the published schemas (kept outside the project, normally
+    ../shared/schemas) is skipped with the reason where they are absent, as on a fresh clone."""
+    from tests.support.schemas import SchemasMissing
+
+    if outcome.excinfo is not None and isinstance(outcome.excinfo[1], SchemasMissing):
+        outcome.force_exception(pytest.skip.Exception(str(outcome.excinfo[1]), _use_item_location=True))

@@ -58,6 +58,25 @@ _STORAGE_PLACEHOLDERS = {
 _PLACEHOLDER = re.compile(r"\$?\{(your|replace)[^}]*\}")
 
 
+ALGORITHM_SECTIONS = ("tuner", "assessor", "advisor")
+
+
+def _algorithm_dirs_under(root: Path, text: str) -> str:
+    """An algorithm's absolute `codeDir` (opevo's `/root/algorithms/`) is a folder of this machine,
+    which the loader checks: it becomes the same path under `root`, made here, so the sweep never
+    depends on what happens to exist on the machine running it."""
+    data = yaml.safe_load(text) or {}
+    for section in ALGORITHM_SECTIONS:
+        for key in ("codeDir", "codeDirectory"):
+            value = (data.get(section) or {}).get(key)
+            if isinstance(value, str) and value.startswith("/"):
+                moved = root / value.lstrip("/")
+                moved.mkdir(parents=True, exist_ok=True)
+                text = re.sub(rf"(\b{key}:[ \t]*){re.escape(value)}([ \t]*$)",
+                              lambda m, moved=moved: m.group(1) + str(moved) + m.group(2), text, flags=re.M)
+    return text
+
+
 def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy as a user would have it: placeholders filled in, code folders and SSH key present."""
     shutil.copytree(SOURCE, tmp_path / "c")
@@ -72,6 +91,7 @@ def _prepare(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path
     for placeholder, value in _STORAGE_PLACEHOLDERS.items():  # sharedStorage's own placeholders
         text = text.replace(placeholder, value.replace("TMP", str(tmp_path)))
     text = _PLACEHOLDER.sub("10.0.0.1", text)  # not dialed: data only
+    text = _algorithm_dirs_under(tmp_path / "fs", text)
     path.write_text(text)
 
     def make_dirs(node: Any) -> None:
@@ -129,6 +149,17 @@ def test_nni_config(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         else:
             assert (storage.storage_account_name, storage.container_name) == ("nniaccount", "nni")
             assert storage.storage_account_key == "bm5pLWtleQ==" and "bm5pLWtleQ==" not in repr(config)
+
+
+def test_an_absolute_algorithm_folder_is_made_under_the_test_s_own_root(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """opevo's tuner lives in `/root/algorithms/`: the sweep loads it from a folder it made itself,
+    never from whatever this machine happens to hold at that path."""
+    name = "examples/trials/systems_auto_tuning/opevo/src/experiments/mm/N512K1024M1024/config_opevo.yml"
+    assert "codeDir: /root/algorithms/" in (SOURCE / name).read_text()
+    config = load_config(_prepare(tmp_path, name, monkeypatch))
+    assert config.tuner is not None and config.tuner.class_name == "opevo.OpEvo"
+    assert config.tuner.code_directory == tmp_path / "fs" / "root" / "algorithms"
 
 
 def test_an_unfilled_placeholder_is_named_as_one(tmp_path: Path) -> None:

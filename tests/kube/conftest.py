@@ -5,4 +5,6 @@ test packages import them from."""
 from tests.support.kube.fixtures import (  # noqa: F401 (fixtures)
     kube_factory,
     kube,
+    kube_shared,
+    kube_ns,
 )

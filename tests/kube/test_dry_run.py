@@ -8,13 +8,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nni_manager.backends.kubernetes.common import DRY_RUN_TRIAL
 from nni_manager.backends.registry import backend_class
 from nni_manager.service import create_training_service
+from tests.support.kube.fixtures import KubeNamespace, namespace_of
 from tests.support.kube.harness import config, ours, pods_service
 from tests.support.manager.helpers import form, wait_status
 
-NS = "default"
+
+
+@pytest.fixture
+def kube(kube_ns: KubeNamespace) -> KubeNamespace:
+    """This module's tests share the session's emulator, each in a namespace of its own."""
+    return kube_ns
 
 
 def _created(kube: Any, experiment_id: str) -> dict[str, dict[str, dict[str, str]]]:
@@ -22,9 +30,9 @@ def _created(kube: Any, experiment_id: str) -> dict[str, dict[str, dict[str, str
     core = kube.core()
     sel = ours(experiment_id)
     out: dict[str, dict[str, dict[str, str]]] = {}
-    for kind, items in (("Pod", core.list_namespaced_pod(NS, label_selector=sel).items),
-                        ("Secret", core.list_namespaced_secret(NS, label_selector=sel).items),
-                        ("ConfigMap", core.list_namespaced_config_map(NS, label_selector=sel).items)):
+    for kind, items in (("Pod", core.list_namespaced_pod(namespace_of(kube), label_selector=sel).items),
+                        ("Secret", core.list_namespaced_secret(namespace_of(kube), label_selector=sel).items),
+                        ("ConfigMap", core.list_namespaced_config_map(namespace_of(kube), label_selector=sel).items)):
         out[kind] = {o.metadata.name: dict(o.metadata.labels or {}) for o in items}
     return out
 
@@ -53,14 +61,14 @@ def test_dry_run_objects_are_what_a_non_reuse_run_creates(kube, tmp_path: Path) 
     for obj in dry.requests:
         create = {"ConfigMap": core.create_namespaced_config_map, "Secret": core.create_namespaced_secret,
                   "Pod": core.create_namespaced_pod}[obj["kind"]]
-        create(NS, obj, dry_run="All", field_validation="Strict")
+        create(namespace_of(kube), obj, dry_run="All", field_validation="Strict")
 
     async def run() -> tuple[str, str, dict[str, Any], Any]:
         async with create_training_service(cfg) as ts:
             job = await ts.submit_trial_job(form(0, step_sleep=3))  # running while we look
             await wait_status(ts, job.id, "RUNNING", timeout=90)
             created = _created(kube, ts.experiment_id)
-            pods = core.list_namespaced_pod(NS, label_selector=ours(ts.experiment_id)).items
+            pods = core.list_namespaced_pod(namespace_of(kube), label_selector=ours(ts.experiment_id)).items
             return ts.experiment_id, job.id, created, pods[0].spec.image_pull_secrets
 
     exp, trial, created, pulls = asyncio.run(run())

@@ -9,7 +9,8 @@ import os
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from tests.support.kube.pods import IMG, NS, pod_body, wait_phase
+from tests.support.kube.fixtures import KubeNamespace, namespace_of
+from tests.support.kube.pods import IMG, pod_body, wait_phase
 
 
 def alive(pid: int) -> bool:
@@ -25,41 +26,48 @@ def err(e: ApiException) -> dict:
     return json.loads(e.body)
 
 
+@pytest.fixture
+def kube(kube_ns: KubeNamespace) -> KubeNamespace:
+    """This module's tests share the session's emulator, each in a namespace of its own; those that change
+    the cluster itself (nodes, tokens, watch history) start a private one with `kube_factory`."""
+    return kube_ns
+
+
 def test_crud_list_selectors_and_errors(kube):
     v1 = kube.core()
     for i, team in enumerate(["a", "a", "b"]):
-        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"cm{i}", "labels": {"team": team, "i": str(i)}},
+        v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": f"cm{i}", "labels": {"team": team, "i": str(i)}},
                                              "data": {"k": str(i)}})
-    cm = v1.read_namespaced_config_map("cm0", NS)
+    cm = v1.read_namespaced_config_map("cm0", namespace_of(kube))
     assert cm.metadata.uid and int(cm.metadata.resource_version) > 0 and cm.metadata.creation_timestamp
-    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="team=a").items) == ["cm0", "cm1"]
-    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="team!=a").items] == ["cm2"]
-    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="i in (0,2),team").items) == ["cm0", "cm2"]
-    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, label_selector="!team").items] == []
-    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS, field_selector="metadata.name=cm1").items] == ["cm1"]
-    resp = v1.list_namespaced_config_map_with_http_info(NS, _preload_content=False)
+    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube), label_selector="team=a").items) == ["cm0", "cm1"]
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube), label_selector="team!=a").items] == ["cm2"]
+    assert sorted(c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube), label_selector="i in (0,2),team").items) == ["cm0", "cm2"]
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube), label_selector="!team").items] == []
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube), field_selector="metadata.name=cm1").items] == ["cm1"]
+    resp = v1.list_namespaced_config_map_with_http_info(namespace_of(kube), _preload_content=False)
     body = json.loads(resp.data)
     assert body["kind"] == "ConfigMapList" and "kind" not in body["items"][0] and body["metadata"]["resourceVersion"]
 
     # 409 AlreadyExists
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_config_map(NS, {"metadata": {"name": "cm0"}, "data": {}})
+        v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "cm0"}, "data": {}})
     assert ei.value.status == 409 and err(ei.value)["reason"] == "AlreadyExists"
     assert err(ei.value)["message"] == 'configmaps "cm0" already exists'
     # 404 NotFound Status
     with pytest.raises(ApiException) as ei:
-        v1.read_namespaced_pod("nope", NS)
+        v1.read_namespaced_pod("nope", namespace_of(kube))
     assert ei.value.status == 404 and err(ei.value)["reason"] == "NotFound"
     assert err(ei.value)["details"] == {"name": "nope", "kind": "pods"}
     # 422 Invalid with causes
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_pod(NS, pod_body("Bad_Name", "true"))
+        v1.create_namespaced_pod(namespace_of(kube), pod_body("Bad_Name", "true"))
     b = err(ei.value)
     assert ei.value.status == 422 and b["reason"] == "Invalid"
     assert b["message"].startswith('Pod "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain')
     assert b["details"]["causes"][0]["field"] == "metadata.name"
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_pod(NS, {"metadata": {"name": "x"}, "spec": {"restartPolicy": "Sometimes", "containers": [
+        v1.create_namespaced_pod(namespace_of(kube), {"metadata": {"name": "x"}, "spec": {"restartPolicy": "Sometimes", "containers": [
             {"name": "c", "command": ["true"], "volumeMounts": [{"name": "v", "mountPath": "/v"}]},
             {"name": "c", "image": IMG, "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]}})
     fields = {c["field"]: c["reason"] for c in err(ei.value)["details"]["causes"]}
@@ -70,105 +78,105 @@ def test_crud_list_selectors_and_errors(kube):
                       "spec.restartPolicy": "FieldValueNotSupported"}
     # 400: bad quantity, bad base64, unsupported field selector
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_pod(NS, pod_body("q", "true", container={"resources": {"requests": {"memory": "8GG"}}}))
+        v1.create_namespaced_pod(namespace_of(kube), pod_body("q", "true", container={"resources": {"requests": {"memory": "8GG"}}}))
     assert ei.value.status == 400 and "quantities must match" in err(ei.value)["message"]
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_secret(NS, {"metadata": {"name": "s"}, "data": {"k": "not base64!"}})
+        v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "s"}, "data": {"k": "not base64!"}})
     assert ei.value.status == 400 and "illegal base64 data" in err(ei.value)["message"]
     with pytest.raises(ApiException) as ei:
-        v1.list_namespaced_pod(NS, field_selector="spec.foo=1")
+        v1.list_namespaced_pod(namespace_of(kube), field_selector="spec.foo=1")
     assert ei.value.status == 400 and err(ei.value)["message"] == "field label not supported: spec.foo"
     # too large
     with pytest.raises(ApiException) as ei:
-        v1.create_namespaced_config_map(NS, {"metadata": {"name": "big"}, "data": {"k": "x" * (1024 * 1024 + 1)}})
+        v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "big"}, "data": {"k": "x" * (1024 * 1024 + 1)}})
     assert ei.value.status == 422 and "Too long: must have at most 1048576 bytes" in err(ei.value)["message"]
 
     # patch (strategic, merge, json), replace, delete, deletecollection
-    v1.patch_namespaced_config_map("cm0", NS, {"metadata": {"labels": {"x": "1"}}, "data": {"n": "v"}})
-    v1.patch_namespaced_config_map("cm0", NS, [{"op": "remove", "path": "/data/k"}])
-    cm = v1.read_namespaced_config_map("cm0", NS)
+    v1.patch_namespaced_config_map("cm0", namespace_of(kube), {"metadata": {"labels": {"x": "1"}}, "data": {"n": "v"}})
+    v1.patch_namespaced_config_map("cm0", namespace_of(kube), [{"op": "remove", "path": "/data/k"}])
+    cm = v1.read_namespaced_config_map("cm0", namespace_of(kube))
     assert cm.data == {"n": "v"} and cm.metadata.labels["x"] == "1"
     cm.data["z"] = "1"
-    cm2 = v1.replace_namespaced_config_map("cm0", NS, cm)
+    cm2 = v1.replace_namespaced_config_map("cm0", namespace_of(kube), cm)
     assert cm2.data == {"n": "v", "z": "1"} and int(cm2.metadata.resource_version) > int(cm.metadata.resource_version)
     cm.data["stale"] = "1"
     with pytest.raises(ApiException) as ei:
-        v1.replace_namespaced_config_map("cm0", NS, cm)
+        v1.replace_namespaced_config_map("cm0", namespace_of(kube), cm)
     assert ei.value.status == 409 and err(ei.value)["reason"] == "Conflict"
-    v1.delete_collection_namespaced_config_map(NS, label_selector="team=a")
-    assert [c.metadata.name for c in v1.list_namespaced_config_map(NS).items] == ["cm2"]
-    v1.delete_namespaced_config_map("cm2", NS)
-    assert v1.list_namespaced_config_map(NS).items == []
+    v1.delete_collection_namespaced_config_map(namespace_of(kube), label_selector="team=a")
+    assert [c.metadata.name for c in v1.list_namespaced_config_map(namespace_of(kube)).items] == ["cm2"]
+    v1.delete_namespaced_config_map("cm2", namespace_of(kube))
+    assert v1.list_namespaced_config_map(namespace_of(kube)).items == []
 
     # unknown API group / resource: plain text 404 as a real apiserver
     co = client.CustomObjectsApi(kube.api_client())
     with pytest.raises(ApiException) as ei:
-        co.list_namespaced_custom_object("nosuch.example.com", "v1", NS, "things")
+        co.list_namespaced_custom_object("nosuch.example.com", "v1", namespace_of(kube), "things")
     assert ei.value.status == 404 and ei.value.body.strip() == "404 page not found"
 
 
 def test_auth_401_403(kube_factory):
     kube = kube_factory(tokens=["ro-token=system:serviceaccount:default:nni:get/pods,list/pods"])
     with pytest.raises(ApiException) as ei:
-        kube.core("wrong").list_namespaced_pod(NS)
+        kube.core("wrong").list_namespaced_pod(namespace_of(kube))
     assert ei.value.status == 401 and err(ei.value)["reason"] == "Unauthorized"
     ro = kube.core("ro-token")
-    assert ro.list_namespaced_pod(NS).items == []
+    assert ro.list_namespaced_pod(namespace_of(kube)).items == []
     with pytest.raises(ApiException) as ei:
-        ro.create_namespaced_pod(NS, pod_body("p", "true"))
+        ro.create_namespaced_pod(namespace_of(kube), pod_body("p", "true"))
     assert ei.value.status == 403
     assert err(ei.value)["message"] == ('pods is forbidden: User "system:serviceaccount:default:nni" cannot create '
                                         'resource "pods" in API group "" in the namespace "default"')
     with pytest.raises(ApiException) as ei:
-        client.CustomObjectsApi(kube.api_client("ro-token")).list_namespaced_custom_object("kubeflow.org", "v1", NS, "tfjobs")
+        client.CustomObjectsApi(kube.api_client("ro-token")).list_namespaced_custom_object("kubeflow.org", "v1", namespace_of(kube), "tfjobs")
     assert ei.value.status == 404 and ei.value.body.strip() == "404 page not found"   # group not installed
 
 
 def test_field_validation_strict_and_warn(kube):
     body = pod_body("strict", "true", container={"foo": 1})
-    path = f"/api/v1/namespaces/{NS}/pods"
+    path = f"/api/v1/namespaces/{namespace_of(kube)}/pods"
     status, _, data = kube.raw("POST", path, body, [("fieldValidation", "Strict")])
     assert status == 400 and json.loads(data)["message"] == 'strict decoding error: unknown field "spec.containers[0].foo"'
     assert json.loads(data)["reason"] == "BadRequest"
     status, headers, data = kube.raw("POST", path, body)          # server default: Warn
     assert status == 201 and headers.get("Warning") == '299 - "unknown field \\"spec.containers[0].foo\\""'
     assert "foo" not in json.loads(data)["spec"]["containers"][0]
-    assert kube.core().read_namespaced_pod("strict", NS).spec.containers[0].name == "main"
+    assert kube.core().read_namespaced_pod("strict", namespace_of(kube)).spec.containers[0].name == "main"
 
 
 def test_watch_resource_version_and_410(kube_factory):
     kube = kube_factory(watch_history=20)
     v1 = kube.core()
-    v1.create_namespaced_config_map(NS, {"metadata": {"name": "w0", "labels": {"w": "y"}}})
-    rv = v1.list_namespaced_config_map(NS).metadata.resource_version
+    v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "w0", "labels": {"w": "y"}}})
+    rv = v1.list_namespaced_config_map(namespace_of(kube)).metadata.resource_version
     w = watch.Watch()
     got = [(e["type"], e["object"].metadata.name) for e in
-           w.stream(v1.list_namespaced_config_map, NS, label_selector="w=y", timeout_seconds=1)]
+           w.stream(v1.list_namespaced_config_map, namespace_of(kube), label_selector="w=y", timeout_seconds=1)]
     assert got == [("ADDED", "w0")]
-    v1.create_namespaced_config_map(NS, {"metadata": {"name": "w1", "labels": {"w": "y"}}})
-    v1.create_namespaced_config_map(NS, {"metadata": {"name": "other"}})
-    v1.patch_namespaced_config_map("w1", NS, {"metadata": {"labels": {"w": "n"}}})
-    v1.delete_namespaced_config_map("w0", NS)
+    v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "w1", "labels": {"w": "y"}}})
+    v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "other"}})
+    v1.patch_namespaced_config_map("w1", namespace_of(kube), {"metadata": {"labels": {"w": "n"}}})
+    v1.delete_namespaced_config_map("w0", namespace_of(kube))
     got = [(e["type"], e["object"].metadata.name) for e in
-           watch.Watch().stream(v1.list_namespaced_config_map, NS, label_selector="w=y", resource_version=rv, timeout_seconds=1)]
+           watch.Watch().stream(v1.list_namespaced_config_map, namespace_of(kube), label_selector="w=y", resource_version=rv, timeout_seconds=1)]
     # w1 leaving the selector is a DELETED for this watch, as on a real server
     assert got == [("ADDED", "w1"), ("DELETED", "w1"), ("DELETED", "w0")]
     for i in range(25):
-        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"f{i}"}})
-    resp = v1.list_namespaced_config_map_with_http_info(NS, watch=True, resource_version=rv, timeout_seconds=1,
+        v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": f"f{i}"}})
+    resp = v1.list_namespaced_config_map_with_http_info(namespace_of(kube), watch=True, resource_version=rv, timeout_seconds=1,
                                                          _preload_content=False)
     ev = json.loads(resp.data.splitlines()[0])
     assert ev["type"] == "ERROR" and ev["object"]["code"] == 410 and ev["object"]["reason"] == "Expired"
     assert ev["object"]["message"].startswith(f"too old resource version: {rv} (")
     with pytest.raises(ApiException) as ei:
-        list(watch.Watch().stream(v1.list_namespaced_config_map, NS, resource_version=rv, timeout_seconds=1))
+        list(watch.Watch().stream(v1.list_namespaced_config_map, namespace_of(kube), resource_version=rv, timeout_seconds=1))
     assert ei.value.status == 410
 
 
 def test_pod_runs_volumes_logs_fallback_message(kube):
     v1 = kube.core()
-    v1.create_namespaced_config_map(NS, {"metadata": {"name": "cfg"}, "data": {"k": "from-configmap"}})
-    v1.create_namespaced_pod(NS, pod_body(
+    v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "cfg"}, "data": {"k": "from-configmap"}})
+    v1.create_namespaced_pod(namespace_of(kube), pod_body(
         "p1", "echo hi; cat /etc/cfg/k; echo; hostname; exit 3",
         container={"terminationMessagePolicy": "FallbackToLogsOnError",
                    "volumeMounts": [{"name": "c", "mountPath": "/etc/cfg"}]},
@@ -177,12 +185,12 @@ def test_pod_runs_volumes_logs_fallback_message(kube):
     assert p.status.phase == "Failed"
     t = p.status.container_statuses[0].state.terminated
     assert t.exit_code == 3 and t.reason == "Error"
-    log = v1.read_namespaced_pod_log("p1", NS)
+    log = v1.read_namespaced_pod_log("p1", namespace_of(kube))
     assert log == "hi\nfrom-configmap\np1\n"
     assert t.message == log
-    assert v1.read_namespaced_pod_log("p1", NS, tail_lines=1) == "p1\n"
+    assert v1.read_namespaced_pod_log("p1", namespace_of(kube), tail_lines=1) == "p1\n"
     assert not os.path.exists("/etc/cfg/k")          # mounted only inside the pod
-    hist = kube.history("pods", NS, "p1")
+    hist = kube.history("pods", namespace_of(kube), "p1")
     assert [h["phase"] for h in hist][0] == "Pending" and hist[-1]["phase"] == "Failed"
     assert any(h["phase"] == "Running" for h in hist)
     assert {c["type"]: c["status"] for c in hist[-1]["conditions"]}["PodScheduled"] == "True"
@@ -190,9 +198,9 @@ def test_pod_runs_volumes_logs_fallback_message(kube):
 
 def test_secret_mount_env_field_ref_and_termination_log(kube):
     v1 = kube.core()
-    v1.create_namespaced_secret(NS, {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"},
+    v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"},
                                      "data": {"b": base64.b64encode(b"bin").decode()}})
-    v1.create_namespaced_pod(NS, pod_body(
+    v1.create_namespaced_pod(namespace_of(kube), pod_body(
         "p2", 'cat /var/run/nni/sec/token; echo " $POD $NSP $LBL $IP $SEC"; stat -c %a /var/run/nni/sec/token;'
               ' echo bye > /dev/termination-log',
         labels={"role": "trial"},
@@ -204,8 +212,8 @@ def test_secret_mount_env_field_ref_and_termination_log(kube):
                            {"name": "SEC", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "b"}}}]},
         volumes=[{"name": "s", "secret": {"secretName": "tok", "defaultMode": 0o400}}]))
     p = wait_phase(kube, v1, "p2")
-    assert p.status.phase == "Succeeded", v1.read_namespaced_pod_log("p2", NS)
-    assert v1.read_namespaced_pod_log("p2", NS) == "s3cret p2 default trial 127.0.0.1 bin\n400\n"
+    assert p.status.phase == "Succeeded", v1.read_namespaced_pod_log("p2", namespace_of(kube))
+    assert v1.read_namespaced_pod_log("p2", namespace_of(kube)) == f"s3cret p2 {namespace_of(kube)} trial 127.0.0.1 bin\n400\n"
     t = p.status.container_statuses[0].state.terminated
     assert t.reason == "Completed" and t.message == "bye\n"
     assert p.status.pod_ip == "127.0.0.1" and p.status.host_ip == "127.0.0.1"
@@ -219,45 +227,46 @@ def test_run_as_user_fs_group_and_run_as_non_root(kube):
     (readable by the non-root user), without it stays root's; an emptyDir is world-writable;
     runAsNonRoot with no runAsUser is a CreateContainerConfigError."""
     v1 = kube.core()
-    v1.create_namespaced_secret(NS, {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"}})
+    v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "tok"}, "stringData": {"token": "s3cret"}})
     script = ('id -u; id -g; id -G; stat -c "%a %g" /var/run/s/token; { cat /var/run/s/token && echo; } || echo unreadable; '
               'touch /var/run/w/f && echo writable')
     volumes = [{"name": "s", "secret": {"secretName": "tok", "defaultMode": 0o400}}, {"name": "w", "emptyDir": {}}]
     mounts = {"volumeMounts": [{"name": "s", "mountPath": "/var/run/s"}, {"name": "w", "mountPath": "/var/run/w"}]}
     for name, security in (("with-fs-group", {"runAsUser": 1000, "runAsGroup": 3000, "fsGroup": 2000}),
                            ("without", {"runAsUser": 1000, "runAsGroup": 3000})):
-        v1.create_namespaced_pod(NS, pod_body(name, script, image="python:3.11-slim", container=mounts,
+        v1.create_namespaced_pod(namespace_of(kube), pod_body(name, script, image="python:3.11-slim", container=mounts,
                                               volumes=volumes, securityContext=security))
     assert wait_phase(kube, v1, "with-fs-group").status.phase == "Succeeded"
-    log = v1.read_namespaced_pod_log("with-fs-group", NS).split("\n")
+    log = v1.read_namespaced_pod_log("with-fs-group", namespace_of(kube)).split("\n")
     assert log[:2] == ["1000", "3000"] and "2000" in log[2].split()
     assert log[3:6] == ["440 2000", "s3cret", "writable"], log
     wait_phase(kube, v1, "without")
-    log = v1.read_namespaced_pod_log("without", NS).split("\n")
+    log = v1.read_namespaced_pod_log("without", namespace_of(kube)).split("\n")
     assert log[:2] == ["1000", "3000"] and "2000" not in log[2].split()
     assert log[3] == "400 0" and "unreadable" in log and "writable" in log, log
-    v1.create_namespaced_pod(NS, pod_body("as-root", "true", securityContext={"runAsNonRoot": True}))
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("as-root", "true", securityContext={"runAsNonRoot": True}))
     pod = kube.wait_for(lambda: (lambda p: p if (p.status.container_statuses or [None])[0] is not None and
                                  p.status.container_statuses[0].state.waiting is not None and
                                  p.status.container_statuses[0].state.waiting.reason == "CreateContainerConfigError"
-                                 else None)(v1.read_namespaced_pod("as-root", NS)), 20, what="CreateContainerConfigError")
+                                 else None)(v1.read_namespaced_pod("as-root", namespace_of(kube))), 20, what="CreateContainerConfigError")
     assert "runAsNonRoot and image will run as root" in pod.status.container_statuses[0].state.waiting.message
 
 
-def test_unschedulable_then_scheduled_after_set_node(kube):
+def test_unschedulable_then_scheduled_after_set_node(kube_factory):
+    kube = kube_factory()  # changes the nodes: a cluster of its own
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body("gpu", "echo ok", container={
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("gpu", "echo ok", container={
         "resources": {"limits": {"nvidia.com/gpu": "2"}}}))
     msg = ("0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are available: "
            "1 No preemption victims found for incoming pod.")
 
     def unsched():
-        p = v1.read_namespaced_pod("gpu", NS)
+        p = v1.read_namespaced_pod("gpu", namespace_of(kube))
         c = [c for c in p.status.conditions or [] if c.type == "PodScheduled"]
         return c and c[0].status == "False" and c[0]
     c = kube.wait_for(unsched, what="Unschedulable")
     assert c.reason == "Unschedulable" and c.message == msg
-    evs = v1.list_namespaced_event(NS, field_selector="involvedObject.name=gpu,reason=FailedScheduling").items
+    evs = v1.list_namespaced_event(namespace_of(kube), field_selector="involvedObject.name=gpu,reason=FailedScheduling").items
     assert evs and evs[0].type == "Warning" and evs[0].message == msg and evs[0].involved_object.kind == "Pod"
     kube.set_node("node-1", gpus=4)
     p = wait_phase(kube, v1, "gpu")
@@ -266,101 +275,102 @@ def test_unschedulable_then_scheduled_after_set_node(kube):
 
 def test_image_pull_backoff(kube):
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body("img", "true", image="nosuch/image:1"))
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("img", "true", image="nosuch/image:1"))
 
     def waiting():
-        p = v1.read_namespaced_pod("img", NS)
+        p = v1.read_namespaced_pod("img", namespace_of(kube))
         cs = p.status.container_statuses
         return cs and cs[0].state.waiting and cs[0].state.waiting.reason == "ImagePullBackOff" and p
     p = kube.wait_for(waiting, what="ImagePullBackOff")
     assert p.status.phase == "Pending"
     assert p.status.container_statuses[0].state.waiting.message == 'Back-off pulling image "nosuch/image:1"'
-    reasons = {e.reason for e in v1.list_namespaced_event(NS, field_selector="involvedObject.name=img").items}
+    reasons = {e.reason for e in v1.list_namespaced_event(namespace_of(kube), field_selector="involvedObject.name=img").items}
     assert {"Failed", "BackOff"} <= reasons
     assert any(h.get("containerStatuses", [{}])[0].get("state", {}).get("waiting", {}).get("reason") == "ErrImagePull"
-               for h in kube.history("pods", NS, "img"))
+               for h in kube.history("pods", namespace_of(kube), "img"))
 
 
 def test_graceful_delete_kills_trap_ignoring_process(kube):
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body(
+    v1.create_namespaced_pod(namespace_of(kube), pod_body(
         "stubborn", "trap '' TERM; (sleep 300 &); echo ready; while true; do sleep 0.1; done",
         termination_grace_period_seconds=None))
-    kube.wait_for(lambda: "ready" in v1.read_namespaced_pod_log("stubborn", NS) if
-                  v1.read_namespaced_pod("stubborn", NS).status.phase == "Running" else False, what="running")
-    pids = kube.pod_processes(NS, "stubborn")
+    kube.wait_for(lambda: "ready" in v1.read_namespaced_pod_log("stubborn", namespace_of(kube)) if
+                  v1.read_namespaced_pod("stubborn", namespace_of(kube)).status.phase == "Running" else False, what="running")
+    pids = kube.pod_processes(namespace_of(kube), "stubborn")
     assert len(pids) >= 2
     w = watch.Watch()
-    v1.delete_namespaced_pod("stubborn", NS, grace_period_seconds=1)
-    p = v1.read_namespaced_pod("stubborn", NS)
+    v1.delete_namespaced_pod("stubborn", namespace_of(kube), grace_period_seconds=1)
+    p = v1.read_namespaced_pod("stubborn", namespace_of(kube))
     assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 1
     assert all(alive(pid) for pid in pids)       # SIGTERM ignored: still alive in grace
-    types = [e["type"] for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=stubborn",
+    types = [e["type"] for e in w.stream(v1.list_namespaced_pod, namespace_of(kube), field_selector="metadata.name=stubborn",
                                          timeout_seconds=10) if not (e["type"] == "DELETED" and w.stop())]
     assert types[0] == "ADDED" and types[-1] == "DELETED"
     kube.wait_for(lambda: not any(alive(pid) for pid in pids), what="SIGKILLed after the grace period")
     with pytest.raises(ApiException) as ei:
-        v1.read_namespaced_pod("stubborn", NS)
+        v1.read_namespaced_pod("stubborn", namespace_of(kube))
     assert ei.value.status == 404
     assert kube.leftover_processes() == []
 
 
 def test_oom_killed_and_evicted(kube):
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body("oom", "echo up; sleep 60"))
-    v1.create_namespaced_pod(NS, pod_body("ev", "echo up; sleep 60"))
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("oom", "echo up; sleep 60"))
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("ev", "echo up; sleep 60"))
     for n in ("oom", "ev"):
-        kube.wait_for(lambda n=n: v1.read_namespaced_pod_log(n, NS) if v1.read_namespaced_pod(n, NS).status.phase == "Running" else "", what=n)
-    kube.oom_kill(NS, "oom")
+        kube.wait_for(lambda n=n: v1.read_namespaced_pod_log(n, namespace_of(kube)) if v1.read_namespaced_pod(n, namespace_of(kube)).status.phase == "Running" else "", what=n)
+    kube.oom_kill(namespace_of(kube), "oom")
     p = wait_phase(kube, v1, "oom")
     t = p.status.container_statuses[0].state.terminated
     assert p.status.phase == "Failed" and t.reason == "OOMKilled" and t.exit_code == 137
-    kube.evict(NS, "ev")
+    kube.evict(namespace_of(kube), "ev")
     p = wait_phase(kube, v1, "ev")
     assert p.status.phase == "Failed" and p.status.reason == "Evicted"
     assert p.status.message.startswith("The node was low on resource: memory.")
-    assert kube.pod_processes(NS, "ev") == []
+    assert kube.pod_processes(namespace_of(kube), "ev") == []
 
 
 def test_owner_reference_garbage_collection(kube):
     v1 = kube.core()
-    owner = v1.create_namespaced_config_map(NS, {"metadata": {"name": "owner"}})
+    owner = v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "owner"}})
     ref = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}]
-    v1.create_namespaced_pod(NS, {**pod_body("child", "sleep 60"), "metadata": {"name": "child", "ownerReferences": ref}})
-    v1.create_namespaced_secret(NS, {"metadata": {"name": "child-s", "ownerReferences": ref}})
-    v1.create_namespaced_secret(NS, {"metadata": {"name": "free"}})
-    kube.wait_for(lambda: v1.read_namespaced_pod("child", NS).status.phase == "Running", what="running")
-    v1.delete_namespaced_config_map("owner", NS, grace_period_seconds=0)
+    v1.create_namespaced_pod(namespace_of(kube), {**pod_body("child", "sleep 60"), "metadata": {"name": "child", "ownerReferences": ref}})
+    v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "child-s", "ownerReferences": ref}})
+    v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "free"}})
+    kube.wait_for(lambda: v1.read_namespaced_pod("child", namespace_of(kube)).status.phase == "Running", what="running")
+    v1.delete_namespaced_config_map("owner", namespace_of(kube), grace_period_seconds=0)
 
     def gone():
-        names = [p.metadata.name for p in v1.list_namespaced_pod(NS).items]
+        names = [p.metadata.name for p in v1.list_namespaced_pod(namespace_of(kube)).items]
         return "child" not in names
     kube.wait_for(gone, timeout=40, what="child GC")
-    assert [s.metadata.name for s in v1.list_namespaced_secret(NS).items] == ["free"]
+    assert [s.metadata.name for s in v1.list_namespaced_secret(namespace_of(kube)).items] == ["free"]
     # Orphan keeps dependents and strips the ownerReference
-    o2 = v1.create_namespaced_config_map(NS, {"metadata": {"name": "o2"}})
-    v1.create_namespaced_secret(NS, {"metadata": {"name": "kept", "ownerReferences": [
+    o2 = v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "o2"}})
+    v1.create_namespaced_secret(namespace_of(kube), {"metadata": {"name": "kept", "ownerReferences": [
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "o2", "uid": o2.metadata.uid}]}})
-    v1.delete_namespaced_config_map("o2", NS, propagation_policy="Orphan")
-    kept = v1.read_namespaced_secret("kept", NS)
+    v1.delete_namespaced_config_map("o2", namespace_of(kube), propagation_policy="Orphan")
+    kept = v1.read_namespaced_secret("kept", namespace_of(kube))
     assert kept.metadata.owner_references is None
 
 
-def test_node_lost(kube):
+def test_node_lost(kube_factory):
+    kube = kube_factory()  # changes the nodes: a cluster of its own
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body("onnode", "sleep 60"))
-    kube.wait_for(lambda: v1.read_namespaced_pod("onnode", NS).status.phase == "Running", what="running")
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("onnode", "sleep 60"))
+    kube.wait_for(lambda: v1.read_namespaced_pod("onnode", namespace_of(kube)).status.phase == "Running", what="running")
     kube.node_lost("node-1")
     with pytest.raises(ApiException) as ei:
-        v1.read_namespaced_pod("onnode", NS)
+        v1.read_namespaced_pod("onnode", namespace_of(kube))
     assert ei.value.status == 404
-    assert kube.history("pods", NS, "onnode")[-1]["phase"] == "Failed"
+    assert kube.history("pods", namespace_of(kube), "onnode")[-1]["phase"] == "Failed"
     assert v1.list_node().items == []
 
 
 def test_restart_policy_on_failure_crashloop(kube):
     v1 = kube.core()
-    v1.create_namespaced_pod(NS, pod_body("crash", "echo run; [ -e /tmp/emu-crash-$POD_UID ] && exit 0; "
+    v1.create_namespaced_pod(namespace_of(kube), pod_body("crash", "echo run; [ -e /tmp/emu-crash-$POD_UID ] && exit 0; "
                                           "touch /tmp/emu-crash-$POD_UID; exit 1", restart="OnFailure",
                                           container={"env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]}))
     p = wait_phase(kube, v1, "crash")
@@ -369,9 +379,9 @@ def test_restart_policy_on_failure_crashloop(kube):
     cs = p.status.container_statuses[0]
     assert p.status.phase == "Succeeded" and cs.restart_count == 1
     assert cs.last_state.terminated.exit_code == 1
-    assert v1.read_namespaced_pod_log("crash", NS, previous=True) == "run\n"
+    assert v1.read_namespaced_pod_log("crash", namespace_of(kube), previous=True) == "run\n"
     assert any(h.get("containerStatuses", [{}])[0].get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
-               for h in kube.history("pods", NS, "crash"))
+               for h in kube.history("pods", namespace_of(kube), "crash"))
 
 
 def test_aio_client_and_watch(kube):
@@ -383,16 +393,35 @@ def test_aio_client_and_watch(kube):
         async with aclient.ApiClient(cfg) as api:
             v1 = aclient.CoreV1Api(api)
             # watch from before the creation: every phase is seen, however fast the pod runs
-            since = (await v1.list_namespaced_pod(NS)).metadata.resource_version
-            await v1.create_namespaced_pod(NS, pod_body("ap", "echo aio"))
+            since = (await v1.list_namespaced_pod(namespace_of(kube))).metadata.resource_version
+            await v1.create_namespaced_pod(namespace_of(kube), pod_body("ap", "echo aio"))
             seen = []
             w = awatch.Watch()
-            async for e in w.stream(v1.list_namespaced_pod, NS, field_selector="metadata.name=ap", timeout_seconds=15,
+            async for e in w.stream(v1.list_namespaced_pod, namespace_of(kube), field_selector="metadata.name=ap", timeout_seconds=15,
                                     resource_version=since):
                 seen.append(e["object"].status.phase)
                 if e["object"].status.phase == "Succeeded":
                     w.stop()
-            log = await v1.read_namespaced_pod_log("ap", NS)
+            log = await v1.read_namespaced_pod_log("ap", namespace_of(kube))
             return seen, log
     seen, log = asyncio.run(main())
     assert seen[0] == "Pending" and seen[-1] == "Succeeded" and log == "aio\n"
+
+
+_namespaces_seen: list[str] = []
+
+
+@pytest.mark.parametrize("turn", ["first", "second"])
+def test_each_test_gets_a_namespace_of_its_own_and_leaves_nothing_running(kube, turn):
+    """`kube_ns`: one emulator for the session, a fresh namespace per test; the pod the first turn
+    leaves running is gone, with its process, before the second turn starts."""
+    v1 = kube.core()
+    assert kube.namespace not in _namespaces_seen and kube.namespace != "default"
+    assert v1.read_namespace(kube.namespace).status.phase == "Active"
+    for ns in _namespaces_seen:
+        assert v1.list_namespaced_pod(ns).items == []
+    assert kube.leftover_processes() == []
+    _namespaces_seen.append(kube.namespace)
+    v1.create_namespaced_pod(kube.namespace, pod_body("left-running", "sleep 300"))
+    wait_phase(kube, v1, "left-running", phases=("Running",))
+    assert kube.pod_processes(kube.namespace, "left-running")

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.support.kube.emulator import barrier, crds
+from tests.support.schemas import SchemasMissing
 
 PY = "nni-test/python:3.11"
 KF = ("kubeflow.org", "v1")
@@ -17,8 +18,12 @@ FC = ("frameworkcontroller.microsoft.com", "v1")
 
 
 def _examples():
+    try:
+        examples = crds.schemas_dir() / "examples"
+    except SchemasMissing as e:  # collected all the same, and skipped with the reason
+        return [pytest.param(None, id="published-examples", marks=pytest.mark.skip(reason=str(e)))]
     out = []
-    for f in sorted((crds.schemas_dir() / "examples").glob("*/*.yaml")):
+    for f in sorted(examples.glob("*/*.yaml")):
         for i, d in enumerate(yaml.safe_load_all(f.read_text())):
             if d and d.get("kind") in ("TFJob", "PyTorchJob", "Framework"):
                 out.append(pytest.param(d, id=f"{f.stem}-{i}"))

@@ -19,6 +19,7 @@ from nni_manager.backends.kubernetes.client import KubeError
 from nni_manager.backends.registry import backend_class
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
+from tests.support.kube.fixtures import KubeNamespace, namespace_of
 from tests.support.kube.harness import (
     SLIM_IMAGE,
     config,
@@ -30,7 +31,6 @@ from tests.support.kube.harness import (
 )
 from tests.support.manager.helpers import form, message_with, release, sleeper, until, wait_status
 
-NS = "default"
 T = 60.0  # generous polling timeout: two cores shared with other test runs
 
 
@@ -43,22 +43,29 @@ def base(short_dir: Path) -> Path:
     return short_dir
 
 
+@pytest.fixture
+def kube(kube_ns: KubeNamespace) -> KubeNamespace:
+    """This module's tests share the session's emulator, each in a namespace of its own; those that change
+    the cluster itself (nodes, tokens) start a private one with `kube_factory`."""
+    return kube_ns
+
+
 def scheduled_pods(kube: Any, experiment_id: str) -> set[str]:
     """Every pod of the experiment the emulator ever scheduled (its `Scheduled` events outlive the pods)."""
     prefix = f"nniexp{experiment_id.lower()}"
-    return {e.involved_object.name for e in kube.core().list_namespaced_event(NS).items
+    return {e.involved_object.name for e in kube.core().list_namespaced_event(namespace_of(kube)).items
             if e.reason == "Scheduled" and e.involved_object.kind == "Pod"
             and e.involved_object.name.startswith(prefix)}
 
 
 def phases(kube: Any, pod: str) -> list[str]:
-    return [s.get("phase", "") for s in kube.history("pods", NS, pod)]
+    return [s.get("phase", "") for s in kube.history("pods", namespace_of(kube), pod)]
 
 
 def terminated(kube: Any, pod: str) -> list[dict]:
     """The `terminated` states the pod's containers ever reported."""
     out = []
-    for s in kube.history("pods", NS, pod):
+    for s in kube.history("pods", namespace_of(kube), pod):
         for c in s.get("containerStatuses") or []:
             term = (c.get("state") or {}).get("terminated")
             if term and term not in out:
@@ -144,7 +151,7 @@ def test_reuse_pool_runs_ten_trials_on_two_environments(kube, base: Path) -> Non
             # idle environments are released once nothing waits (after capacity.IDLE_RELEASE_S):
             # no pod of ours is left
             await until(lambda: not ts.environments(), T, "idle environments to be released")
-            await until(lambda: not kube.core().list_namespaced_pod(NS, label_selector=ours(ts.experiment_id)).items,
+            await until(lambda: not kube.core().list_namespaced_pod(namespace_of(kube), label_selector=ours(ts.experiment_id)).items,
                         T, "the idle pods to be deleted")
 
     run(main())
@@ -165,11 +172,11 @@ def test_non_reuse_one_pod_per_trial_whose_status_follows_the_trial(kube, base: 
             for d, pod in zip(details, pods):
                 assert d.environment_id and pod.endswith(d.environment_id.replace("-", ""))
             # each pod is deleted after its trial ...
-            await until(lambda: not kube.core().list_namespaced_pod(NS, label_selector=ours(ts.experiment_id)).items,
+            await until(lambda: not kube.core().list_namespaced_pod(namespace_of(kube), label_selector=ours(ts.experiment_id)).items,
                         T, "every trial's pod to be deleted")
             # ... and ended as its trial did: the agent ran --single-trial and exited with its outcome
             for pod in pods[:2]:
-                assert "Succeeded" in phases(kube, pod), kube.history("pods", NS, pod)
+                assert "Succeeded" in phases(kube, pod), kube.history("pods", namespace_of(kube), pod)
                 assert [t["exitCode"] for t in terminated(kube, pod)] == [0]
             assert "Failed" in phases(kube, pods[2]) and "Succeeded" not in phases(kube, pods[2])
             assert [t["exitCode"] for t in terminated(kube, pods[2])] == [3]
@@ -293,13 +300,13 @@ def test_pod_killed_mid_trial_ends_it_with_the_reason_and_the_next_trial_gets_a_
             envs = []
             trial, pod, env = await running(ts, 0, "oom")
             envs.append(env)
-            await asyncio.to_thread(kube.oom_kill, NS, pod)  # off the loop: the manager keeps serving
+            await asyncio.to_thread(kube.oom_kill, namespace_of(kube), pod)  # off the loop: the manager keeps serving
             d = await wait_status(ts, trial, "FAILED", timeout=T)
             assert "OOMKilled" in d.message and pod in d.message, d.message
 
             trial, pod, env = await running(ts, 1, "evict")
             envs.append(env)
-            await asyncio.to_thread(kube.evict, NS, pod, "The node was low on resource: memory.")
+            await asyncio.to_thread(kube.evict, namespace_of(kube), pod, "The node was low on resource: memory.")
             await wait_status(ts, trial, "SYS_CANCELED", timeout=T)
             # the kubelet stops the containers before it records why: the agent's own report
             # (SIGTERM) may come first, the platform's words then join the message
@@ -309,7 +316,7 @@ def test_pod_killed_mid_trial_ends_it_with_the_reason_and_the_next_trial_gets_a_
 
             trial, pod, env = await running(ts, 2, "delete")
             envs.append(env)
-            await asyncio.to_thread(kube.core().delete_namespaced_pod, pod, NS)
+            await asyncio.to_thread(kube.core().delete_namespaced_pod, pod, namespace_of(kube))
             await wait_status(ts, trial, "SYS_CANCELED", timeout=T)
             await message_with(ts, trial, "deleted", pod)
 
@@ -377,7 +384,7 @@ def test_agent_token_never_in_pod_spec_argv_or_logs(kube, base: Path, caplog) ->
             assert all(p in dumped for p in pods)
             argv = []
             for pod in pods:
-                pids = kube.pod_processes(NS, pod)
+                pids = kube.pod_processes(namespace_of(kube), pod)
                 assert pids, pod
                 for pid in pids:
                     try:
@@ -386,7 +393,7 @@ def test_agent_token_never_in_pod_spec_argv_or_logs(kube, base: Path, caplog) ->
                     except OSError:
                         pass
             assert any("nni_agent" in a for a in argv), argv
-            logs = "".join(kube.core().read_namespaced_pod_log(p, NS) for p in pods)  # the agents' own logs
+            logs = "".join(kube.core().read_namespaced_pod_log(p, namespace_of(kube)) for p in pods)  # the agents' own logs
             assert "connected to" in logs, logs[-2000:]
             for tok in tokens:
                 assert tok not in dumped
@@ -417,7 +424,7 @@ def test_clean_up_leaves_no_object_and_no_process(kube, base: Path) -> None:
                 await wait_status(ts, t.id, "RUNNING", timeout=T)
             left = objects_of(kube, ts.experiment_id)
             assert len(left["pods"]) == 2 and len(left["secrets"]) == 2 and left["configmaps"], left
-            assert all(kube.pod_processes(NS, p) for p in left["pods"])
+            assert all(kube.pod_processes(namespace_of(kube), p) for p in left["pods"])
             exp = ts.experiment_id
         for t in [*running, queued]:
             assert (await ts.get_trial_job(t.id)).status.is_terminal
@@ -440,12 +447,12 @@ def test_dry_run_objects_are_valid_for_the_api_server_and_hold_no_token(kube, ba
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert "Secret" in dry.text and "Pod" in dry.text
     core = kube.core()
-    core.create_namespaced_config_map(NS, agent_map, dry_run="All", field_validation="Strict")
-    created_secret = core.create_namespaced_secret(NS, secret, dry_run="All", field_validation="Strict")
-    created_pod = core.create_namespaced_pod(NS, pod, dry_run="All", field_validation="Strict")
+    core.create_namespaced_config_map(namespace_of(kube), agent_map, dry_run="All", field_validation="Strict")
+    created_secret = core.create_namespaced_secret(namespace_of(kube), secret, dry_run="All", field_validation="Strict")
+    created_pod = core.create_namespaced_pod(namespace_of(kube), pod, dry_run="All", field_validation="Strict")
     assert created_secret.metadata.name == secret["metadata"]["name"]
     assert created_pod.metadata.name == pod["metadata"]["name"]
-    assert not core.list_namespaced_pod(NS).items and not core.list_namespaced_secret(NS).items  # dry: nothing stored
+    assert not core.list_namespaced_pod(namespace_of(kube)).items and not core.list_namespaced_secret(namespace_of(kube)).items  # dry: nothing stored
     # no real token: the Secret holds placeholders only, the pod reads its token from the mounted file
     values = {**secret.get("stringData", {}), **{k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}}
     assert pod["metadata"]["name"] in values and all(v.startswith("<") for v in values.values()), values
@@ -471,7 +478,8 @@ def test_dry_run_objects_are_valid_for_the_api_server_and_hold_no_token(kube, ba
         in pod["spec"]["volumes"]
 
 
-def test_node_lost_cancels_the_trial_and_a_new_node_runs_the_next(kube, base: Path) -> None:
+def test_node_lost_cancels_the_trial_and_a_new_node_runs_the_next(kube_factory, base: Path) -> None:
+    kube = kube_factory()  # loses the node: a cluster of its own
     cfg = config(kube, base, pods_service(reuseMode=True))
 
     async def main() -> None:

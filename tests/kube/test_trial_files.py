@@ -10,10 +10,17 @@ import pytest
 
 from nni_manager.errors import AgentUnavailableError
 from nni_manager.service import create_training_service
+from tests.support.kube.fixtures import KubeNamespace
 from tests.support.kube.harness import config, pods_service
 from tests.support.manager.helpers import form, until, wait_status
 
 T = 60.0
+
+
+@pytest.fixture
+def kube(kube_ns: KubeNamespace) -> KubeNamespace:
+    """This module's tests share the session's emulator, each in a namespace of its own."""
+    return kube_ns
 
 
 def run(coro: Any) -> Any:

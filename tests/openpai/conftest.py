@@ -5,4 +5,5 @@ test packages import them from."""
 from tests.support.openpai.fixtures import (  # noqa: F401 (fixtures)
     pai_factory,
     pai,
+    pai_shared,
 )

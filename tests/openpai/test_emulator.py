@@ -137,7 +137,8 @@ def test_accepts_pinned_examples(pai_factory):
     (lambda j: j["taskRoles"]["taskrole"]["resourcePerInstance"].pop("gpu"),
      {"keyword": "required", "dataPath": ".taskRoles.taskrole.resourcePerInstance"}),
 ])
-def test_rejects_invalid_protocol_with_ajv_errors(pai, mutate, expect):
+def test_rejects_invalid_protocol_with_ajv_errors(pai_shared, mutate, expect):
+    pai = pai_shared  # refused requests create nothing: one emulator for them all
     job = yaml.safe_load(job_yaml("bad", ["true"]))
     mutate(job)
     st, body = run(Client(pai).submit(yaml.safe_dump(job)))
@@ -147,7 +148,8 @@ def test_rejects_invalid_protocol_with_ajv_errors(pai, mutate, expect):
     assert pai.jobs() == []
 
 
-def test_semantic_protocol_errors_and_yaml_errors(pai):
+def test_semantic_protocol_errors_and_yaml_errors(pai_shared):
+    pai = pai_shared
     c = Client(pai)
     job = yaml.safe_load(job_yaml("sem", ["true"]))
     job["taskRoles"]["taskrole"]["dockerImage"] = "nope"
@@ -159,9 +161,11 @@ def test_semantic_protocol_errors_and_yaml_errors(pai):
         "Duplicate dockerimage prerequisites docker_image_0."
     st, body = run(c.submit("name: [unclosed\n"))               # js-yaml throws: express answers 500
     assert st == 500 and set(body) == {"message"}
+    assert pai.jobs() == []
 
 
-def test_auth_errors(pai):
+def test_auth_errors(pai_shared):
+    pai = pai_shared
     no_token, bad = Client(pai, token=""), Client(pai, token="wrong")
     assert run(no_token.get("/jobs")) == (401, {"code": "UnauthorizedUserError",
                                                 "message": "Guest is not allowed to do this operation."})

@@ -9,12 +9,15 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
 from tests.support.images import SLIM_IMAGE, slim_python_dir
+from tests.support.schemas import schemas_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -167,6 +170,8 @@ class Kube(EmulatorHandle):
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
                    pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
                    pod_network: str = "host", host_netns: bool = False) -> Kube:
+    if crd_groups:
+        schemas_dir()  # custom resources are validated with the published schemas: SchemasMissing skips
     state = base / f"kube-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     instance = secrets.token_hex(8)
@@ -201,6 +206,48 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
     proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)
+
+
+class KubeNamespace:
+    """The session's shared emulator as one test sees it: every attribute of `Kube`, plus `namespace`,
+    a namespace made for this test alone. Objects the test creates go there; what is cluster-wide
+    (nodes, faults, restarts, tokens, OIDC, operators) stays with a private `kube_factory()` one."""
+
+    def __init__(self, shared: Kube, namespace: str) -> None:
+        self.shared, self.namespace = shared, namespace
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shared, name)
+
+
+def namespace_of(kube: Any) -> str:
+    """Where a test's objects live: its own namespace on a shared emulator, else "default"."""
+    return getattr(kube, "namespace", None) or "default"
+
+
+@pytest.fixture(scope="session")
+def kube_shared() -> Iterator[Kube]:
+    """One emulator (default options) for the whole session; tests reach it through `kube_ns`."""
+    if os.geteuid() != 0:
+        pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
+    with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
+        yield make()
+
+
+@pytest.fixture
+def kube_ns(kube_shared: Kube) -> Iterator[KubeNamespace]:
+    """The shared emulator with a fresh namespace for this test (`.namespace`). Afterwards the
+    namespace's pods are deleted and the test fails if any of their processes is left, as a private
+    emulator's teardown would."""
+    ns = f"t-{secrets.token_hex(4)}"
+    core = kube_shared.core()
+    core.create_namespace({"metadata": {"name": ns}})
+    yield KubeNamespace(kube_shared, ns)
+    for pod in core.list_namespaced_pod(ns).items:
+        core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+    kube_shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
+    kube_shared.wait_for(lambda: not kube_shared.leftover_processes(), 15,
+                         what=f"the processes of {ns}'s pods to end (left: {kube_shared.leftover_processes()})")
 
 
 @pytest.fixture

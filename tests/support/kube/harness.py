@@ -18,6 +18,7 @@ import yaml
 
 from nni_manager.config import ExperimentConfig, load_config
 from tests.support.images import SLIM_IMAGE  # noqa: F401 (re-exported: the system Python, no grpc / psutil)
+from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import TRIAL
 
 IMAGE = "nni-test/python:3.11"  # the venv's Python: has the agent's dependencies
@@ -36,6 +37,8 @@ def config_dict(kube: Any, base: Path, training_service: dict[str, Any], **top: 
     """An NNI v2 config dict: `kubeConfig` defaults to the emulator's; short grace period;
     `top` overrides top-level keys (trialConcurrency, maxTrialDuration, ...)."""
     ts = {"kubeConfig": str(kube.kubeconfig), **training_service}
+    if getattr(kube, "namespace", None):  # a test's own namespace on a shared emulator (kube_ns)
+        ts.setdefault("namespace", kube.namespace)
     out: dict[str, Any] = {
         # pods share the host network in the default emulator: the hub is reached directly (tests of
         # the tunnel through the API server pass nniManagerIp=None, on an isolated pod network)
@@ -77,8 +80,9 @@ def ours(experiment_id: str) -> str:
     return f"app={APP},expId={experiment_id}"
 
 
-def objects_of(kube: Any, experiment_id: str, namespace: str = "default") -> dict[str, list[str]]:
-    """Names of the experiment's pods, secrets and configmaps still in the namespace."""
+def objects_of(kube: Any, experiment_id: str, namespace: str | None = None) -> dict[str, list[str]]:
+    """Names of the experiment's pods, secrets and configmaps still in the namespace (the test's own)."""
+    namespace = namespace or namespace_of(kube)
     core = kube.core()
     sel = ours(experiment_id)
     return {
@@ -88,15 +92,17 @@ def objects_of(kube: Any, experiment_id: str, namespace: str = "default") -> dic
     }
 
 
-def pod_json(kube: Any, namespace: str = "default") -> list[dict[str, Any]]:
+def pod_json(kube: Any, namespace: str | None = None) -> list[dict[str, Any]]:
     """Every pod object the emulator holds in the namespace, as the API serves it."""
+    namespace = namespace or namespace_of(kube)
     status, _, body = kube.raw("GET", f"/api/v1/namespaces/{namespace}/pods")
     assert status == 200, body
     return json.loads(body)["items"]
 
 
-def secret_values(kube: Any, namespace: str = "default") -> list[str]:
+def secret_values(kube: Any, namespace: str | None = None) -> list[str]:
     """Decoded values of every Secret in the namespace (to look for tokens elsewhere)."""
+    namespace = namespace or namespace_of(kube)
     out = []
     for s in kube.core().list_namespaced_secret(namespace).items:
         for v in (s.data or {}).values():

@@ -1,6 +1,7 @@
 """Raw pod bodies and a phase wait for tests that drive the Kubernetes emulator directly."""
 from __future__ import annotations
 
+from tests.support.kube.fixtures import namespace_of
 
 NS = "default"
 
@@ -17,4 +18,4 @@ def pod_body(name, cmd, *, restart="Never", labels=None, **spec):
 
 def wait_phase(kube, v1, name, phases=("Succeeded", "Failed"), timeout=20):
     return kube.wait_for(lambda: (lambda p: p if p.status.phase in phases else None)(
-        v1.read_namespaced_pod(name, NS)), timeout, what=f"pod {name} in {phases}")
+        v1.read_namespaced_pod(name, namespace_of(kube))), timeout, what=f"pod {name} in {phases}")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.schemas import schemas_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -114,6 +115,7 @@ def start_emulator(base: Path, *, users: dict | None = None, virtual_clusters: d
     ``rate_windows``: {api|list|submit: requests / seconds} (the rest-server's: 600/60 s, 60/60 s,
     60/3600 s). Each storage is backed by ``state/storages/<name>`` (``Pai.storage_dir``).
     ``images``: {image uri: bin dir put first on PATH}, what that image holds (others: the host's)."""
+    schemas_dir()  # every submission is checked with the published job protocol: SchemasMissing skips
     state = base / f"pai-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
     users = users or {"alice": {"virtualClusters": ["default", "vc2"], "storages": ["confignfs"]}}
@@ -152,6 +154,14 @@ def pai_factory():
     stopped at teardown, and the test fails if any task process outlived its emulator."""
     with emulator_factory("pai-emu-", start_emulator, "the OpenPAI emulator") as make:
         yield make
+
+
+@pytest.fixture(scope="module")
+def pai_shared():
+    """One emulator (as `pai`) for a module's tests whose every request is refused: they create no
+    job, so they need no fresh one (each still checks `pai.jobs() == []`)."""
+    with emulator_factory("pai-emu-", start_emulator, "the OpenPAI emulator") as make:
+        yield make()
 
 
 @pytest.fixture

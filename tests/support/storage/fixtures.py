@@ -70,11 +70,11 @@ def azurite_oauth(tmp_path: Path) -> Iterator[AzuriteTls]:
     """Azurite over HTTPS with `--oauth basic`: it accepts Azure AD bearer tokens (issuer, audience
     https://storage.azure.com and expiry checked; signature and permission not: see
     tests/support/aml/emulator/storage_front.py) besides the account key."""
-    from tests.support.aml.emulator.tls import make_tls
+    from tests.support.emulator_serving import make_tls
 
     tls = tmp_path / "azurite-tls"
     tls.mkdir()
-    make_tls(tls)
+    make_tls(tls, ca_name="aml-emulator-ca", server_name="management.azure.emulator")
     for endpoint in _azurite(tmp_path / "azurite", ["--cert", str(tls / "server.crt"), "--key",
                                                     str(tls / "server.key"), "--oauth", "basic"], "https"):
         yield AzuriteTls(endpoint, str(tls / "ca.crt"))

@@ -31,7 +31,7 @@ from tests.support.dlts.emulator.procs import ProcessRunner
 
 from .arm import ArmError, Gate, fault_error, user_error
 from .jobs import Workspace
-from .tls import make_tls
+from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
 from .tokens import ARM_AUDIENCES, verify
 
 MARK = "AML_EMULATOR"
@@ -396,33 +396,19 @@ async def amain(args) -> None:
     gate = Gate(key, cfg["tenant"], cfg["subscription"], cfg.get("principals", {}),
                 list(cfg.get("audiences") or ARM_AUDIENCES))
     arm = Arm(ws, gate, Faults(), RequestLog(), int(cfg.get("pageSize", 20)))
-    runner = web.AppRunner(make_app(arm), access_log=None, handle_signals=False)
-    await runner.setup()
-    tls = make_tls(state)
-    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=tls, shutdown_timeout=0.5)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    tls = make_tls(state, ca_name="aml-emulator-ca", server_name="management.azure.emulator")
+    runner, port = await serve(make_app(arm), port=args.port, ssl_context=tls)
     front = None
     if ws.datastore is not None and ws.datastore.identity_based:
         from urllib.parse import urlsplit
 
         from .storage_front import make_front
         up = urlsplit(ws.datastore.blob_endpoint)
-        front = web.AppRunner(make_front(gate, f"{up.scheme}://{up.netloc}", ws.datastore.blob_ca_file),
-                              access_log=None, handle_signals=False)
-        await front.setup()
-        fsite = web.TCPSite(front, "127.0.0.1", 0, ssl_context=tls,
-                            shutdown_timeout=0.5)
-        await fsite.start()
-        (state / "storage-front-port").write_text(str(fsite._server.sockets[0].getsockname()[1]))
-    (state / "pid").write_text(str(os.getpid()))
-    (state / "port.tmp").write_text(str(port))
-    os.replace(state / "port.tmp", state / "port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        front, front_port = await serve(make_front(gate, f"{up.scheme}://{up.netloc}", ws.datastore.blob_ca_file),
+                                        ssl_context=tls)
+        (state / "storage-front-port").write_text(str(front_port))
+    announce(state, port)
+    await until_stopped()
     await ws.shutdown()
     if front is not None:
         await front.cleanup()

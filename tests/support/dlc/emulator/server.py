@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import secrets
-import signal
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.support.aml.emulator.tls import make_tls
+from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
 from tests.support.dlts.emulator.procs import ProcessRunner
 
 from . import signature
@@ -295,18 +293,10 @@ def make_app(dlc: Dlc) -> web.Application:
 async def amain(state: Path) -> None:
     cfg = json.loads((state / "config.json").read_text())
     dlc = Dlc(cfg, ProcessRunner(state / "tasks", MARK, cfg["instance"]), state)
-    runner = web.AppRunner(make_app(dlc), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=make_tls(state), shutdown_timeout=0.5)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    (state / "port.tmp").write_text(str(port))
-    os.replace(state / "port.tmp", state / "port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    tls = make_tls(state, ca_name="aml-emulator-ca", server_name="management.azure.emulator")
+    runner, port = await serve(make_app(dlc), ssl_context=tls)
+    announce(state, port)
+    await until_stopped()
     await dlc.shutdown()
     await runner.cleanup()
 

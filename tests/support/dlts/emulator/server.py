@@ -22,6 +22,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from tests.support.emulator_serving import announce, serve, until_stopped
+
 from .faults import Faults, RequestLog
 from .jobs import ACTIVE, JobManager, SubmitError
 from .procs import ProcessRunner
@@ -335,19 +337,9 @@ async def amain(args) -> None:
     jobs = JobManager(runner, master_token, config.get("images", {}), float(config.get("step", 0.05)), base_env)
     jobs.hold = config.get("hold")
     dash = Dashboard(config, master_token, jobs, Faults(), RequestLog())
-    runner_app = web.AppRunner(make_app(dash), access_log=None, handle_signals=False)
-    await runner_app.setup()
-    site = web.TCPSite(runner_app, "127.0.0.1", args.port, shutdown_timeout=0.5)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    (state / "pid").write_text(str(os.getpid()))
-    (state / "port.tmp").write_text(str(port))
-    os.replace(state / "port.tmp", state / "port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    runner_app, port = await serve(make_app(dash), port=args.port)
+    announce(state, port)
+    await until_stopped()
     await jobs.shutdown()
     await runner_app.cleanup()
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import os
 import re
-from pathlib import Path
 from typing import Any, Iterable
 
 import jsonschema
+
+from tests.support.schemas import SCHEMAS_ENV, schemas_dir  # noqa: F401 (re-exported: tests use crds.*)
 
 from .api import FieldError, Resource, bad_request
 
@@ -55,7 +55,6 @@ GROUP_RESOURCES = {
 # Versions the pre-v1 operators served; not served any more (404), listed for documentation/tests.
 UNSERVED_VERSIONS = {KUBEFLOW_GROUP: ["v1alpha1", "v1alpha2", "v1beta1", "v1beta2"]}
 
-SCHEMAS_ENV = "NNI_SHARED_SCHEMAS"
 
 OBJECT_META_FIELDS = {
     "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
@@ -65,27 +64,6 @@ OBJECT_META_FIELDS = {
 
 
 # ----------------------------------------------------------------------------- schema location
-
-def schemas_dir() -> Path:
-    """``shared/schemas``: $NNI_SHARED_SCHEMAS, else the first ``<ancestor>/shared/schemas`` of the
-    repository root (normally ``<repo>/../shared/schemas``)."""
-    env = os.environ.get(SCHEMAS_ENV)
-    if env:
-        p = Path(env)
-        if (p / "README.md").exists() or p.is_dir():
-            return p
-        raise FileNotFoundError(f"{SCHEMAS_ENV}={env!r} is not a directory with the published schemas")
-    repo = Path(__file__).resolve().parents[4]
-    looked = []
-    for base in [repo, *repo.parents]:
-        cand = base / "shared" / "schemas"
-        looked.append(str(cand))
-        if cand.is_dir():
-            return cand
-    raise FileNotFoundError(
-        "published schemas (shared/schemas) not found; looked in: " + ", ".join(looked)
-        + f"; set {SCHEMAS_ENV} to the directory")
-
 
 def load_schema(res: Resource) -> dict:
     return json.loads((schemas_dir() / SCHEMA_FILES[res]).read_text())

@@ -7,17 +7,17 @@ import base64
 import copy
 import datetime as dt
 import importlib
-import ipaddress
 import json
 import os
 import secrets
 import signal
-import ssl
 import time
 from collections import deque
 from pathlib import Path
 
 from aiohttp import web
+
+from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
 from . import faults, oidc, rbac
@@ -40,48 +40,6 @@ def page_not_found() -> web.Response:
 
 def status_response(err: ApiError) -> web.Response:
     return web.json_response(err.status(), status=err.code)
-
-
-# ------------------------------------------------------------------ TLS
-def make_tls(state: Path) -> ssl.SSLContext:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-emulator-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-          .not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),  # netns only
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (state / "ca.crt").write_bytes(ca.public_bytes(pem))
-    (state / "server.crt").write_bytes(cert.public_bytes(pem))
-    kp = state / "server.key"
-    kp.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    os.chmod(kp, 0o600)
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(state / "server.crt", kp)
-    return ctx
 
 
 def write_kubeconfig(state: Path, port: int, token: str) -> None:
@@ -658,12 +616,9 @@ async def amain(args) -> None:
         if crds is not None:
             crds.install(store, list(args.crd_group))
     server = ApiServer(store, kubelet, auth)
-    tls = make_tls(state)
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=tls, shutdown_timeout=0.5)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    tls = make_tls(state, ca_name="kube-emulator-ca", server_name="kube-apiserver",
+                   extra_ips=("10.96.0.1",))  # netns only: the in-cluster `kubernetes` Service
+    runner, port = await serve(server.app(), port=args.port, ssl_context=tls)
     api_port[0] = port
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)
 
@@ -679,24 +634,16 @@ async def amain(args) -> None:
             except ApiError:
                 pass
         await asyncio.sleep(down)
-        runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls, shutdown_timeout=0.5).start()
+        runner, _ = await serve(server.app(), port=port, ssl_context=tls)
     server.restart = restart
     write_kubeconfig(state, port, tokens[0].split("=", 1)[0])
     (state / "instance").write_text(instance)
-    (state / "pid").write_text(str(os.getpid()))
     tasks = [asyncio.ensure_future(kubelet.run())]
     for c in store.controllers:  # named for "operator down": start_tfjob_controller -> tfjob
         server.operators[c.__name__.removeprefix("start_").removesuffix("_controller")] = (
             c, asyncio.ensure_future(c(store)))
-    (state / "port.tmp").write_text(str(port))
-    os.replace(state / "port.tmp", state / "port")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    announce(state, port)
+    await until_stopped()
     server.stopping.set()
     for t in tasks + [t for _, t in server.operators.values() if t is not None]:
         t.cancel()

@@ -5,16 +5,15 @@ Errors carry PAI's codes and messages so a client sees what the real server answ
 from __future__ import annotations
 
 import json
-import os
 import re
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
-SCHEMAS_ENV = "NNI_SHARED_SCHEMAS"
+from tests.support.schemas import SCHEMAS_ENV, schemas_dir  # noqa: F401 (re-exported)
+
 SCHEMA_FILE = "openpai/rest-server-protocol.schema.json"
 PREREQUISITE_TYPES = ("script", "output", "data", "dockerimage")
 PREREQUISITE_FIELDS = ("script", "output", "data", "dockerImage")
@@ -30,21 +29,6 @@ class PaiError(Exception):
 
     def body(self) -> dict:
         return {"message": self.message} if self.code is None else {"code": self.code, "message": self.message}
-
-
-def schemas_dir() -> Path:
-    """``shared/schemas``: $NNI_SHARED_SCHEMAS, else the first ``<ancestor>/shared/schemas`` of the repo root."""
-    env = os.environ.get(SCHEMAS_ENV)
-    if env:
-        if Path(env).is_dir():
-            return Path(env)
-        raise FileNotFoundError(f"{SCHEMAS_ENV}={env!r} is not a directory with the published schemas")
-    repo = Path(__file__).resolve().parents[4]
-    for base in [repo, *repo.parents]:
-        cand = base / "shared" / "schemas"
-        if cand.is_dir():
-            return cand
-    raise FileNotFoundError(f"published schemas (shared/schemas) not found above {repo}; set {SCHEMAS_ENV}")
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,78 @@
+"""Which tests are *system* tests: they start a process, a server or an emulator. tests/conftest.py
+marks them `system` at collection, so `pytest -m "not system"` is the inner loop (pure logic, well
+under a minute) and new tests are covered without an edit: by the fixtures they use, by the folder
+they are in, or, for a module that starts processes in its own body, by the short list below.
+`-p tests.support.system_audit` fails an unmarked test that starts a process or listens anyway."""
+from __future__ import annotations
+
+import pytest
+
+# Fixtures that start a process, a server or an emulator (a test using one through another fixture
+# counts too: pytest's closure of fixture names). `short_dir` exists for the hub's Unix socket.
+SYSTEM_FIXTURES = frozenset({
+    "kube", "kube_factory", "pai", "pai_factory", "pai_shared", "aml", "aml_factory", "dlts", "dlts_factory", "dlc",
+    "dlc_factory", "slurm", "login_node", "plain_sshd", "netns_hosts", "password_user", "ssh_keys",
+    "azurite", "azurite_oauth", "bind_mount", "nfs_server", "mounted_on_hosts", "browser", "artifacts",
+    "relayed_platform", "small_disk", "short_dir", "stock_python", "bare_python", "nni_image_bin",
+    "listener", "server", "kube_shared", "kube_ns",
+})
+
+# Folders whose tests drive real agents, sshd, Slurm, chaos or a browser.
+SYSTEM_DIRS = ("agent", "chaos", "remote", "slurm", "webui")
+
+# Modules (or module::test names) that start a process or a server in the test's own body.
+SYSTEM_TESTS = (
+    "docs/test_config_reference.py", "docs/test_docs_site.py",
+    "experiment/test_annotations.py::test_a_run_expands_a_copy_and_the_trials_get_the_annotated_values",
+    "experiment/test_annotations.py::test_experiments_kept_inside_the_code_folder_are_not_copied",
+    "experiment/test_annotations.py::test_function_choice_and_scopes_expand_to_runnable_code",
+    "experiment/test_annotations.py::test_loading_needs_no_nni_on_the_manager",
+    "experiment/test_annotations.py::test_the_cli_runs_it_and_dry_run_writes_nothing",
+    "experiment/test_cli.py", "experiment/test_cli_ids.py", "experiment/test_experiment.py",
+    "experiment/test_nni_dispatcher.py",
+    "manager/test_hub_enrolment.py", "manager/test_hub_tls.py",
+    "security/test_agent_env_secrets.py", "security/test_bad_input.py", "security/test_dispatcher_channel.py",
+    "security/test_enrolment.py", "security/test_hub_auth.py", "security/test_hub_bounds.py",
+    "security/test_metric_ingest.py", "security/test_rest_server.py", "security/test_trial_channel_ids.py",
+    "security/test_shell_values.py::test_agent_env_values_reach_the_batch_script_quoted",
+    "security/test_shell_values.py::test_python_path_in_the_probe_runs_nothing",
+    "storage/test_mounts.py", "storage/test_storage_experiment.py",
+    "test_agent_min_python.py", "test_boot.py", "test_dependency_range.py", "test_fresh_clone.py",
+    "test_proto_current.py", "test_quickstart_serving.py",
+    "test_system_marker.py::test_every_test_using_a_process_fixture_is_marked_system",
+    "test_system_marker.py::test_the_audit_fails_an_unmarked_test_that_starts_a_process",
+)
+
+
+def is_system(nodeid: str, fixturenames: list[str] | tuple[str, ...]) -> bool:
+    """`nodeid` as pytest writes it from the repository root (tests/...)."""
+    if SYSTEM_FIXTURES.intersection(fixturenames):
+        return True
+    path = nodeid.removeprefix("tests/")
+    if path.split("/", 1)[0] in SYSTEM_DIRS:
+        return True
+    base = path.split("[", 1)[0]
+    return any(base == t or base.startswith(t + "::") for t in SYSTEM_TESTS)
+
+
+def mark_system(items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_system(item.nodeid, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.system)
+
+
+REPORT_ENV = "NNI_TESTS_MARKER_REPORT"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With `-p tests.support.system_marker` and $NNI_TESTS_MARKER_REPORT: every collected test's
+    fixture closure and whether it is marked `system`, as JSON (tests/test_system_marker.py)."""
+    import json
+    import os
+
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        with open(path, "w") as f:
+            json.dump({item.nodeid: {"fixtures": sorted(getattr(item, "fixturenames", ())),
+                                     "system": item.get_closest_marker("system") is not None}
+                       for item in session.items}, f)
