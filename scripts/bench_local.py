@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobDetail, TrialJobMetric
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service.hybrid import HybridBackend, make_backend
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from tests.support.manager.helpers import form

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nni_manager.backends import registry
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from tests.support.manager.helpers import register_backend
 
 PLUGIN = '''

@@ -26,7 +26,7 @@ from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, Elast
                                        HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
-from nni_manager.config_hybrid import HYBRID, HybridOptions
+from nni_manager.config.hybrid import HYBRID, HybridOptions
 
 log = logging.getLogger(__name__)
 

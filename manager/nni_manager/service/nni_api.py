@@ -356,7 +356,7 @@ def create_training_service(
     (and working directory) it resumes that experiment and re-attaches running trials.
     """
     if not isinstance(config, ExperimentConfig):
-        from nni_manager.config.load import load_config
+        from nni_manager.loader import load_config
 
         config = load_config(config)
     return TrainingService(config, experiment_id=experiment_id)
