@@ -305,6 +305,10 @@ class Backend(abc.ABC, Generic[OptionsT]):
         """Stop the agents and release everything this backend created. The hub has
         already asked each agent to stop its trials; make sure nothing stays running."""
 
+    async def trial_concurrency_changed(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """`config.trial_concurrency` changed while the experiment runs (the WebUI). The core reads
+        it for every decision; a backend that sized something by it at start resizes it here."""
+
     async def agent_lost(self, agent_id: str) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """The agent's stream broke. Backends with their own transport (SSH tunnels)
         repair it here; the default does nothing and the agent simply redials."""

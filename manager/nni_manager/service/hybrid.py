@@ -190,6 +190,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
             if isinstance(result, BaseException):
                 log.error("stopping the %s part of the hybrid training service failed: %s", part.platform, result)
 
+    async def trial_concurrency_changed(self) -> None:
+        """Each part holds a copy of the config (narrowed to its service): the new value goes into
+        every copy, then to the part."""
+        for part in self.parts:
+            part.config.trial_concurrency = self.config.trial_concurrency
+        for part in self._started:
+            await part.trial_concurrency_changed()
+
     async def agent_lost(self, agent_id: str) -> None:
         part = self._owners.get(agent_id)
         if part is not None:

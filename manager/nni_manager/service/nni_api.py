@@ -279,6 +279,14 @@ class TrainingService:
             raise RuntimeError("the training service is not started: use `async with` or await start()")
         return self._files
 
+    async def set_trial_concurrency(self, value: int) -> None:
+        """Change trialConcurrency while the experiment runs (NNI's TRIAL_CONCURRENCY update):
+        the core's next decision uses it, and the backend resizes what it sized by it."""
+        self.config.trial_concurrency = value
+        if self._started:
+            await self._backend.trial_concurrency_changed()
+        self._wake.set()
+
     async def set_cluster_metadata(self, key: str, value: str) -> None:
         self._metadata[key] = value
 

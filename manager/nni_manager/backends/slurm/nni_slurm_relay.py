@@ -1,6 +1,6 @@
 """Runs ON THE LOGIN NODE (stdlib only, Python >= 3.8), started detached by the slurm backend.
 
-argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds> [<max connections>]
+argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds> [<max connections> [<limit file>]]
 Listens on <bind host>:<port> for the agents on compute nodes and pipes each connection's bytes,
 unchanged, to the address in <target file> ("127.0.0.1:<port>": the SSH remote forward back to
 the manager's hub, re-read for every connection, so a reconnected manager only rewrites it). TLS
@@ -9,6 +9,8 @@ got to <port file>. Exits when <target file> is removed (the experiment ended), 
 exit> seconds in which the manager's forward never answered (a manager that never came back).
 At most <max connections> (default 256) connections are piped at once, two threads each; more
 are closed at once, so anyone who can reach the port cannot make it start threads without end.
+The number in <limit file>, read at every connection, replaces it: the manager rewrites it when
+trialConcurrency changes (the WebUI) and when a restarted manager finds this relay running.
 """
 import os
 import socket
@@ -18,6 +20,7 @@ import time
 
 bind, port, target_file, port_file, idle_exit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
 MAX_CONNECTIONS = int(sys.argv[6]) if len(sys.argv) > 6 else 256
+LIMIT_FILE = sys.argv[7] if len(sys.argv) > 7 else None
 PROBE_S = 30.0
 state = {"open": 0, "accepted": 0, "refused": 0, "last_ok": time.monotonic(), "probed": 0.0}
 lock = threading.Lock()
@@ -32,6 +35,19 @@ def target():
     with open(target_file) as f:
         host, _, p = f.read().strip().rpartition(":")
     return host, int(p)
+
+
+def most():
+    """The connections piped at once: <limit file>'s number, else <max connections>."""
+    if LIMIT_FILE:
+        try:
+            with open(LIMIT_FILE) as f:
+                n = int(f.read().strip())
+            if n > 0:
+                return n
+        except (OSError, ValueError):
+            pass
+    return MAX_CONNECTIONS
 
 
 def copy(src, dst):
@@ -125,8 +141,9 @@ def main():
                 log("the manager's forward did not answer for %.0f s: exiting" % idle_exit)
                 return
             continue
+        limit = most()
         with lock:
-            full = state["accepted"] >= MAX_CONNECTIONS
+            full = state["accepted"] >= limit
             if not full:
                 state["accepted"] += 1
         if full:
@@ -134,7 +151,7 @@ def main():
             state["refused"] += 1
             if state["refused"] in (1, 10, 100) or state["refused"] % 1000 == 0:
                 log("%d connection(s) refused so far: %d are open, the most this relay pipes" %
-                    (state["refused"], MAX_CONNECTIONS))
+                    (state["refused"], limit))
             continue
         threading.Thread(target=serve, args=(conn, peer[:2]), daemon=True).start()
 
