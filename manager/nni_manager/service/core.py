@@ -83,6 +83,7 @@ class Core:
         self.config, self.backend = config, backend
         self.experiment_id, self.experiment_dir = experiment_id, experiment_dir
         self.trials, self.agents, self.hub, self.bundle = trials, agents, hub, bundle
+        self._code_dir: tuple[Path | str | None, str] = (None, "")  # (trialCodeDirectory, as sent)
         self.listeners = listeners
         self.reconnect_window = backend.reconnect_window
         self.resources: dict[str, pb.TrialResources] = {}
@@ -436,12 +437,21 @@ class Core:
         if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:
-            code = cfg.trial_code_directory  # in the image: as written (relative: the image's working directory)
-            start.code_directory = str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve())
+            start.code_directory = self._code_directory()
         self.send(agent_id, start_trial=start)
         for index, value in self.trials.store.parameters(t.id):
             if index >= 1:
                 self.send(agent_id, send_parameter=pb.SendParameter(trial_id=t.id, index=index, parameter=value))
+
+
+    def _code_directory(self) -> str:
+        """trialCodeDirectory as agents on this machine's file system see it, resolved once per value,
+        not at every trial start (a realpath is an lstat per path component)."""
+        code = self.config.trial_code_directory
+        if self._code_dir[0] != code:
+            # in the image: as written (relative: the image's working directory)
+            self._code_dir = (code, str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve()))
+        return self._code_dir[1]
 
 
 def _request(t: TrialJobDetail, default: int | None) -> Request:
