@@ -25,7 +25,7 @@ class ToyBackend(Backend):
         return {"nodes": nodes}
 
     async def start(self, ctx):
-        for i in range(self.platform_options["nodes"]):
+        for i in range(self.opts["nodes"]):
             ctx.add_agent(f"toy-{i}")
 
     async def stop(self):

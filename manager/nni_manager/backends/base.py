@@ -237,11 +237,6 @@ class Backend(abc.ABC, Generic[OptionsT]):
         return cast(OptionsT, self.config.training_service.options)
 
     @property
-    def platform_options(self) -> OptionsT:
-        """`opts` by its former name (plugins written before it)."""
-        return self.opts
-
-    @property
     def reconnect_window(self) -> float:
         configured = self.config.training_service.reconnect_window
         return configured if configured is not None else self.default_reconnect_window

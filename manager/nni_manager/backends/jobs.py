@@ -29,9 +29,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast
 
-from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, OptionsT, RequestT
+from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, RequestT
 
 if TYPE_CHECKING:
     from nni_manager.config import ConfigSection, ExperimentConfig
@@ -126,7 +126,20 @@ def parse_watch_fields(ts: ConfigSection) -> tuple[float | None, float | None]:
     return ts.duration("pollInterval"), ts.duration("agentConnectTimeout")
 
 
-class JobBackend(ElasticBackend[OptionsT, RequestT]):
+class JobOptions(Protocol):
+    """What the pattern reads of every job platform's options (`parse_watch_fields`)."""
+
+    @property
+    def poll_interval(self) -> float | None: ...  # pollInterval, seconds (None: the default)
+
+    @property
+    def connect_timeout(self) -> float | None: ...  # agentConnectTimeout, seconds (None: the default)
+
+
+JobOptionsT = TypeVar("JobOptionsT", bound=JobOptions)
+
+
+class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
     """An elastic backend where one environment is one job (see the module docstring)."""
 
     hub = "network"
@@ -215,13 +228,13 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
     @property
     def poll_interval(self) -> float:
         """How often one listing looks at every job (`pollInterval`)."""
-        return getattr(self.opts, "poll_interval", None) or DEFAULT_POLL_INTERVAL
+        return self.opts.poll_interval or DEFAULT_POLL_INTERVAL
 
     @property
     def connect_timeout(self) -> float:
         """How long a job may run without its agents dialling in before it is failed and stopped
         (`agentConnectTimeout`)."""
-        return getattr(self.opts, "connect_timeout", None) or DEFAULT_CONNECT_TIMEOUT
+        return self.opts.connect_timeout or DEFAULT_CONNECT_TIMEOUT
 
     # ------------------------------------------------------------------ names
     @property
