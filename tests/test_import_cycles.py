@@ -181,3 +181,9 @@ def test_the_checker_sees_import_module_with_a_literal_name(tmp_path: Path) -> N
     assert cycles(graph) == []  # pkg -> pkg.load -> pkg.low: no way back yet
     (package / "low.py").write_text("from pkg import something\n")  # as a backend importing the config package
     assert cycles(import_graph((package,))) == [["pkg", "pkg.load", "pkg.low"]]
+
+
+def test_the_core_sees_hybrid_mode_only_through_the_backend_contract() -> None:
+    """core.py asks `Backend.mixed_pool()`, never `isinstance(backend, HybridBackend)`: composition
+    is the backend's business, so the core does not import the hybrid module."""
+    assert "nni_manager.service.hybrid" not in import_graph()["nni_manager.service.core"]

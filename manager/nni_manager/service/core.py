@@ -27,7 +27,6 @@ from nni_manager.metrics import checked
 from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
-from nni_manager.service.hybrid import HybridBackend
 from nni_manager.service.scope import AgentScope
 from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
@@ -320,7 +319,7 @@ class Core:
         if self.stopping:
             return
         try:
-            if isinstance(self.backend, HybridBackend) and self.backend.mixed:
+            if self.backend.mixed_pool() is not None:
                 self.elastic.tick(self._place_on_machines(mixed=True))
             elif self.backend.elastic:
                 self.elastic.tick()
@@ -339,9 +338,9 @@ class Core:
         if not waiting:
             return []
         to_elastic: list[TrialJobDetail] = []
-        if mixed:
-            assert isinstance(self.backend, HybridBackend)
-            to_elastic = [t for t in waiting if self.backend.pinned_part(t) is not None]
+        pool = self.backend.mixed_pool() if mixed else None
+        if pool is not None:
+            to_elastic = [t for t in waiting if pool.pinned_part(t) is not None]
             waiting = [t for t in waiting if t not in to_elastic]
         unusable = self.unusable_reason()
         if unusable:  # nothing will ever run them
@@ -400,7 +399,7 @@ class Core:
     def unusable_reason(self) -> str:
         """Why no trial can ever run (every agent failed for good), or "" while some can. Cheap:
         it stops at the first agent that has not failed."""
-        if isinstance(self.backend, HybridBackend) and self.backend.mixed:  # environments can still be made
+        if self.backend.mixed_pool() is not None:  # environments can still be made
             return ""
         agents = self.agents.by_id.values()
         if agents and all(a.failed for a in agents):

@@ -90,6 +90,9 @@ class HybridBackend(ElasticBackend[Any, Any]):
         """Fixed machines and cluster environments in one pool."""
         return bool(self.fixed_parts) and bool(self.elastic_parts)
 
+    def mixed_pool(self) -> HybridBackend | None:
+        return self if self.mixed else None
+
     # ------------------------------------------------------------------ elastic capacity
     def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
         """The cluster part a trial's placementConstraint Device names by its platform, if any."""
