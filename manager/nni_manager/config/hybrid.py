@@ -21,7 +21,7 @@ from nni_manager.config.model import TrainingServiceConfig
 from nni_manager.config.section import MISSING, ConfigError, ConfigSection, canonical_key
 
 HYBRID = "hybrid"
-# v1 platform sections and which platform each configures (their key renames are config.py's).
+# v1 platform sections and which platform each configures (their key renames are the loader's, nni_manager.loader).
 _V1_SECTION_PLATFORM = {
     "localConfig": "local", "remoteConfig": "remote", "paiConfig": "openpai", "kubeflowConfig": "kubeflow",
     "frameworkcontrollerConfig": "frameworkcontroller", "dltsConfig": "dlts", "amlConfig": "aml",
