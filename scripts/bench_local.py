@@ -7,7 +7,9 @@ and a final one, exit) N times with C slots, under the same env contract and par
 * ours:  TrainingService (local backend: one agent running every trial it is sent, gRPC,
   SQLite), driven like the experiment loop with trialConcurrency C: a new trial is submitted
   as soon as one is done;
-* floor: subprocess.Popen + os.wait, C at a time.
+* floor: subprocess.Popen + os.wait, C at a time, each trial in a session of its own as the
+  agent starts them (with the kernel's autogroup scheduling a session is a scheduling group:
+  without it, under load, the floor's trials shared one group and lost to ours).
 
 Slot time = submit/launch -> trial seen ended (ours: terminal status AND its final metric both
 seen by the listeners; floor: process reaped). The trial's own run time is measured inside the
@@ -190,7 +192,13 @@ def floor(code: Path, work: Path, n: int, slots: int) -> Run:
                        NNI_SYS_DIR=str(sys_dir), NNI_OUTPUT_DIR=str(sys_dir), NNI_TRIAL_SEQ_ID=str(launched),
                        NNI_CODE_DIR=str(code))
             with open(sys_dir / "trial.stdout", "wb") as out, open(sys_dir / "trial.stderr", "wb") as err:
-                proc = subprocess.Popen([sys.executable, "trial.py"], cwd=code, env=env, stdout=out, stderr=err)
+                # in a session of its own, as the agent starts every trial: with the kernel's autogroup
+                # scheduling (the default), a session is a scheduling group, so trials left in this
+                # process's session would share one group's CPU while ours' each get a group, and on a
+                # machine other work loads the floor would lose (what the earlier "ours faster than a
+                # bare loop" rounds were)
+                proc = subprocess.Popen([sys.executable, "trial.py"], cwd=code, env=env, stdout=out, stderr=err,
+                                        start_new_session=True)
             proc.returncode = 0  # reaped below with os.wait
             running[proc.pid] = (t0, sys_dir)
             launched += 1
