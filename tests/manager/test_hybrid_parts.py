@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nni_manager.loader import load_config
 from nni_manager.service.hybrid import HybridBackend, make_backend
 from nni_manager.types import TrialJobDetail, TrialJobStatus
@@ -73,3 +75,14 @@ def test_trial_concurrency_raised_reaches_every_parts_config(tmp_path: Path) -> 
     asyncio.run(b.trial_concurrency_changed())
     assert [p.config.trial_concurrency for p in b.parts] == [9, 9, 9] and b.config.trial_concurrency == 9
     assert told == ["local", "aml", "openpai"]
+
+
+def test_what_the_list_implies_is_its_class_not_instance_overrides(tmp_path: Path) -> None:
+    """The hybrid backend's ClassVars (hub, ships_code, elastic, single_use_credentials) are set
+    on a class made for its list of services, never overwritten on the instance."""
+    b = backend(tmp_path)
+    assert not {"hub", "ships_code", "elastic", "single_use_credentials"} & set(vars(b))
+    assert (type(b).hub, type(b).elastic, type(b).single_use_credentials) == ("network", True, True)
+    assert type(b) is not HybridBackend and issubclass(type(b), HybridBackend)
+    with pytest.raises(TypeError, match="composed"):
+        HybridBackend(b.config, [type(p) for p in b.parts])
