@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nni_manager.config import load_config  # noqa: E402
+from nni_manager.loader import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
 from tests.support.kube.fixtures import start_emulator  # noqa: E402
 from tests.support.kube.emulator.kubelet import STARTED_AT  # noqa: E402

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nni_manager.config import load_config  # noqa: E402
+from nni_manager.loader import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
 from tests.support.aml.fixtures import AZURE_IDENTITY_VARS, start_aml  # noqa: E402
 from tests.support.dlts.fixtures import start_dlts  # noqa: E402

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nni_manager.config import load_config  # noqa: E402
+from nni_manager.loader import load_config  # noqa: E402
 from nni_manager.service import create_training_service  # noqa: E402
 from tests.support.manager.helpers import TRIAL, form, wait_status  # noqa: E402
 from tests.support.slurm.fixtures import start_cluster  # noqa: E402

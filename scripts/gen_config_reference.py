@@ -1,6 +1,6 @@
 """Write docs/reference/config.md from the config parser itself (`--check`: fail if it is stale).
 
-The schema is the code: `nni_manager.config` and each backend's `parse_config` read every field
+The schema is the code: `nni_manager.loader` and each backend's `parse_config` read every field
 through `ConfigSection`'s typed readers (`str_`, `int_`, `duration`, ...). This script parses one
 sample config per platform (and variants for optional sub-sections) with those readers recorded,
 which gives every field's YAML name, other accepted names, type and where it is read. A field's
@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT / "manager"), str(ROOT / "agent")]
 
 from nni_manager import config as cfg  # noqa: E402
 from nni_manager.backends import registry  # noqa: E402
+from nni_manager.loader import load_config  # noqa: E402
 
 READERS = ("str_", "int_", "bool_", "duration", "path_", "gpu_indices", "section", "items", "choice", "number",
            "mapping", "take")
@@ -176,7 +177,7 @@ def probes(read: Read, scratch: Path) -> list[Any]:
 
 def parse(data: dict[str, Any], base: Path) -> dict[str, Any] | None:
     try:
-        return flatten(cfg.load_config(copy.deepcopy(data), base_dir=base))
+        return flatten(load_config(copy.deepcopy(data), base_dir=base))
     except cfg.ConfigError:
         return None
 
@@ -253,7 +254,7 @@ def collect(scratch: Path) -> dict[str, dict[str, Any]]:
         for ts, extra in [(ts, {}) for ts in variants] + [(variants[0], r) for r in ROOT_VARIANTS]:
             data = full_config(platform, ts, scratch) | copy.deepcopy(extra)
             with recording() as reads:
-                cfg.load_config(copy.deepcopy(data), base_dir=scratch)
+                load_config(copy.deepcopy(data), base_dir=scratch)
             for read in reads:
                 entry = fields.setdefault(read.key, {"read": read, "platforms": set(), "defaults": {}, "also": []})
                 if entry["read"].reader == "take" and read.reader != "take":  # the typed read says more

@@ -15,7 +15,7 @@ from nni_agent.boot import Boot
 from nni_agent.cli import parse_args
 from nni_manager.backends.agent_command import AgentCommand, Sh, inline_source
 from nni_manager.backends.registry import backend_class
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 
 HUB = "10.0.0.5"  # not dialed: data only
 

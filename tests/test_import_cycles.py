@@ -9,12 +9,13 @@ and one moved import turns it into an ImportError. The graph is read from the so
   alike: a function-level import is still a dependence, and a type-only one still ties the
   two modules together (service/ports.py's Protocols exist so that none is needed);
 - `from pkg import name` as an edge to the module `pkg.name` when it is one, otherwise to `pkg`
-  (its `__init__`); relative imports are resolved against the importing module's package.
+  (its `__init__`); relative imports are resolved against the importing module's package;
+- `importlib.import_module("pkg.mod")` (or `import_module(...)` imported from importlib) with a
+  literal name, relative ones (`".mod", package`) too: a lazy re-export through it is still a
+  dependence, only hidden from the reader.
 
-Not seen: a name looked up through `importlib.import_module` at run time. The one use of it is
-`nni_manager.config`'s lazy re-export of its loader (module `__getattr__`): the package's
-primitives (`ConfigError`, `ConfigSection`, the dataclasses) import without the loader, so a
-backend may import them from `nni_manager.config` while the loader imports the backends.
+Not seen: names computed at run time (the backend registry's entry points), which is where the
+plug-in boundary is meant to be.
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def import_graph(packages: tuple[Path, ...] = PACKAGES) -> dict[str, set[str]]:
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Call) and _is_import_module(node.func):
+                targets = _literal_module(node, package)
+            elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -64,6 +67,28 @@ def import_graph(packages: tuple[Path, ...] = PACKAGES) -> dict[str, set[str]]:
                 if found and found != module:
                     graph[module].add(found)
     return graph
+
+
+def _is_import_module(func: ast.expr) -> bool:
+    """`importlib.import_module` or a bare `import_module` (from importlib import import_module)."""
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module" and isinstance(func.value, ast.Name) and func.value.id == "importlib"
+    return isinstance(func, ast.Name) and func.id == "import_module"
+
+
+def _literal_module(call: ast.Call, package: str) -> list[str]:
+    """The module an `import_module` call names, when it is a literal (resolved when relative)."""
+    if not call.args or not isinstance(call.args[0], ast.Constant) or not isinstance(call.args[0].value, str):
+        return []
+    name = call.args[0].value
+    if not name.startswith("."):
+        return [name]
+    anchor_arg = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "package"), None)
+    anchor = anchor_arg.value if isinstance(anchor_arg, ast.Constant) and isinstance(anchor_arg.value, str) else package
+    level = len(name) - len(name.lstrip("."))
+    parts = anchor.split(".")
+    parts = parts[:len(parts) - (level - 1)]
+    return [".".join([*parts, *([name.lstrip(".")] if name.lstrip(".") else [])])]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -136,3 +161,29 @@ def test_the_checker_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
     (package / "sub" / "c.py").write_text("")
     assert cycles(import_graph((package,))) == []
+
+
+def test_the_checker_sees_import_module_with_a_literal_name(tmp_path: Path) -> None:
+    """A lazy re-export through importlib (a package's `__getattr__` importing a submodule that
+    imports the package back) is a circle like any other; a computed name is not followed."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import importlib\n"
+        "def __getattr__(name):\n"
+        "    return getattr(importlib.import_module('pkg.load'), name)\n")
+    (package / "load.py").write_text("from pkg import low\n")
+    (package / "low.py").write_text("")
+    (package / "rel.py").write_text("from importlib import import_module\nimport_module('.low', 'pkg')\n")
+    (package / "computed.py").write_text("import importlib\nNAME = 'pkg.load'\nimportlib.import_module(NAME)\n")
+    graph = import_graph((package,))
+    assert graph["pkg"] == {"pkg.load"} and graph["pkg.rel"] == {"pkg.low"} and graph["pkg.computed"] == set()
+    assert cycles(graph) == []  # pkg -> pkg.load -> pkg.low: no way back yet
+    (package / "low.py").write_text("from pkg import something\n")  # as a backend importing the config package
+    assert cycles(import_graph((package,))) == [["pkg", "pkg.load", "pkg.low"]]
+
+
+def test_the_core_sees_hybrid_mode_only_through_the_backend_contract() -> None:
+    """core.py asks `Backend.mixed_pool()`, never `isinstance(backend, HybridBackend)`: composition
+    is the backend's business, so the core does not import the hybrid module."""
+    assert "nni_manager.service.hybrid" not in import_graph()["nni_manager.service.core"]

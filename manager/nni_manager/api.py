@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import ConfigError, ExperimentConfig, load_config
+from nni_manager.config import ConfigError, ExperimentConfig
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment as _Loop
 from nni_manager.experiment import ExperimentResult
 

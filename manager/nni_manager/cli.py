@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.metrics import metric_number, metric_value
 from nni_manager.types import TrialJobDetail
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from nni_manager.backends import agent_deps
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 from tests.support.images import SLIM_IMAGE

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobApplicationForm
 from tests.support.manager.helpers import TRIAL, form, release, sleeper, wait_status

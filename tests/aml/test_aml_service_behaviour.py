@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nni_manager.backends.rest_jobs import RestError
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.aml.experiments import config_dict, ours, run
 from tests.support.manager.helpers import form, until, wait_status

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from nni_manager.backends.rest_jobs import RestError
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
 

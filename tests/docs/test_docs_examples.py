@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NNI_FC_TEMPLATE = ROOT / "tests" / "experiment" / "nni_configs" / "examples" / "trials" / "mnist-pytorch" / "fc_template.yml"

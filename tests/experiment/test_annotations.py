@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from nni_manager import annotations
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus
 
@@ -142,7 +143,7 @@ def test_loading_needs_no_nni_on_the_manager(annotated: Path, tmp_path: Path) ->
             import nni
         except ModuleNotFoundError:
             print("nni blocked")
-        from nni_manager.config import load_config
+        from nni_manager.loader import load_config
         from nni_manager.annotations import expand
         config = load_config({str(_config(tmp_path))!r})
         print(sorted(config.search_space))

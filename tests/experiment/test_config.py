@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from tests.support.experiment.configs import SPACE, v2
 
 

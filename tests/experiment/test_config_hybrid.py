@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import ConfigError, load_config
-from nni_manager.config_hybrid import HybridOptions
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
+from nni_manager.config.hybrid import HybridOptions
 from tests.support.experiment.configs import SPACE, v2
 
 MACHINE = {"host": "10.0.0.7", "user": "bob", "password": "s3cret-pw", "gpuIndices": [1]}  # not dialed: data only

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment, NoWorkerError
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 
 SOURCE = Path(__file__).parent / "nni_configs"
 TEMPLATES = {"examples/trials/mnist-pytorch/fc_template.yml"}  # a config's FrameworkController template (configPath)

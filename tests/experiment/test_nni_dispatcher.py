@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.dispatcher import DispatcherError
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.kube.emulator import crds
 from tests.support.kube.emulator.adaptdl import SCHEMA_FILE

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from nni_manager.backends.registry import backend_class
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.hub.address import advertised, bare_host, host_port
 from nni_manager.service.hub_setup import plan
 from tests.support.kube.emulator import crds

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
 

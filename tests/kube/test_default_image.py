@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from nni_manager.backends import agent_deps
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
 from tests.support.nni_image import nni_latest_bin

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.kube.harness import code_dir, config, ours, pod_json, pods_service
 from tests.support.manager.helpers import form, until, wait_status

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status

@@ -163,7 +163,7 @@ def test_dry_run_prints_the_relay_objects(kube, base: Path) -> None:
 
 def _plan(tmp_path: Path, ts: dict[str, Any], ip: str | None) -> Any:
     from nni_manager.backends.registry import backend_class
-    from nni_manager.config import load_config
+    from nni_manager.loader import load_config
     from nni_manager.service.hub_setup import plan
 
     cfg = load_config({"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
@@ -191,7 +191,7 @@ def test_the_hub_binds_one_address_and_advertises_another(tmp_path, ip, bind, li
 
 
 def test_hub_bind_address_must_be_an_ip_and_the_tunnel_is_kubernetes_only(tmp_path) -> None:
-    from nni_manager.config import load_config
+    from nni_manager.loader import load_config
 
     base = {"trialCommand": "python3 t.py", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path)}
     with pytest.raises(ConfigError) as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, register_backend, wait_status
 
@@ -33,7 +33,7 @@ class FlakyBackend(ElasticBackend):
         pass
 
     async def provision(self, env):
-        if self.platform_options["fails"] == "refused":
+        if self.opts["fails"] == "refused":
             raise BackendError("quota exceeded for GPUs in namespace ml (used 8 of 8)")
         return {}["job-template"]  # a bug: a KeyError deep in building the request
 

@@ -3,9 +3,13 @@ makes an environment (the one a trial's placementConstraint names, else round ro
 environments a pinned trial may use, whose agents they are, and the hub every part can reach."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
-from nni_manager.config import load_config
+import pytest
+
+from nni_manager.loader import load_config
 from nni_manager.service.hybrid import HybridBackend, make_backend
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from tests.support.manager.helpers import form
@@ -53,3 +57,32 @@ def test_environment_members_belong_to_their_platform(tmp_path: Path) -> None:
     assert names and all(b.agent_platform(n) == "aml" for n, _, _ in names)
     assert b.part_of(names[0][0]).platform == "aml"
     assert b.agent_platform("unknown") == "hybrid"
+
+
+def test_trial_concurrency_raised_reaches_every_parts_config(tmp_path: Path) -> None:
+    """Each part holds its own copy of the config: a trialConcurrency raised from the WebUI
+    (TrainingService.set_trial_concurrency) reaches every copy, and each started part is told."""
+    b = backend(tmp_path)
+    told: list[str] = []
+
+    async def heard(part: Any) -> None:
+        told.append(part.platform)
+
+    for part in b.parts:
+        part.trial_concurrency_changed = lambda part=part: heard(part)  # type: ignore[method-assign]
+    b._started = list(b.parts)  # as start() leaves it
+    b.config.trial_concurrency = 9
+    asyncio.run(b.trial_concurrency_changed())
+    assert [p.config.trial_concurrency for p in b.parts] == [9, 9, 9] and b.config.trial_concurrency == 9
+    assert told == ["local", "aml", "openpai"]
+
+
+def test_what_the_list_implies_is_its_class_not_instance_overrides(tmp_path: Path) -> None:
+    """The hybrid backend's ClassVars (hub, ships_code, elastic, single_use_credentials) are set
+    on a class made for its list of services, never overwritten on the instance."""
+    b = backend(tmp_path)
+    assert not {"hub", "ships_code", "elastic", "single_use_credentials"} & set(vars(b))
+    assert (type(b).hub, type(b).elastic, type(b).single_use_credentials) == ("network", True, True)
+    assert type(b) is not HybridBackend and issubclass(type(b), HybridBackend)
+    with pytest.raises(TypeError, match="composed"):
+        HybridBackend(b.config, [type(p) for p in b.parts])

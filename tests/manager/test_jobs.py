@@ -7,24 +7,39 @@ The platforms' own behaviour is tested end to end in tests/{openpai,dlts,aml,slu
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
 
-from nni_manager.backends.aml import AmlBackend
+from nni_manager.backends import registry
 from nni_manager.backends.base import AgentSpec, BackendError, EnvironmentRequest, PlacementHints
-from nni_manager.backends.dlts import DltsBackend
 from nni_manager.backends.jobs import PHASES, Job, JobBackend, JobView, Phase, StateTable
-from nni_manager.backends.openpai.backend import OpenpaiBackend
-from nni_manager.backends.slurm.backend import SlurmBackend
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 
 # ----------------------------------------------------------------------------- state tables
 
-TABLES = {"openpai": OpenpaiBackend.states, "dlts": DltsBackend.states, "aml": AmlBackend.states,
-          "slurm": SlurmBackend.states}
+JOB_PLATFORMS = {p: c for p in registry.platforms() if issubclass(c := registry.backend_class(p), JobBackend)}
+TABLES = {p: c.states for p, c in JOB_PLATFORMS.items()}
+
+
+def test_every_job_platform_is_here() -> None:
+    """Every registered job platform's table is checked below (a new one joins by registering)."""
+    assert {"openpai", "dlts", "aml", "dlc", "slurm"} <= set(TABLES)
+
+
+@pytest.mark.parametrize("platform", sorted(JOB_PLATFORMS))
+def test_a_platform_says_what_differs_through_the_hooks_only(platform: str) -> None:
+    """A platform overrides the pattern's hooks (list_jobs, describe, cancel, ...), never its
+    machinery (the private methods: polling, re-attaching, stopping everything)."""
+    cls = JOB_PLATFORMS[platform]
+    machinery = {name for name, value in vars(JobBackend).items()
+                 if name.startswith("_") and not name.startswith("__") and inspect.isfunction(value)}
+    assert {"_stop_all", "_reattach", "_views"} <= machinery
+    overridden = {name for klass in cls.__mro__[:cls.__mro__.index(JobBackend)] for name in vars(klass)} & machinery
+    assert not overridden, f"{cls.__name__} overrides the job pattern's own {sorted(overridden)}"
 
 
 def test_phases_are_the_literal_type() -> None:
@@ -46,6 +61,9 @@ def test_every_platform_table_maps_onto_phases_and_its_ends(platform: str) -> No
     ("dlts", "finished", "succeeded"), ("dlts", "something-new", "unknown"),
     ("aml", "Preparing", "waiting"), ("aml", "Finalizing", "running"), ("aml", "Canceled", "stopped"),
     ("aml", "Failed", "failed"), ("aml", "Paused", "unknown"),
+    ("dlc", "Queuing", "waiting"), ("dlc", "EnvPreparing", "waiting"), ("dlc", "Restarting", "running"),
+    ("dlc", "Completed", "succeeded"), ("dlc", "Failed", "failed"), ("dlc", "Stopping", "stopped"),
+    ("dlc", "SomethingNew", "unknown"),
     ("slurm", "PENDING", "waiting"), ("slurm", "CONFIGURING", "waiting"), ("slurm", "RUNNING", "running"),
     ("slurm", "COMPLETING", "unknown"), ("slurm", "SUSPENDED", "unknown"), ("slurm", "COMPLETED", "succeeded"),
     ("slurm", "OUT_OF_MEMORY", "failed"), ("slurm", "TIMEOUT", "failed"), ("slurm", "PREEMPTED", "stopped"),
@@ -98,6 +116,8 @@ class Pbs(JobBackend):
         self.queue: dict[str, Queued] = {}
         self.calls: list[str] = []
         self.down = False  # the scheduler does not answer
+        self.unlisted: set[str] = set()  # jobs qstat leaves out (as a scheduler lists only its newest)
+        self.detail = False  # whether `qstat -f <ref>` answers (the `describe` hook)
 
     async def open(self) -> None:
         self.calls.append("open")
@@ -113,8 +133,16 @@ class Pbs(JobBackend):
 
     async def list_jobs(self) -> dict[str, JobView]:
         self._answer("qstat")
-        return {q.name: JobView(q.name, self.states.phase(q.state), f"PBS job {ref} is {q.state}{q.comment}", ref)
-                for ref, q in self.queue.items() if q.name.startswith(self.prefix)}  # the experiment's, by name
+        return {q.name: self._view(ref, q) for ref, q in self.queue.items()
+                if q.name.startswith(self.prefix) and ref not in self.unlisted}  # the experiment's, by name
+
+    async def describe(self, job: Job) -> JobView | None:
+        self._answer(f"qstat -f {job.ref}")
+        q = self.queue.get(job.ref)
+        return self._view(job.ref, q) if q is not None and self.detail else None
+
+    def _view(self, ref: str, q: Queued) -> JobView:
+        return JobView(q.name, self.states.phase(q.state), f"PBS job {ref} is {q.state}{q.comment}", ref)
 
     async def cancel(self, job: Job) -> None:
         self._answer("qdel")
@@ -347,5 +375,68 @@ def test_stop_all_cancels_known_and_listed_jobs_then_waits_for_their_end() -> No
         await b.stop()
         assert {r: q.state for r, q in b.queue.items()} == {"1.pbs": "C", "2.pbs": "R", "3.pbs": "C"}
         assert b.calls[-1] == "qstat"  # it looked once more and saw nothing live
+
+    run(main())
+
+
+def test_a_job_the_listing_leaves_out_is_described_not_counted_missing() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.detail = True
+
+    async def main() -> None:
+        await b.provision(env())
+        b.unlisted.add("1.pbs")
+        for _ in range(4):
+            await b.poll()
+        assert ctx.failed == [] and b.calls[-2:] == ["qstat", "qstat -f 1.pbs"]
+        assert ctx.status["env1"].startswith("PBS job 1.pbs is Q")
+        b.queue["1.pbs"].state = "X"
+        await b.poll()
+        assert ctx.failed == [("env1", "PBS job 1.pbs is X", True)]  # the detail's end, in its words
+
+    run(main())
+
+
+def test_a_platform_that_lists_once_describes_each_tracked_job_per_poll() -> None:
+    """`list_once` (AML): the listing at start and stop, `describe` for each tracked job between."""
+    ctx = Ctx(envs=[env("env1")])
+    b = backend(ctx)
+    b.list_once = True  # type: ignore[misc]
+    b.detail = True
+    b.queue = {"7.pbs": Queued("nni_exp_exp1_env_1", "R"), "8.pbs": Queued("nni_exp_exp1_env_9", "R")}
+
+    async def main() -> None:
+        await b.start(ctx)  # type: ignore[arg-type]
+        try:
+            assert b.calls == ["open", "qstat", "qdel"]  # listed once: env 9 is no longer wanted
+            await b.poll()
+            await b.poll()
+            assert b.calls[3:] == ["qstat -f 7.pbs", "qstat -f 7.pbs"]
+        finally:
+            b.calls.clear()
+            await b.stop()
+        assert b.calls == ["qdel", "qstat"] and b.queue["7.pbs"].state == "C"  # stop lists everything once more
+
+    run(main())
+
+
+def test_a_platform_that_lists_once_lists_until_the_listing_answers() -> None:
+    ctx = Ctx(envs=[env("env1")])
+    b = backend(ctx)
+    b.list_once = True  # type: ignore[misc]
+    b.detail = True
+    b.queue = {"7.pbs": Queued("nni_exp_exp1_env_1", "R")}
+    b.down = True
+
+    async def main() -> None:
+        await b.start(ctx)  # type: ignore[arg-type]  # a wanted job: re-attaching waits for the platform
+        try:
+            b.down = False
+            await b.poll()
+            await b.poll()
+            assert [c for c in b.calls if c.startswith("qstat")] == ["qstat", "qstat", "qstat -f 7.pbs"]
+        finally:
+            await b.stop()
 
     run(main())

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nni_manager.backends import registry
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from tests.support.manager.helpers import register_backend
 
 PLUGIN = '''
@@ -24,7 +25,7 @@ class ToyBackend(Backend):
         return {"nodes": nodes}
 
     async def start(self, ctx):
-        for i in range(self.platform_options["nodes"]):
+        for i in range(self.opts["nodes"]):
             ctx.add_agent(f"toy-{i}")
 
     async def stop(self):

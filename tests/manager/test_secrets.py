@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import REDACTED, ExperimentConfig, is_secret, load_config, redacted, secret_values
+from nni_manager.config import REDACTED, ExperimentConfig, is_secret, redacted, secret_values
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment, NoWorkerError, _log_file
 from nni_manager.service import create_training_service
 from nni_manager.service.nni_api import _redacted
@@ -100,15 +101,16 @@ def test_manager_log_masks_every_secret_of_the_config(tmp_path: Path) -> None:
     assert "a careless message: ***" in text and "auth failed for ***" in text and "S3cr3t" not in text
 
 
-CONFIG_MODULES = ("nni_manager.config.model", "nni_manager.config_hybrid", "nni_manager.ssh.machine",
+CONFIG_MODULES = ("nni_manager.config.model", "nni_manager.config.hybrid", "nni_manager.ssh.machine",
                   "nni_manager.backends.remote.config", "nni_manager.backends.openpai.config",
                   "nni_manager.backends.dlts", "nni_manager.backends.aml", "nni_manager.backends.kubernetes.config",
-                  "nni_manager.backends.slurm.config")
+                  "nni_manager.backends.slurm.config", "nni_manager.config.shared_storage")
 # Every secret config field of every platform (aml: credentials come from Azure's environment or
 # managed identity, never the config; kubernetes/kubeflow/frameworkcontroller: NNI's azureStorage
 # and keyVault fields name a share and a vault secret, and are dropped).
 SECRET_FIELDS = {("SshMachine", "password"), ("SshMachine", "ssh_passphrase"),  # remote machines, slurm loginNode
-                 ("OpenpaiConfig", "token"), ("DltsConfig", "password")}
+                 ("OpenpaiConfig", "token"), ("DltsConfig", "password"),
+                 ("SharedStorageConfig", "storage_account_key")}
 
 
 def test_every_secret_config_field_is_known_and_out_of_repr() -> None:

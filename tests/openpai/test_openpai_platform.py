@@ -19,7 +19,8 @@ import yaml
 
 from nni_manager.backends.registry import backend_class
 from nni_manager.backends.rest_jobs import RestError
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, message_with, release, sleeper, wait_status

@@ -15,7 +15,7 @@ import pytest
 
 from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
-from nni_manager.config_hybrid import HybridOptions
+from nni_manager.config.hybrid import HybridOptions
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobApplicationForm
 from tests.support.manager.helpers import TRIAL, form, until, wait_status

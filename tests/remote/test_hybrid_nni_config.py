@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.aml.fixtures import aml, aml_factory  # noqa: F401 (fixtures)
 from tests.support.manager.helpers import form, until, wait_status

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus
 from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite  # noqa: F401 (a fixture)

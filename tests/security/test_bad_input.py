@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from nni_manager.bundle import pack
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 
 # test/ut/tools/nnictl/config_files/invalid/no-tuner.yml of NNI 3.0, as it is there
 NNI_NO_TUNER = """\

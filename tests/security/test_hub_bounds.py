@@ -154,3 +154,46 @@ def test_the_slurm_relay_pipes_a_bounded_number_of_connections(tmp_path: Path) -
         relay.terminate()
         relay.wait(10)
         upstream.sock.close()
+
+
+def test_the_slurm_relays_bound_follows_its_limit_file(tmp_path: Path) -> None:
+    """trialConcurrency raised from the WebUI: the manager rewrites relay.limit and the running
+    relay pipes that many connections from its next one on."""
+    upstream = _Upstream()
+    target, port_file, limit = tmp_path / "relay.target", tmp_path / "relay.port", tmp_path / "relay.limit"
+    target.write_text(f"127.0.0.1:{upstream.port}\n")
+    relay = subprocess.Popen([sys.executable, str(_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
+                              "600", "2", str(limit)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    clients: list[socket.socket] = []
+
+    def refused(port: int) -> bool:
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(30)
+        try:
+            return extra.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            extra.close()
+
+    try:
+        asyncio.run(until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the relay's port"))
+        port = int(port_file.read_text())
+        for _ in range(2):  # no limit file yet: the bound given at start
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        asyncio.run(until(lambda: upstream.accepted == 2, 30, "two piped connections"))
+        assert refused(port), "a third connection was kept although the relay pipes at most two"
+        limit.write_text("4\n")
+        for _ in range(2):
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        asyncio.run(until(lambda: upstream.accepted == 4, 30, "four piped connections once the limit is four"))
+        assert refused(port), "a fifth connection was kept although the limit file says four"
+        assert upstream.accepted == 4
+    finally:
+        for c in clients:
+            c.close()
+        relay.terminate()
+        relay.wait(10)
+        upstream.sock.close()

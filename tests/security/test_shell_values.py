@@ -14,7 +14,8 @@ import yaml
 
 from nni_manager.backends.remote.bootstrap import parse_probe, probe_command
 from nni_manager.backends.rest_jobs import agent_boot
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 
 HOSTILE = ["a\nb", "a'b\"c", "$(touch PWNED)", "`touch PWNED`", "x; touch PWNED"]
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, message_with, wait_status
 

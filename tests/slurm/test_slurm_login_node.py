@@ -72,6 +72,11 @@ def test_trial_metrics_cancel_and_cleanup_through_the_login_node(slurm, login_no
             assert f"{remote_exp_dir(login_node, exp)}/agent-wheel/nni_agent-" in script
             assert not any(a["token"] in script for a in ts.trials.store.agents())
             assert relay_processes(), "a relay runs on the login node"
+            # trialConcurrency raised from the WebUI: the running relay's bound follows (it reads relay.limit)
+            limit = remote_exp_dir(login_node, exp) / "relay.limit"
+            assert limit.read_text() == "256\n"  # 2 jobs of 1 node: the floor
+            await ts.set_trial_concurrency(200)  # what the WebUI's TRIAL_CONCURRENCY update calls
+            assert limit.read_text() == f"{2 * 200 + 64}\n"  # every agent's connection twice over, and room
             return exp, int(relay_port), [a["token"] for a in ts.trials.store.agents()]
 
     exp, relay_port, tokens = run(main())

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import ConfigError, SecretFormatter, load_config, secret_values
+from nni_manager.config import ConfigError, SecretFormatter, secret_values
+from nni_manager.loader import load_config
 
 KEY = "a2V5LWZvci1jb25maWctdGVzdHM="
 

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from nni_manager.config import ConfigError, load_config
+from nni_manager.config import ConfigError
+from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment
-from nni_manager.shared_storage import SharedStorageConfig, check_container
+from nni_manager.config.shared_storage import SharedStorageConfig
+from nni_manager.shared_storage import check_container
 from nni_manager.types import TrialJobStatus
 
 from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY

@@ -293,31 +293,30 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         return f"nni_exp_{self.experiment_id}"
 
     async def list_jobs(self) -> dict[str, JobView]:
-        """Each tracked job by name (at most trialConcurrency of them), and on the first call every
-        job of this experiment (re-attaching, cleaning up): Jobs_List filtered by its tag key."""
+        """Every live job of this experiment: Jobs_List filtered by its tag key, page by page. Read
+        at start (re-attaching) and stop only (`list_once`): a poll looks at each tracked job
+        (at most trialConcurrency of them) with `describe`, as the listing leaves ended jobs out."""
         out: dict[str, JobView] = {}
-        if not self._listed_all:
-            path: str | None = f"{self.workspace}/jobs"
-            params: dict[str, str] | None = {"api-version": API_VERSION, "listViewType": "ActiveOnly",
-                                             "tag": self.tag_key}
-            assert self.client is not None
-            while path:
-                reply = await self.client.request("GET", path, params=params)
-                for item in (reply.body or {}).get("value", []):
-                    if str(item.get("name", "")).startswith(self.prefix):
-                        out[item["name"]] = self._view(item)
-                path, params = self._next_page((reply.body or {}).get("nextLink")), None
-            self._listed_all = True  # only once the listing answered in full
-        for job in self.jobs.values():
-            if job.submitted and not job.done and job.name not in out:
-                try:
-                    out[job.name] = self._view(await self._call("GET", f"/jobs/{quote(job.name, safe='')}"))
-                except RestError as e:
-                    if e.status != 404:
-                        raise
+        path: str | None = f"{self.workspace}/jobs"
+        params: dict[str, str] | None = {"api-version": API_VERSION, "listViewType": "ActiveOnly", "tag": self.tag_key}
+        assert self.client is not None
+        while path:
+            reply = await self.client.request("GET", path, params=params)
+            for item in (reply.body or {}).get("value", []):
+                if str(item.get("name", "")).startswith(self.prefix):
+                    out[item["name"]] = self._view(item)
+            path, params = self._next_page((reply.body or {}).get("nextLink")), None
         return out
 
-    _listed_all = False
+    list_once = True
+
+    async def describe(self, job: Job) -> JobView | None:
+        try:
+            return self._view(await self._call("GET", f"/jobs/{quote(job.name, safe='')}"))
+        except RestError as e:
+            if e.status != 404:
+                raise
+            return None
 
     def _next_page(self, link: Any) -> str | None:
         """ARM's nextLink, followed as given (it carries its own query) when it names the
@@ -347,7 +346,3 @@ class AmlBackend(RestJobBackend[AmlConfig]):
             words += ("; AML gives the reason on the job's page in the studio (Overview, and Outputs + logs: "
                       f"user_logs/std_log.txt): {where}" if where else "; see the job in Azure ML studio")
         return JobView(name, phase, words, settled=status not in ("CancelRequested", "Finalizing"))
-
-    async def _stop_all(self) -> None:
-        self._listed_all = False  # look at every job of the experiment once more
-        await super()._stop_all()

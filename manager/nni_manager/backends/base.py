@@ -237,11 +237,6 @@ class Backend(abc.ABC, Generic[OptionsT]):
         return cast(OptionsT, self.config.training_service.options)
 
     @property
-    def platform_options(self) -> OptionsT:
-        """`opts` by its former name (plugins written before it)."""
-        return self.opts
-
-    @property
     def reconnect_window(self) -> float:
         configured = self.config.training_service.reconnect_window
         return configured if configured is not None else self.default_reconnect_window
@@ -305,6 +300,15 @@ class Backend(abc.ABC, Generic[OptionsT]):
     async def stop(self) -> None:
         """Stop the agents and release everything this backend created. The hub has
         already asked each agent to stop its trials; make sure nothing stays running."""
+
+    def mixed_pool(self) -> MixedPool | None:
+        """A backend made of fixed machines and cluster platforms in one pool (hybrid mode): the
+        core places on the machines first and leaves the rest to environments. None: one kind."""
+        return None
+
+    async def trial_concurrency_changed(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """`config.trial_concurrency` changed while the experiment runs (the WebUI). The core reads
+        it for every decision; a backend that sized something by it at start resizes it here."""
 
     async def agent_lost(self, agent_id: str) -> None:  # noqa: B027 - a hook whose default is to do nothing
         """The agent's stream broke. Backends with their own transport (SSH tunnels)
@@ -411,6 +415,13 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
                                   ca_certificate=DRY_RUN_CA if tls else b"", role=r, index=i)
                         for n, r, i in self.member_names(env_id))
         return EnvironmentRequest(env_id, members, None if self.reuse else "dryrun")
+
+
+class MixedPool(Protocol):
+    """What the core asks of a pool of fixed machines and cluster platforms (`Backend.mixed_pool`)."""
+
+    def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
+        """The cluster platform the trial's placementConstraint names, if any (no machine takes it)."""
 
 
 def as_elastic(backend: Backend[Any]) -> ElasticBackend[Any, Any]:

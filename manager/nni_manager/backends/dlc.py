@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Role, Shape
-from nni_manager.backends.jobs import Phase
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.rest_jobs import (Job, JobView, RestError, RestJobBackend, agent_boot, literal_secret_lines,
                                              parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
 JOB_TYPES = ("TFJob", "PyTorchJob")  # NNI's choices (dlcUtil.py)
 # DLC's job states -> the REST-job phases (NNI: dlcEnvironmentService.ts refreshEnvironmentsStatus)
-STATES: dict[str, Phase] = {"Creating": "waiting", "Created": "waiting", "Queuing": "waiting", "Waiting": "waiting",
-          "Dequeued": "waiting", "EnvPreparing": "waiting", "SanityChecking": "waiting", "Running": "running",
-          "Restarting": "running", "Succeeded": "succeeded", "Completed": "succeeded", "Failed": "failed",
-          "Stopping": "stopped", "Stopped": "stopped"}
+STATES = StateTable.of(
+    waiting=["Creating", "Created", "Queuing", "Waiting", "Dequeued", "EnvPreparing", "SanityChecking"],
+    running=["Running", "Restarting"], succeeded=["Succeeded", "Completed"], failed=["Failed"],
+    stopped=["Stopping", "Stopped"])
 PAGE_SIZE = 100
 log = logging.getLogger(__name__)
 FIXES = {
@@ -123,6 +123,7 @@ def parse_dlc(ts: ConfigSection, config: ExperimentConfig) -> DlcConfig:
 class DlcBackend(RestJobBackend[DlcConfig]):
     platform = "dlc"
     service = "PAI-DLC"
+    states = STATES
     single_use_credentials = True
     secret_words = RestJobBackend.LITERAL_SECRET_WORDS
 
@@ -307,7 +308,7 @@ class DlcBackend(RestJobBackend[DlcConfig]):
     def _view(self, row: dict[str, Any]) -> JobView:
         name, state, ref = str(row.get("DisplayName")), str(row.get("Status") or ""), str(row.get("JobId") or "")
         reason = " ".join(str(row.get(k)) for k in ("ReasonCode", "ReasonMessage") if row.get(k))
-        phase = STATES.get(state, "unknown")
+        phase = self.states.phase(state)
         if phase == "stopped":
             words = f"PAI-DLC job {name} ({ref}) was stopped outside this experiment" + (f": {reason}" if reason else "")
         else:

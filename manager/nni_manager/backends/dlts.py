@@ -192,14 +192,15 @@ class DltsBackend(RestJobBackend[DltsConfig]):
         o = self.opts
         rows = await self._get(f"/api/v2/clusters/{quote(o.cluster, safe='')}/teams/{quote(o.team, safe='')}/jobs",
                                limit=str(LIST_LIMIT))
-        out = {str(r.get("jobName")): self._view(r) for r in rows or []
-               if str(r.get("jobName", "")).startswith(self.prefix) and r.get("userName") in (None, o.email)}
-        for job in self.jobs.values():  # a job the listing no longer shows (an old, finished one): its detail
-            if job.ref and job.name not in out and job.submitted and not job.done:
-                row = await self._get(f"/api/v2/clusters/{quote(o.cluster, safe='')}/jobs/{quote(job.ref, safe='')}")
-                if row:
-                    out[job.name] = self._view(row)
-        return out
+        return {str(r.get("jobName")): self._view(r) for r in rows or []
+                if str(r.get("jobName", "")).startswith(self.prefix) and r.get("userName") in (None, o.email)}
+
+    async def describe(self, job: Job) -> JobView | None:
+        """A job the listing no longer shows (it keeps the newest LIST_LIMIT): its detail, by id."""
+        if not job.ref:
+            return None
+        row = await self._get(f"/api/v2/clusters/{quote(self.opts.cluster, safe='')}/jobs/{quote(job.ref, safe='')}")
+        return self._view(row) if row else None
 
     def _view(self, row: dict[str, Any]) -> JobView:
         name, state, ref = str(row.get("jobName")), str(row.get("jobStatus") or ""), str(row.get("jobId") or "")

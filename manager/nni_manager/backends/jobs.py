@@ -7,6 +7,9 @@ A platform says only what differs, as TorchX's `Scheduler` and submitit's `InfoW
   the same request, for placeholder credentials; `prepare` writes what the job needs first);
 - `list_jobs()`: one call for every job of the experiment, each mapped onto a `JobView` through
   the platform's `StateTable` (its states -> waiting / running / succeeded / failed / stopped);
+- `describe(job)` (optional): one tracked job the listing left out, from the platform's per-job
+  detail (DLTS lists only its newest jobs; AML lists only live ones, and only at start and stop:
+  `list_once`);
 - `cancel(job)`: ask the platform to stop the job (idempotent).
 
 Everything else lives here: job names `nni_exp_<exp>_env_<n>` / `nni_exp_<exp>_trial_<trial>`
@@ -26,9 +29,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast
 
-from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, OptionsT, RequestT
+from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, RequestT
 
 if TYPE_CHECKING:
     from nni_manager.config import ConfigSection, ExperimentConfig
@@ -123,7 +126,20 @@ def parse_watch_fields(ts: ConfigSection) -> tuple[float | None, float | None]:
     return ts.duration("pollInterval"), ts.duration("agentConnectTimeout")
 
 
-class JobBackend(ElasticBackend[OptionsT, RequestT]):
+class JobOptions(Protocol):
+    """What the pattern reads of every job platform's options (`parse_watch_fields`)."""
+
+    @property
+    def poll_interval(self) -> float | None: ...  # pollInterval, seconds (None: the default)
+
+    @property
+    def connect_timeout(self) -> float | None: ...  # agentConnectTimeout, seconds (None: the default)
+
+
+JobOptionsT = TypeVar("JobOptionsT", bound=JobOptions)
+
+
+class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
     """An elastic backend where one environment is one job (see the module docstring)."""
 
     hub = "network"
@@ -131,6 +147,10 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
     service: ClassVar[str] = "the platform"  # the platform's name in messages ("OpenPAI", "Slurm")
     states: ClassVar[StateTable] = StateTable({})
     missing_polls: ClassVar[int] = MISSING_POLLS
+    # True: the listing is read once at start and once at stop (and until it first answers), a poll
+    # looks at each tracked job with `describe` (a platform whose listing costs pages and leaves ended
+    # jobs out)
+    list_once: ClassVar[bool] = False
     # what the platform raises when it refuses or does not answer (others are bugs: logged with a traceback)
     errors: ClassVar[tuple[type[Exception], ...]] = (BackendError,)
 
@@ -141,6 +161,7 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
         self.jobs: dict[str, Job] = {}  # by env id
         self._poller: asyncio.Task[None] | None = None
         self._opened = False  # the platform answered `open`: there may be jobs to stop
+        self._listed = False  # the listing answered once (a `list_once` platform's polls list until it has)
         self._poked = asyncio.Event()  # an agent dialled before its job was seen running
         # what `poll` measures waits and the connect timeout with (unit tests pass their own)
         self.clock: Callable[[], float] = time.monotonic
@@ -167,6 +188,11 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
     async def list_jobs(self) -> dict[str, JobView]:
         """Every job of this experiment the platform knows, by name (one call where the platform
         allows; the newest job of a name last). Raise one of `errors` when it does not answer."""
+
+    async def describe(self, job: Job) -> JobView | None:
+        """The platform's detail of one job it did not list; None when it has no such call or
+        does not know the job either (then the "missing for `missing_polls` polls" rule decides)."""
+        return None
 
     @abc.abstractmethod
     async def cancel(self, job: Job) -> None:
@@ -202,13 +228,13 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
     @property
     def poll_interval(self) -> float:
         """How often one listing looks at every job (`pollInterval`)."""
-        return getattr(self.opts, "poll_interval", None) or DEFAULT_POLL_INTERVAL
+        return self.opts.poll_interval or DEFAULT_POLL_INTERVAL
 
     @property
     def connect_timeout(self) -> float:
         """How long a job may run without its agents dialling in before it is failed and stopped
         (`agentConnectTimeout`)."""
-        return getattr(self.opts, "connect_timeout", None) or DEFAULT_CONNECT_TIMEOUT
+        return self.opts.connect_timeout or DEFAULT_CONNECT_TIMEOUT
 
     # ------------------------------------------------------------------ names
     @property
@@ -240,7 +266,7 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
             wanted[job.name] = job
             self.jobs[env.env_id] = job
         try:
-            views = await self.list_jobs()
+            views = await self._views(everything=True)
         except self.errors as e:
             if wanted:
                 log.warning("%s; re-attaching when it answers", e)
@@ -322,9 +348,11 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
                 if not await self._cancel_quietly(job):
                     unsure.add(job.name)
         failures, pause = 0, 1.0
+        listed = False  # a `list_once` platform lists once here, then describes what it tracks
         while True:
             try:
-                views = await self.list_jobs()
+                views = await self._views(everything=not (self.list_once and listed))
+                listed = True
             except self.errors as e:
                 failures += 1
                 if failures >= STOP_LIST_TRIES or time.monotonic() + pause > deadline:
@@ -416,7 +444,7 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
     async def poll(self) -> None:
         """One look at every job of the experiment."""
         assert self.ctx is not None
-        views = await self.list_jobs()
+        views = await self._views(everything=not self.list_once or not self._listed)
         now = self.clock()
         for job in list(self.jobs.values()):
             if not job.submitted or job.done:
@@ -449,6 +477,19 @@ class JobBackend(ElasticBackend[OptionsT, RequestT]):
                     words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
                               f"yet: if this lasts, {self.check_hint(job)}")
             self._say(job, words)
+
+    async def _views(self, everything: bool) -> dict[str, JobView]:
+        """The listing (when `everything`), completed with `describe` for each tracked job it left out."""
+        views: dict[str, JobView] = {}
+        if everything:
+            views = await self.list_jobs()
+            self._listed = True
+        for job in list(self.jobs.values()):
+            if job.submitted and not job.done and job.name not in views:
+                view = await self.describe(job)
+                if view is not None:
+                    views[job.name] = view
+        return views
 
     @staticmethod
     def _hub(job: Job) -> str:

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import AgentCommand, Sh
-from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, OptionsT
+from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest
 from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for the shared job pattern)
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_INTERVAL, Job, JobBackend, JobView, Phase, StateTable, parse_watch_fields,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_INTERVAL, Job, JobBackend, JobOptionsT, JobView, Phase, StateTable, parse_watch_fields,
 )
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def literal_secret_lines(token: str, ca_certificate: bytes) -> tuple[list[str], 
             [f'printf "%s\\n" {q(ca_certificate.decode().strip())} > "$NNI_AGENT_DIR/ca.crt"'])
 
 
-class RestJobBackend(JobBackend[OptionsT, Any]):
+class RestJobBackend(JobBackend[JobOptionsT, Any]):
     """Base of the REST-job platforms: one environment = one job (see the module docstring)."""
 
     stop_job_on_cancel = True

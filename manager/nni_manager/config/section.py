@@ -2,7 +2,7 @@
 aliases and a did-you-mean check for unknown keys) and the value parsers every backend uses.
 
 Nothing here knows a platform, so backends, hybrid mode and shared storage build on it while
-the loader (`nni_manager.config.load`) builds on them.
+the loader (`nni_manager.loader`) builds on them.
 """
 from __future__ import annotations
 

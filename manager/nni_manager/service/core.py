@@ -29,7 +29,6 @@ from nni_manager.metrics import checked
 from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
-from nni_manager.service.hybrid import HybridBackend
 from nni_manager.service.scope import AgentScope
 from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
@@ -85,6 +84,7 @@ class Core:
         self.config, self.backend = config, backend
         self.experiment_id, self.experiment_dir = experiment_id, experiment_dir
         self.trials, self.agents, self.hub, self.bundle = trials, agents, hub, bundle
+        self._code_dir: tuple[Path | str | None, str] = (None, "")  # (trialCodeDirectory, as sent)
         self.listeners = listeners
         self.reconnect_window = backend.reconnect_window
         self.resources: dict[str, pb.TrialResources] = {}
@@ -358,7 +358,7 @@ class Core:
         if self.stopping:
             return
         try:
-            if isinstance(self.backend, HybridBackend) and self.backend.mixed:
+            if self.backend.mixed_pool() is not None:
                 self.elastic.tick(self._place_on_machines(mixed=True))
             elif self.backend.elastic:
                 self.elastic.tick()
@@ -377,9 +377,9 @@ class Core:
         if not waiting:
             return []
         to_elastic: list[TrialJobDetail] = []
-        if mixed:
-            assert isinstance(self.backend, HybridBackend)
-            to_elastic = [t for t in waiting if self.backend.pinned_part(t) is not None]
+        pool = self.backend.mixed_pool() if mixed else None
+        if pool is not None:
+            to_elastic = [t for t in waiting if pool.pinned_part(t) is not None]
             waiting = [t for t in waiting if t not in to_elastic]
         unusable = self.unusable_reason()
         if unusable:  # nothing will ever run them
@@ -438,7 +438,7 @@ class Core:
     def unusable_reason(self) -> str:
         """Why no trial can ever run (every agent failed for good), or "" while some can. Cheap:
         it stops at the first agent that has not failed."""
-        if isinstance(self.backend, HybridBackend) and self.backend.mixed:  # environments can still be made
+        if self.backend.mixed_pool() is not None:  # environments can still be made
             return ""
         agents = self.agents.by_id.values()
         if agents and all(a.failed for a in agents):
@@ -475,12 +475,21 @@ class Core:
         if self.bundle is not None and self.backend.ships_code_to(agent_id):
             start.bundle.digest, start.bundle.size = self.bundle.digest, self.bundle.size
         else:
-            code = cfg.trial_code_directory  # in the image: as written (relative: the image's working directory)
-            start.code_directory = str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve())
+            start.code_directory = self._code_directory()
         self.send(agent_id, start_trial=start)
         for index, value in self.trials.store.parameters(t.id):
             if index >= 1:
                 self.send(agent_id, send_parameter=pb.SendParameter(trial_id=t.id, index=index, parameter=value))
+
+
+    def _code_directory(self) -> str:
+        """trialCodeDirectory as agents on this machine's file system see it, resolved once per value,
+        not at every trial start (a realpath is an lstat per path component)."""
+        code = self.config.trial_code_directory
+        if self._code_dir[0] != code:
+            # in the image: as written (relative: the image's working directory)
+            self._code_dir = (code, str(code) if self.backend.code_in_image else str(Path(code).expanduser().resolve()))
+        return self._code_dir[1]
 
 
 def _request(t: TrialJobDetail, default: int | None) -> Request:

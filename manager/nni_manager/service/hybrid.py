@@ -26,7 +26,7 @@ from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, Elast
                                        HubKind, PlacementHints, Shape)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
-from nni_manager.config_hybrid import HYBRID, HybridOptions
+from nni_manager.config.hybrid import HYBRID, HybridOptions
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def make_backend(config: ExperimentConfig) -> Backend[Any]:
     """The backend for the config's platform; the hybrid composite for a list of services."""
     platform = config.training_service.platform
     if platform == HYBRID:
-        return HybridBackend(config)
+        return HybridBackend.composed(config)
     return backend_class(platform)(config)
 
 
@@ -64,11 +64,30 @@ class HybridBackend(ElasticBackend[Any, Any]):
 
     platform = HYBRID
 
-    def __init__(self, config: ExperimentConfig) -> None:
+    @classmethod
+    def composed(cls, config: ExperimentConfig) -> HybridBackend:
+        """The backend for this list of services. What the list implies of the class's ClassVars
+        (which hub its agents reach, whether code ships, whether it is elastic, single-use
+        credentials) is set on a class made for it, never on an instance."""
+        options: HybridOptions = config.training_service.options
+        kinds: list[type[Backend[Any]]] = [backend_class(ts.platform) for ts in options.services]
+        hubs = {k.hub for k in kinds}
+        # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
+        # agents the network one (the tunnels then reach it on loopback: see hub_names).
+        hub: HubKind = "network" if "network" in hubs else "loopback" if "loopback" in hubs else "unix"
+        composite: type[HybridBackend] = type(cls.__name__, (cls,), {
+            "hub": hub, "ships_code": any(k.ships_code for k in kinds), "elastic": any(k.elastic for k in kinds),
+            "single_use_credentials": any(k.single_use_credentials for k in kinds if issubclass(k, ElasticBackend)),
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        return composite(config, kinds)
+
+    def __init__(self, config: ExperimentConfig, kinds: list[type[Backend[Any]]]) -> None:
+        if type(self) is HybridBackend:
+            raise TypeError("HybridBackend.composed(config) makes a hybrid backend (its class says what the list implies)")
         super().__init__(config)
         options: HybridOptions = config.training_service.options
         self.parts: list[Backend[Any]] = [
-            backend_class(ts.platform)(dataclasses.replace(config, training_service=ts)) for ts in options.services
+            kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, options.services)
         ]
         self._owners: dict[str, Backend[Any]] = {}
         self._started: list[Backend[Any]] = []
@@ -76,19 +95,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
         self._turn = 0
         self.fixed_parts = [p for p in self.parts if not p.elastic]
         self.elastic_parts = [as_elastic(p) for p in self.parts if p.elastic]
-        # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
-        # agents the network one (the tunnels then reach it on loopback: see hub_names).
-        kinds = {p.hub for p in self.parts}
-        hub: HubKind = "network" if "network" in kinds else "loopback" if "loopback" in kinds else "unix"
-        self.hub = hub  # type: ignore[misc]
-        self.ships_code = any(p.ships_code for p in self.parts)  # type: ignore[misc]
-        self.elastic = bool(self.elastic_parts)  # type: ignore[misc]
-        self.single_use_credentials = any(p.single_use_credentials for p in self.elastic_parts)  # type: ignore[misc]
 
     @property
     def mixed(self) -> bool:
         """Fixed machines and cluster environments in one pool."""
         return bool(self.fixed_parts) and bool(self.elastic_parts)
+
+    def mixed_pool(self) -> HybridBackend | None:
+        return self if self.mixed else None
 
     # ------------------------------------------------------------------ elastic capacity
     def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
@@ -189,6 +203,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
         for part, result in zip(self._started, results):
             if isinstance(result, BaseException):
                 log.error("stopping the %s part of the hybrid training service failed: %s", part.platform, result)
+
+    async def trial_concurrency_changed(self) -> None:
+        """Each part holds a copy of the config (narrowed to its service): the new value goes into
+        every copy, then to the part."""
+        for part in self.parts:
+            part.config.trial_concurrency = self.config.trial_concurrency
+        for part in self._started:
+            await part.trial_concurrency_changed()
 
     async def agent_lost(self, agent_id: str) -> None:
         part = self._owners.get(agent_id)

@@ -279,6 +279,14 @@ class TrainingService:
             raise RuntimeError("the training service is not started: use `async with` or await start()")
         return self._files
 
+    async def set_trial_concurrency(self, value: int) -> None:
+        """Change trialConcurrency while the experiment runs (NNI's TRIAL_CONCURRENCY update):
+        the core's next decision uses it, and the backend resizes what it sized by it."""
+        self.config.trial_concurrency = value
+        if self._started:
+            await self._backend.trial_concurrency_changed()
+        self._wake.set()
+
     async def set_cluster_metadata(self, key: str, value: str) -> None:
         self._metadata[key] = value
 
@@ -356,7 +364,7 @@ def create_training_service(
     (and working directory) it resumes that experiment and re-attaches running trials.
     """
     if not isinstance(config, ExperimentConfig):
-        from nni_manager.config.load import load_config
+        from nni_manager.loader import load_config
 
         config = load_config(config)
     return TrainingService(config, experiment_id=experiment_id)

@@ -179,7 +179,11 @@ class LiveExperiment(ExperimentSide):
                     raise WebError(f"Error: trialConcurrency must be a positive integer, got {value!r}")
                 _bound("trialConcurrency", value, limits.MAX_TRIAL_CONCURRENCY)
                 more = value - config.trial_concurrency
-                config.trial_concurrency = value
+                ts = self._ts()
+                if ts is not None:  # the backend resizes what it sized by it (Slurm's relay, hybrid parts)
+                    await ts.set_trial_concurrency(value)
+                else:
+                    config.trial_concurrency = value
                 dispatcher = getattr(self.experiment, "dispatcher", None)
                 if more > 0 and dispatcher is not None and hasattr(dispatcher, "request_trials"):
                     dispatcher.request_trials(more)  # as NNI's manager asks its tuner for the extra trials

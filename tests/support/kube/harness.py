@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from nni_manager.config import ExperimentConfig, load_config
+from nni_manager.config import ExperimentConfig
+from nni_manager.loader import load_config
 from tests.support.images import SLIM_IMAGE  # noqa: F401 (re-exported: the system Python, no grpc / psutil)
 from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import TRIAL

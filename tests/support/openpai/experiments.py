@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from tests.support.manager.helpers import TRIAL
 
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import load_config
+from nni_manager.loader import load_config
 from tests.support.manager.helpers import TRIAL
 
 

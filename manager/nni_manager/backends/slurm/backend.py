@@ -211,6 +211,11 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
             await host.close()
             raise
 
+    async def trial_concurrency_changed(self) -> None:
+        """The login node's relay pipes as many agents' connections as trialConcurrency allows jobs."""
+        if isinstance(self._host, LoginNodeHost):
+            await self._host.set_max_agents(self.config.trial_concurrency * self.opts.nodes)
+
     async def _open(self, host: SlurmHost) -> None:
         assert self.ctx is not None
         node = self.opts.login_node

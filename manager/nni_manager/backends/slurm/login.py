@@ -44,6 +44,13 @@ class LoginNodeError(BackendError):
     """The login node cannot be used; the message is for the user."""
 
 
+def relay_connections(max_agents: int) -> int:
+    """Connections the relay pipes at once: every agent's, twice over (a redial overlaps the stream
+    it replaces), and some room; beyond that it closes them (a stranger cannot make it start
+    threads without end)."""
+    return max(256, 2 * max_agents + 64)
+
+
 class LoginNodeHost:
     """One SSH connection to the login node, re-opened (with its forward) when it drops."""
 
@@ -51,9 +58,7 @@ class LoginNodeHost:
         self.node = node
         self.experiment_id = experiment_id
         self.orphan_timeout = orphan_timeout
-        # connections the relay pipes at once: every agent's, twice over (a redial overlaps the stream it
-        # replaces), and some room; beyond that it closes them (a stranger cannot make it start threads forever)
-        self.relay_connections = max(256, 2 * max_agents + 64)
+        self.relay_connections = relay_connections(max_agents)
         self.label = machine_label(node)
         self.where = f"on login node {self.label} over SSH"
         self.home = ""
@@ -220,6 +225,7 @@ class LoginNodeHost:
             return self.node.relay_address, self.relay_port
         script = resources.files("nni_manager.backends.slurm").joinpath(RELAY).read_bytes()
         await self.write_private(self._path(RELAY), script)
+        await self._write_limit()  # a relay an earlier manager started takes this experiment's limit too
         rc, out, err = await self._sh(self._relay_command())
         words = out.strip().splitlines()
         if rc != 0 or not words or not words[-1].isdigit():
@@ -245,7 +251,7 @@ class LoginNodeHost:
         node = self.node
         start = " ".join([
             shlex.quote(node.python), q(RELAY), shlex.quote(node.relay_address), '"$port"', q("relay.target"),
-            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections)])
+            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections), q("relay.limit")])
         return "\n".join([
             "umask 077",
             f"cd {q('')} || exit 1",
@@ -258,6 +264,16 @@ class LoginNodeHost:
             f"i=0; while [ ! -s {q('relay.port')} ] && [ $i -lt 100 ] && kill -0 $p 2>/dev/null; do sleep 0.1; i=$((i+1)); done",
             f"if [ -s {q('relay.port')} ]; then cat {q('relay.port')}; else tail -c 400 {q('relay.log')} >&2; exit 1; fi",
         ])
+
+    async def set_max_agents(self, max_agents: int) -> None:
+        """trialConcurrency changed: the relay's limit follows (it reads relay.limit at every
+        connection it accepts)."""
+        self.relay_connections = relay_connections(max_agents)
+        if self.relay_port:
+            await self._write_limit()
+
+    async def _write_limit(self) -> None:
+        await self.write_text(self._path("relay.limit"), f"{self.relay_connections}\n")
 
     async def stop_relay(self) -> None:
         """Stop the relay (by its pid file, checked against its command line) and the forward."""

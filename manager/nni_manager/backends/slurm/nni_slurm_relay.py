@@ -1,6 +1,6 @@
 """Runs ON THE LOGIN NODE (stdlib only, Python >= 3.8), started detached by the slurm backend.
 
-argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds> [<max connections>]
+argv: <bind host> <port, 0: any> <target file> <port file> <idle exit seconds> [<max connections> [<limit file>]]
 Listens on <bind host>:<port> for the agents on compute nodes and pipes each connection's bytes,
 unchanged, to the address in <target file> ("127.0.0.1:<port>": the SSH remote forward back to
 the manager's hub, re-read for every connection, so a reconnected manager only rewrites it). TLS
@@ -13,6 +13,8 @@ it has spoken (an agent opens with its TLS ClientHello at once): one silent for 
 closed, and when all places are taken the oldest silent connection gives its place to a newcomer
 (only when every place pipes a connection that spoke is the newcomer closed): idle connections
 from someone without the experiment's secret never keep an agent out.
+The number in <limit file>, read at every connection, replaces <max connections>: the manager
+rewrites it when trialConcurrency changes (the WebUI) and when a restarted manager finds this relay running.
 """
 import os
 import socket
@@ -22,6 +24,7 @@ import time
 
 bind, port, target_file, port_file, idle_exit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
 MAX_CONNECTIONS = int(sys.argv[6]) if len(sys.argv) > 6 else 256
+LIMIT_FILE = sys.argv[7] if len(sys.argv) > 7 else None
 PROBE_S = 30.0
 FIRST_BYTES_S = 10.0
 state = {"open": 0, "accepted": 0, "refused": 0, "last_ok": time.monotonic(), "probed": 0.0}
@@ -38,6 +41,19 @@ def target():
     with open(target_file) as f:
         host, _, p = f.read().strip().rpartition(":")
     return host, int(p)
+
+
+def most():
+    """The connections piped at once: <limit file>'s number, else <max connections>."""
+    if LIMIT_FILE:
+        try:
+            with open(LIMIT_FILE) as f:
+                n = int(f.read().strip())
+            if n > 0:
+                return n
+        except (OSError, ValueError):
+            pass
+    return MAX_CONNECTIONS
 
 
 def copy(src, dst):
@@ -144,8 +160,9 @@ def main():
                 log("the manager's forward did not answer for %.0f s: exiting" % idle_exit)
                 return
             continue
+        limit = most()
         with lock:
-            full = state["accepted"] >= MAX_CONNECTIONS
+            full = state["accepted"] >= limit
             victim = silent.pop(0) if full and silent else None
             if not full or victim is not None:
                 state["accepted"] += 1
@@ -161,7 +178,7 @@ def main():
             state["refused"] += 1
             if state["refused"] in (1, 10, 100) or state["refused"] % 1000 == 0:
                 log("%d connection(s) refused so far: %d are open, the most this relay pipes" %
-                    (state["refused"], MAX_CONNECTIONS))
+                    (state["refused"], limit))
             continue
         threading.Thread(target=serve, args=(conn, peer[:2]), daemon=True).start()
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nni_manager.config import MISSING, ConfigError, ConfigSection, TrainingServiceConfig, canonical_key
+from nni_manager.config.model import TrainingServiceConfig
+from nni_manager.config.section import MISSING, ConfigError, ConfigSection, canonical_key
 
 HYBRID = "hybrid"
-# v1 platform sections and which platform each configures (their key renames are config.py's).
+# v1 platform sections and which platform each configures (their key renames are the loader's, nni_manager.loader).
 _V1_SECTION_PLATFORM = {
     "localConfig": "local", "remoteConfig": "remote", "paiConfig": "openpai", "kubeflowConfig": "kubeflow",
     "frameworkcontrollerConfig": "frameworkcontroller", "dltsConfig": "dlts", "amlConfig": "aml",

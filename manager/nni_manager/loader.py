@@ -1,17 +1,25 @@
-"""NNI experiment configs (v2 YAML, v1 field names accepted) -> typed, validated objects.
+"""`load_config`: an NNI experiment config (v2 YAML, v1 field names accepted) -> a typed,
+validated `ExperimentConfig`.
 
 Every mistake raises `ConfigError` naming the field (as a dotted path, e.g.
-`trainingService.machineList[1].host`) and the fix. The loader sits above the backends (each
-parses its platform's fields), hybrid mode, shared storage and search-space checks; they use
-only the primitives in `section`, `model` and `redaction`.
+`trainingService.machineList[1].host`) and the fix. The loader sits above what it calls: the
+backends (each parses its platform's fields, found through `backends.registry`), the
+search-space checks and annotations. They, hybrid mode (`config.hybrid`) and shared storage
+(`config.shared_storage`) use only the `nni_manager.config` package below them, which never
+imports the loader (tests/test_import_cycles.py).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import signal
 from pathlib import Path
 from typing import Any
 
+from nni_manager.annotations import search_space as annotated_search_space
+from nni_manager.backends import registry
+from nni_manager.config import hybrid as config_hybrid
+from nni_manager.config import shared_storage
 from nni_manager.config.model import LOG_LEVELS, ExperimentConfig, TrainingServiceConfig, TunerConfig
 from nni_manager.config.section import (
     _MISSING,
@@ -23,6 +31,7 @@ from nni_manager.config.section import (
     canonical_key,
     check_per_gpu,
 )
+from nni_manager.search_space import validate
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -39,13 +48,6 @@ _V1_PLATFORM_SECTIONS: dict[str, dict[str, str]] = {
 _V1_PLATFORM_NAMES = {"pai": "openpai"}  # v1 `trainingServicePlatform` names that v2 renamed
 _SHORTCUTS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
 _TS_COMMON = ("platform", "useActiveGpu", "maxTrialNumberPerGpu", "gpuIndices", "machineList")
-
-
-def supported_platforms() -> list[str]:
-    """Platforms that have a backend in this installation."""
-    from nni_manager.backends import registry
-
-    return registry.platforms()
 
 
 def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfig:
@@ -87,7 +89,6 @@ def _is_nni_config(source: Any) -> bool:
 
 
 def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
-    from nni_manager import config_hybrid
 
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
     ts: Any = _training_service_section(root)
@@ -189,7 +190,6 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
             nni_manager_ip)
     else:
         config.training_service = _training_service(ts, root, trial, base, config, nni_manager_ip)
-    from nni_manager import shared_storage
 
     config.shared_storage = shared_storage.parse(root)
     if use_annotation:  # after the platform: Kubeflow's roles name the code directory
@@ -200,7 +200,6 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
 
 def _code_in_image(root: ConfigSection, ts: Any) -> bool:
     """Whether the platform named (v2 or v1) takes trialCodeDirectory as a folder of its image."""
-    from nni_manager.backends import registry
 
     platform = None
     for section, names in ((ts, ("platform",)), (root, ("platform", "trainingServicePlatform"))):
@@ -220,7 +219,6 @@ def _training_service_section(root: ConfigSection) -> ConfigSection | None:
     if value is _MISSING:
         return None
     if isinstance(value, list):  # hybrid mode
-        from nni_manager import config_hybrid
 
         return config_hybrid.sections(value, path, root.base)  # type: ignore[return-value]
     return ConfigSection(value, path, root.base)
@@ -228,7 +226,6 @@ def _training_service_section(root: ConfigSection) -> ConfigSection | None:
 
 def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: ConfigSection | None, base: Path,
                       config: ExperimentConfig, nni_manager_ip: str | None) -> TrainingServiceConfig:
-    from nni_manager.backends import registry
 
     # Fields may sit at the root (NNI shortcuts / v1 names) or in v1 platform sections.
     ts = ts or ConfigSection({}, "trainingService", base)
@@ -314,7 +311,6 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
 
 def _bind_address(ts: ConfigSection) -> str | None:
     """`hubBindAddress`: an IP literal of this machine (or 0.0.0.0 / ::), never a name."""
-    import ipaddress
 
     value = ts.str_("hubBindAddress")
     if value is None:
@@ -332,7 +328,6 @@ def _bind_address(ts: ConfigSection) -> str | None:
 def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict[str, Any] | None:
     """The search space, checked against NNI's format, except for a customised tuner: it may
     define its own (NNI leaves validation to each tuner)."""
-    from nni_manager.search_space import validate
 
     inline, inline_path = root.take("searchSpace")
     file = root.path_("searchSpaceFile", "searchSpacePath", base=base)
@@ -359,14 +354,12 @@ def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict
 def _annotated_search_space(config: ExperimentConfig) -> None:
     """`useAnnotation: true`: the search space is the trial code's annotations (read, not written:
     the run expands a copy). NNI refuses a search space given as well."""
-    from nni_manager import annotations
-    from nni_manager.search_space import validate
 
     if config.search_space is not None:
         raise ConfigError("searchSpace", "given together with useAnnotation: true",
                           "remove searchSpace/searchSpaceFile: the annotations in the trial code define the "
                           "search space (NNI refuses both as well)")
-    config.search_space = annotations.search_space(config.trial_code_directory, config.experiment_working_directory)
+    config.search_space = annotated_search_space(config.trial_code_directory, config.experiment_working_directory)
     validate(config.search_space, "useAnnotation")
     config.use_annotation = True
 
