@@ -48,15 +48,15 @@ class LiveWebUI:
         """End `serve_until_stopped` (Ctrl-C, SIGTERM or DELETE /experiment after the end)."""
         self._released.set()
 
-    async def serve_until_stopped(self, ended: str = "is done") -> None:
+    async def serve_until_stopped(self, ended: str = "is done", until: str = "Ctrl-C (or `nnictl stop`)") -> None:
         """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until stopped."""
         if self.server is None:
             return
         self.serving_after_end = True
         if self.server is not None:
             await self.server.sync_manifest()
-        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until Ctrl-C "
-              "(or `nnictl stop`)", flush=True)
+        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until {until}",
+              flush=True)
         await self._released.wait()
 
 
@@ -81,9 +81,11 @@ async def live_webui(experiment: Any, experiment_id: str, options: WebOptions | 
         await server.stop("STOPPED")
 
 
-async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
+async def serve_stored(experiment_dir: Path, options: WebOptions, *, stopped: asyncio.Event | None = None,
+                       on_ready: Callable[[WebServer], None] | None = None) -> None:
     """`nni-manager view DIR`: a stored experiment, read-only, until Ctrl-C, SIGTERM or
-    DELETE /experiment."""
+    DELETE /experiment (or `stopped` is set: the Python API's `Experiment.view()`, which
+    installs no signal handler: it runs outside the main thread)."""
     from nni_manager.store import Store
     from nni_manager.webui.server import experiment_end_time
 
@@ -94,7 +96,7 @@ async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
         store.close()
     if not stored:
         raise FileNotFoundError(f"{experiment_dir} holds no experiment record")
-    stopped = asyncio.Event()
+    stopped = stopped or asyncio.Event()
     side = StoredExperiment(experiment_dir, stored, await asyncio.to_thread(experiment_end_time, experiment_dir),
                             stopped.set)
     name = (stored["config"] or {}).get("experiment_name")
@@ -102,9 +104,12 @@ async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
                        experiment_name=name)
     await server.start()
     _announce(server)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
+    if on_ready is not None:
+        on_ready(server)
+    else:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
     try:
         await stopped.wait()
     finally:
