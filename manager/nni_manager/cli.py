@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.add_argument("--trial-log", action="store_true",
                       help="print only trial.log: what NNI's SDK logs, and on the local platform the trial's print() "
                            "output (shown after trial.stdout by default)")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the trial ends")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep printing (trial.stdout and trial.log, as without it) until the trial ends")
     logs.add_argument("--replica", metavar="ROLE-INDEX",
                       help="for a trial on several replicas (TFJob, Framework): only this one's log, e.g. worker-0 "
                            "(default: every replica's, one after the other)")
@@ -410,14 +411,40 @@ def _open_log(experiment_dir: Path, trial: TrialJobDetail, name: str, platform: 
     return open_trial_log(experiment_dir, trial, name, platform)
 
 
-def _copy_out(f: BinaryIO, out: BinaryIO) -> int:
-    """Copy the rest of `f` to `out` in bounded pieces (a log may be larger than memory)."""
+def _copy_out(f: BinaryIO, out: BinaryIO, header: bytes = b"") -> int:
+    """Copy the rest of `f` to `out` in bounded pieces (a log may be larger than memory);
+    `header` goes first, only if there is something to copy."""
     n = 0
     while chunk := f.read(1 << 20):
+        if header:
+            out.write(header)
+            header = b""
         out.write(chunk)
         n += len(chunk)
     out.flush()
     return n
+
+
+# C0 controls but tab, newline and carriage return (progress bars), DEL, and C1 controls: what a
+# trial's output could use to clear the screen, retitle the window or hide text in a terminal.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A, 0x0D)}
+
+
+class _Terminal:
+    """A binary writer to a terminal that shows control bytes escaped (`\\x1b`), never acted on."""
+
+    def __init__(self, text_out) -> None:  # a text stream (sys.stdout)
+        import codecs
+
+        self._out = text_out
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes) -> int:
+        self._out.write(self._decoder.decode(data).translate(_CONTROLS))
+        return len(data)
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None,
@@ -429,6 +456,7 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
     replicas = sorted(p.name for p in replicas_dir.iterdir()) if replicas_dir.is_dir() else []
     if replica is not None and replica not in replicas:
         raise UsageError(f"trial {trial_id} has no replica {replica!r}; its replicas: {', '.join(replicas) or 'none'}")
+    out: BinaryIO = _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout.buffer  # type: ignore[assignment]
     if replicas and replica is None:
         if follow:
             raise UsageError(f"trial {trial_id} runs on several replicas: pick one to follow with --replica "
@@ -438,7 +466,7 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
             f = open_in(experiment_dir, replicas_dir / label, name)
             if f is not None:
                 with f:
-                    _copy_out(f, sys.stdout.buffer)
+                    _copy_out(f, out)
         return 0
     store = _open_store(experiment_dir)
     try:
@@ -451,27 +479,28 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
                     return t
             raise UsageError(f"no trial {trial_id!r} in {experiment_dir}; pick one from `nni-manager trials DIR`")
 
-        offset = 0
-        out = sys.stdout.buffer
+        # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): after
+        # trial.stdout, plain and --follow alike; a header names the file whenever it changes
+        # (as `tail -f` does for several files)
+        names = [name, "trial.log"] if name == "trial.stdout" and not replica else [name]
+        offsets = dict.fromkeys(names, 0)
+        shown = name
         while True:
-            ended = trial().status.is_terminal  # read before the file, so no tail bytes are missed
-            f = (open_in(experiment_dir, replicas_dir / replica, name) if replica
-                 else _open_log(experiment_dir, trial(), name, platform))
-            if f is not None:
+            ended = trial().status.is_terminal  # read before the files, so no tail bytes are missed
+            for n in names:
+                f = (open_in(experiment_dir, replicas_dir / replica, n) if replica
+                     else _open_log(experiment_dir, trial(), n, platform))
+                if f is None:
+                    continue
                 with f:
-                    f.seek(offset)
-                    offset += _copy_out(f, out)
+                    f.seek(offsets[n])
+                    copied = _copy_out(f, out, b"" if n == shown else f"==> {n} <==\n".encode())
+                offsets[n] += copied
+                if copied:
+                    shown = n
             if not follow or ended:
                 break
             time.sleep(0.2)
-        if name == "trial.stdout" and not follow and not replica:
-            # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): show it too
-            extra = _open_log(experiment_dir, trial(), "trial.log", platform)
-            if extra is not None:
-                with extra:
-                    if os.fstat(extra.fileno()).st_size:
-                        out.write(b"==> trial.log <==\n")
-                        _copy_out(extra, out)
         return 0
     finally:
         store.close()
