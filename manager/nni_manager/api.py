@@ -224,24 +224,26 @@ class Experiment:
             assert webui.server is not None
             self.port = webui.server.port
             ready.set()
-            run_task = asyncio.create_task(experiment.run())
-            try:
-                self._result = await run_task
-            except asyncio.CancelledError:
-                webui.finish("STOPPING")
-                return
-            except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error
-                webui.finish("ERROR", str(exc))
-                self._result = experiment.result()
-            except Exception as exc:
-                webui.finish("ERROR", str(exc))
-                self._error = exc
-                raise
-            else:
-                webui.finish("DONE")
-            if not released.is_set():
-                await webui.serve_until_stopped("is done" if experiment.status == "DONE" else "has failed",
-                                                "experiment.stop() or the end of this script")
+            reopened = True
+            while reopened and not released.is_set():  # a DONE experiment whose limit is raised runs on
+                run_task = asyncio.create_task(experiment.run())
+                try:
+                    self._result = await run_task
+                except asyncio.CancelledError:
+                    webui.finish("STOPPING")
+                    return
+                except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error
+                    webui.finish("ERROR", str(exc))
+                    self._result = experiment.result()
+                except Exception as exc:
+                    webui.finish("ERROR", str(exc))
+                    self._error = exc
+                    raise
+                else:
+                    webui.finish("DONE")
+                reopened = not released.is_set() and await webui.serve_until_stopped(
+                    "is done" if experiment.status == "DONE" else "has failed",
+                    "experiment.stop() or the end of this script")
 
     def run(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> bool | None:
         """NNI's `run()`: start; with `wait_completion`, block until the experiment is done and

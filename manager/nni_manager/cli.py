@@ -328,25 +328,26 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
         async with live_webui(experiment, experiment_id, web, stop) as webui:
-            try:
-                await experiment.run()
-            except asyncio.CancelledError:
-                webui.finish("STOPPING")
-                return False
-            except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
-                webui.finish("ERROR", str(exc))
-                if keep_serving:
-                    try:
-                        await webui.serve_until_stopped("has failed")
-                    except asyncio.CancelledError:  # stopped while showing the error: still the error
-                        pass
-                raise
-            except Exception as exc:
-                webui.finish("ERROR", str(exc))
-                raise
-            webui.finish("DONE")
-            if keep_serving:
-                await webui.serve_until_stopped("is done")
+            reopened = True
+            while reopened:  # raising maxTrialNumber on a DONE experiment runs it on, as in NNI
+                try:
+                    await experiment.run()
+                except asyncio.CancelledError:
+                    webui.finish("STOPPING")
+                    return False
+                except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
+                    webui.finish("ERROR", str(exc))
+                    if keep_serving:
+                        try:
+                            await webui.serve_until_stopped("has failed")
+                        except asyncio.CancelledError:  # stopped while showing the error: still the error
+                            pass
+                    raise
+                except Exception as exc:
+                    webui.finish("ERROR", str(exc))
+                    raise
+                webui.finish("DONE")
+                reopened = keep_serving and await webui.serve_until_stopped("is done")
         return True
 
     with view:

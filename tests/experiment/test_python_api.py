@@ -311,3 +311,25 @@ def test_script_that_never_stops_is_stopped_at_exit_without_noise(tmp_path: Path
     assert len(trials) == 2 and {t.status.value for t in trials} == {"USER_CANCELED"}
     entry = json.loads((home / "nni-experiments" / ".experiment").read_text())[exp_id]
     assert entry["status"] == "STOPPED"
+
+
+def test_raising_max_trial_number_reopens_a_done_experiment(tmp_path: Path, home: Path) -> None:
+    """NNI 3.0 runs a DONE experiment on when maxTrialNumber is raised (nnimanager.ts)."""
+    from nni_manager import Experiment
+
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}, "pause": {"_type": "choice", "_value": [0]}}
+    experiment = Experiment(_config(tmp_path, max_trial_number=2, search_space=space), "apitest4")
+    assert experiment.run(port=0) is True
+    try:
+        assert experiment.get_status() == "DONE" and len(experiment.list_trial_jobs()) == 2
+        experiment.update_max_trial_number(3)
+        assert experiment.get_status() != "DONE"  # reopened at once
+        assert experiment._wait_completion() is True
+        jobs = experiment.list_trial_jobs()
+        assert len(jobs) == 3 and {j.status for j in jobs} == {"SUCCEEDED"}
+        assert sorted(j.sequenceId for j in jobs) == [0, 1, 2]
+        assert experiment.get_experiment_profile()["params"]["maxTrialNumber"] == 3
+        experiment.update_max_trial_number(3)  # not past what ended it: stays DONE
+        assert experiment.get_status() == "DONE"
+    finally:
+        experiment.stop()

@@ -39,25 +39,43 @@ class LiveWebUI:
         self.server = server
         self.serving_after_end = False
         self._released = asyncio.Event()
+        self._reopened = False
+        if side is not None:
+            side.on_reopen = self._reopen
 
     def finish(self, phase: str, error: str | None = None) -> None:
         if self.side is not None:
             self.side.finish(phase, error)
 
+    def _reopen(self) -> None:
+        self._reopened = True
+        self._released.set()
+
     def release(self) -> None:
         """End `serve_until_stopped` (Ctrl-C, SIGTERM or DELETE /experiment after the end)."""
         self._released.set()
 
-    async def serve_until_stopped(self, ended: str = "is done", until: str = "Ctrl-C (or `nnictl stop`)") -> None:
-        """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until stopped."""
+    async def serve_until_stopped(self, ended: str = "is done", until: str = "Ctrl-C (or `nnictl stop`)") -> bool:
+        """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until
+        stopped. True when the experiment was reopened instead (maxTrialNumber raised): run it on."""
         if self.server is None:
-            return
+            return False
         self.serving_after_end = True
         if self.server is not None:
             await self.server.sync_manifest()
         print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until {until}",
               flush=True)
         await self._released.wait()
+        self._released.clear()
+        reopened, self._reopened = self._reopened, False
+        self.serving_after_end = not reopened
+        if reopened:
+            if self.side is not None:  # finish() may have run after the limit was raised
+                self.side.phase, self.side.end_time = "RUNNING", None
+            print("nni-manager: the limit was raised: the experiment runs on", flush=True)
+            if self.server is not None:
+                await self.server.sync_manifest()
+        return reopened
 
 
 @contextlib.asynccontextmanager
