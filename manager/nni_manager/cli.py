@@ -221,6 +221,7 @@ def _detach(args: argparse.Namespace) -> int:
     if args.no_webui:
         argv.append("--no-webui")
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    start = os.fstat(fd).st_size  # a resumed experiment appends: only this run's lines count
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
@@ -230,9 +231,11 @@ def _detach(args: argparse.Namespace) -> int:
     url = ""
     while not url and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("WebUI: "):
-                url = line.split(None, 1)[1].strip()
+        with log_path.open("rb") as log:
+            log.seek(start)
+            for line in log.read().decode(errors="replace").splitlines():
+                if line.startswith("WebUI: "):
+                    url = line.split(None, 1)[1].strip()
         if args.no_webui and (root / experiment_id).is_dir():
             break
     if proc.poll() is not None and proc.returncode != 0:

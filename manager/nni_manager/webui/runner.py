@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -97,6 +98,19 @@ async def live_webui(experiment: Any, experiment_id: str, options: WebOptions | 
         yield web
     finally:
         await server.stop("STOPPED")
+        await asyncio.to_thread(_write_nni_db, directory)
+
+
+def _write_nni_db(directory: Path) -> None:
+    """NNI's db/nni.sqlite next to our store, so that `nnictl view ID` (which reads only that)
+    opens the stopped experiment, as it opens NNI's own (`nni-manager export --nni-db`)."""
+    from nni_manager.webui.nni_db import export_nni_db
+
+    try:
+        export_nni_db(directory, register=False)
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        print(f"nni-manager: warning: cannot write {directory}/db/nni.sqlite for `nnictl view`: {exc}; "
+              "`nni-manager view` works without it", file=sys.stderr)
 
 
 async def serve_stored(experiment_dir: Path, options: WebOptions, *, stopped: asyncio.Event | None = None,
