@@ -333,3 +333,46 @@ def test_raising_max_trial_number_reopens_a_done_experiment(tmp_path: Path, home
         assert experiment.get_status() == "DONE"
     finally:
         experiment.stop()
+
+
+def test_nni_manager_list_and_stop_see_a_scripts_experiment(tmp_path: Path) -> None:
+    """`nni-manager list` shows a Python-API experiment as running; `nni-manager stop ID` stops
+    the experiment (its trials cancelled), not the script, whose run() then returns."""
+    config = _config(tmp_path, max_trial_number=2,
+                     search_space={"x": {"_type": "choice", "_value": [1, 2]}, "pause": {"_type": "choice", "_value": [60]}})
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f"""
+        from nni_manager import Experiment
+        e = Experiment({config.json()!r}, "apistop1")
+        print("run returned", e.run(0), e.get_status(), flush=True)
+        e.stop()
+        print("script goes on", flush=True)
+    """))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = _env(home)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "nni_manager", *args], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=180)
+
+        def both_running() -> bool:
+            try:
+                trials = _stored_trials(tmp_path / "exps" / "apistop1")
+            except Exception:  # noqa: BLE001 - not created yet
+                return False
+            return sum(t.status.value == "RUNNING" for t in trials) == 2
+
+        _wait(lambda: both_running() and "apistop1" in cli("list").stdout, timeout=180)
+        stopped = cli("stop", "apistop1")
+        assert stopped.returncode == 0 and "stopped experiment apistop1" in stopped.stdout, stopped.stderr
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "run returned True STOPPED" in out and "script goes on" in out
+    assert {t.status.value for t in _stored_trials(tmp_path / "exps" / "apistop1")} == {"USER_CANCELED"}
+    assert "apistop1" not in cli("list").stdout
