@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.add_argument("--trial-log", action="store_true",
                       help="print only trial.log: what NNI's SDK logs, and on the local platform the trial's print() "
                            "output (shown after trial.stdout by default)")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the trial ends")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep printing (trial.stdout and trial.log, as without it) until the trial ends")
     logs.add_argument("--replica", metavar="ROLE-INDEX",
                       help="for a trial on several replicas (TFJob, Framework): only this one's log, e.g. worker-0 "
                            "(default: every replica's, one after the other)")
@@ -254,6 +255,7 @@ def _detach(args: argparse.Namespace) -> int:
     if args.no_webui:
         argv.append("--no-webui")
     fd = _own_file(log_path)
+    start = os.fstat(fd).st_size  # a resumed experiment appends: only this run's lines count
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
@@ -263,9 +265,11 @@ def _detach(args: argparse.Namespace) -> int:
     url = ""
     while not url and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("WebUI: "):
-                url = line.split(None, 1)[1].strip()
+        with log_path.open("rb") as log:
+            log.seek(start)
+            for line in log.read().decode(errors="replace").splitlines():
+                if line.startswith("WebUI: "):
+                    url = line.split(None, 1)[1].strip()
         if args.no_webui and (root / experiment_id / "experiment.db").is_file():
             break
     if proc.poll() is not None and proc.returncode != 0:
@@ -362,25 +366,26 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop)
         async with live_webui(experiment, experiment_id, web, stop) as webui:
-            try:
-                await experiment.run()
-            except asyncio.CancelledError:
-                webui.finish("STOPPING")
-                return False
-            except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
-                webui.finish("ERROR", str(exc))
-                if keep_serving:
-                    try:
-                        await webui.serve_until_stopped("has failed")
-                    except asyncio.CancelledError:  # stopped while showing the error: still the error
-                        pass
-                raise
-            except Exception as exc:
-                webui.finish("ERROR", str(exc))
-                raise
-            webui.finish("DONE")
-            if keep_serving:
-                await webui.serve_until_stopped("is done")
+            reopened = True
+            while reopened:  # raising maxTrialNumber on a DONE experiment runs it on, as in NNI
+                try:
+                    await experiment.run()
+                except asyncio.CancelledError:
+                    webui.finish("STOPPING")
+                    return False
+                except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
+                    webui.finish("ERROR", str(exc))
+                    if keep_serving:
+                        try:
+                            await webui.serve_until_stopped("has failed")
+                        except asyncio.CancelledError:  # stopped while showing the error: still the error
+                            pass
+                    raise
+                except Exception as exc:
+                    webui.finish("ERROR", str(exc))
+                    raise
+                webui.finish("DONE")
+                reopened = keep_serving and await webui.serve_until_stopped("is done")
         return True
 
     with view:
@@ -460,14 +465,40 @@ def _open_log(experiment_dir: Path, trial: TrialJobDetail, name: str, platform: 
     return open_trial_log(experiment_dir, trial, name, platform)
 
 
-def _copy_out(f: BinaryIO, out: BinaryIO) -> int:
-    """Copy the rest of `f` to `out` in bounded pieces (a log may be larger than memory)."""
+def _copy_out(f: BinaryIO, out: BinaryIO, header: bytes = b"") -> int:
+    """Copy the rest of `f` to `out` in bounded pieces (a log may be larger than memory);
+    `header` goes first, only if there is something to copy."""
     n = 0
     while chunk := f.read(1 << 20):
+        if header:
+            out.write(header)
+            header = b""
         out.write(chunk)
         n += len(chunk)
     out.flush()
     return n
+
+
+# C0 controls but tab, newline and carriage return (progress bars), DEL, and C1 controls: what a
+# trial's output could use to clear the screen, retitle the window or hide text in a terminal.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A, 0x0D)}
+
+
+class _Terminal:
+    """A binary writer to a terminal that shows control bytes escaped (`\\x1b`), never acted on."""
+
+    def __init__(self, text_out) -> None:  # a text stream (sys.stdout)
+        import codecs
+
+        self._out = text_out
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes) -> int:
+        self._out.write(self._decoder.decode(data).translate(_CONTROLS))
+        return len(data)
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, replica: str | None,
@@ -479,6 +510,7 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
     replicas = sorted(p.name for p in replicas_dir.iterdir()) if replicas_dir.is_dir() else []
     if replica is not None and replica not in replicas:
         raise UsageError(f"trial {trial_id} has no replica {replica!r}; its replicas: {', '.join(replicas) or 'none'}")
+    out: BinaryIO = _Terminal(sys.stdout) if sys.stdout.isatty() else sys.stdout.buffer  # type: ignore[assignment]
     if replicas and replica is None:
         if follow:
             raise UsageError(f"trial {trial_id} runs on several replicas: pick one to follow with --replica "
@@ -488,7 +520,7 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
             f = open_in(experiment_dir, replicas_dir / label, name)
             if f is not None:
                 with f:
-                    _copy_out(f, sys.stdout.buffer)
+                    _copy_out(f, out)
         return 0
     store = _open_store(experiment_dir)
     try:
@@ -501,27 +533,28 @@ def _logs(experiment_dir: Path, trial_id: str, stderr: bool, follow: bool, repli
                     return t
             raise UsageError(f"no trial {trial_id!r} in {experiment_dir}; pick one from `nni-manager trials DIR`")
 
-        offset = 0
-        out = sys.stdout.buffer
+        # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): after
+        # trial.stdout, plain and --follow alike; a header names the file whenever it changes
+        # (as `tail -f` does for several files)
+        names = [name, "trial.log"] if name == "trial.stdout" and not replica else [name]
+        offsets = dict.fromkeys(names, 0)
+        shown = name
         while True:
-            ended = trial().status.is_terminal  # read before the file, so no tail bytes are missed
-            f = (open_in(experiment_dir, replicas_dir / replica, name) if replica
-                 else _open_log(experiment_dir, trial(), name, platform))
-            if f is not None:
+            ended = trial().status.is_terminal  # read before the files, so no tail bytes are missed
+            for n in names:
+                f = (open_in(experiment_dir, replicas_dir / replica, n) if replica
+                     else _open_log(experiment_dir, trial(), n, platform))
+                if f is None:
+                    continue
                 with f:
-                    f.seek(offset)
-                    offset += _copy_out(f, out)
+                    f.seek(offsets[n])
+                    copied = _copy_out(f, out, b"" if n == shown else f"==> {n} <==\n".encode())
+                offsets[n] += copied
+                if copied:
+                    shown = n
             if not follow or ended:
                 break
             time.sleep(0.2)
-        if name == "trial.stdout" and not follow and not replica:
-            # NNI's SDK sends a local trial's print() to trial.log (nni/runtime/log.py): show it too
-            extra = _open_log(experiment_dir, trial(), "trial.log", platform)
-            if extra is not None:
-                with extra:
-                    if os.fstat(extra.fileno()).st_size:
-                        out.write(b"==> trial.log <==\n")
-                        _copy_out(extra, out)
         return 0
     finally:
         store.close()

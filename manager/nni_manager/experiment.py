@@ -133,6 +133,10 @@ class Experiment:
         from nni_manager.service import create_training_service
 
         self._started = time.monotonic()
+        # a second run() (a DONE experiment reopened): what the last one left is history now
+        self._queue.clear()
+        self._phase_requests.clear()
+        self._exhausted, self.stop_reason, self.error, self.status = False, "", "", "INITIALIZED"
         service = create_training_service(self.config, experiment_id=self.experiment_id)
         self.experiment_id, self.experiment_dir = service.experiment_id, Path(service.experiment_dir)
         # before the service starts: its start-up (a machine that cannot be reached) and clean-up are logged too

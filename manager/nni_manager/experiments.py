@@ -78,7 +78,7 @@ def list_all() -> list[ExperimentInfo]:
             continue
         log_dir = entry.get("logDir")
         directory = Path(log_dir).expanduser() / exp_id if log_dir else None
-        pid = entry.get("pid") if entry.get("status") != "STOPPED" and _is_manager(entry.get("pid")) else None
+        pid = entry.get("pid") if entry.get("status") != "STOPPED" and _is_manager(entry.get("pid"), entry) else None
         urls = entry.get("webuiUrl") or []
         found[exp_id] = ExperimentInfo(
             exp_id, directory if directory and (directory / DB_NAME).is_file() else None,
@@ -124,15 +124,35 @@ def stop(ref: str, timeout: float = 120.0) -> ExperimentInfo:
         raise ProcessLookupError(f"experiment {ref} is not running (status {target.status or 'unknown'})")
     os.kill(target.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _is_manager(target.pid):
+    while _is_cli(target.pid) or (_is_manager(target.pid, manifest.read().get(ref))
+                                  and manifest.read().get(ref, {}).get("status") != "STOPPED"):
         if time.monotonic() > deadline:
             raise TimeoutError(f"experiment {ref}: process {target.pid} still runs {timeout:g} s after SIGTERM")
         time.sleep(0.1)
     return target
 
 
-def _is_manager(pid: Any) -> bool:
-    """Whether `pid` is a live nni-manager process (not a process that took a dead one's pid)."""
+def _is_manager(pid: Any, entry: Any = None) -> bool:
+    """Whether `pid` is a live nni-manager process (not a process that took a dead one's pid):
+    the `nni-manager` command, or a Python script running `nni_manager.Experiment` that
+    started before its manifest entry was made (a pid taken over later started after it)."""
+    if _is_cli(pid):
+        return True
+    started = entry.get("startTime") if isinstance(entry, dict) else None
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(started, int):
+        return False
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return False
+    began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in ticks
+    return fields[0] != "Z" and began <= started / 1000 + 1
+
+
+def _is_cli(pid: Any) -> bool:
+    """Whether `pid` is a live `nni-manager` command (python -m nni_manager, nni-manager ...)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:

@@ -1,6 +1,8 @@
 """Terminal view of an experiment: a rich Live table on a TTY, plain lines otherwise."""
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -90,9 +92,19 @@ def final_summary(result: ExperimentResult) -> str:
     else:
         lines.append(f"Best trial ({result.optimize_mode}): {best.trial_id}  metric {fmt_value(best.final)}  "
                      f"parameters {fmt_params(best.parameters)}")
+    cmd = command_name()
     lines.append(f"Results: {result.experiment_dir}  "
-                 f"(nni-manager trials {result.experiment_dir}; nni-manager logs {result.experiment_dir} TRIAL_ID)")
+                 f"({cmd} trials {result.experiment_dir}; {cmd} logs {result.experiment_dir} TRIAL_ID)")
     return "\n".join(lines)
+
+
+def command_name() -> str:
+    """How to call nni-manager from a new shell: its full path when it lives in a virtual
+    environment that is not activated (the quickstart's .venv), else the plain name."""
+    script = Path(sys.executable).parent / "nni-manager"
+    if sys.prefix != sys.base_prefix and not os.environ.get("VIRTUAL_ENV") and script.is_file():
+        return shlex.quote(str(script))
+    return "nni-manager"
 
 
 class ExperimentView:

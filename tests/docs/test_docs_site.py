@@ -16,6 +16,7 @@ def test_docs_site_builds_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").is_file()
     assert (tmp_path / "site" / "platforms" / "remote" / "index.html").is_file()
+    assert "save it as config.yml beside your train.py" in (tmp_path / "site" / "platforms" / "remote" / "index.html").read_text()  # included config
 
 
 def test_readme_links_resolve():

@@ -217,7 +217,8 @@ def test_snake_case_keys_and_log_level(tmp_path: Path, nni_code: Path) -> None:
     assert "DEBUG" in (result.experiment_dir / "log" / "dispatcher.log").read_text()
 
 
-def test_python_api_shaped_like_nni(tmp_path: Path, nni_code: Path) -> None:
+def test_python_api_shaped_like_nni(tmp_path: Path, nni_code: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # the WebUI registers in ~/nni-experiments/.experiment
     from nni.experiment import ExperimentConfig as NniConfig
 
     from nni_manager import Experiment as ApiExperiment
@@ -232,13 +233,16 @@ def test_python_api_shaped_like_nni(tmp_path: Path, nni_code: Path) -> None:
     nni_config.tuner.class_args = {"optimize_mode": "maximize"}
     nni_config.experiment_working_directory = str(tmp_path / "exps")
     experiment = ApiExperiment(nni_config)
-    assert experiment.run() is True
-    assert experiment.get_status() == "DONE"
-    jobs = experiment.list_trial_jobs()
-    assert len(jobs) == 3 and {j.status for j in jobs} == {"SUCCEEDED"}
-    data = experiment.export_data()
-    assert sorted((d.parameter["x"], d.value) for d in data) == sorted((j.finalMetricData, j.finalMetricData)
-                                                                        for j in jobs)
+    assert experiment.run(port=0) is True
+    try:
+        assert experiment.get_status() == "DONE"
+        jobs = experiment.list_trial_jobs()
+        assert len(jobs) == 3 and {j.status for j in jobs} == {"SUCCEEDED"}
+        data = experiment.export_data()
+        assert sorted((d.parameter["x"], d.value) for d in data) == sorted(
+            (j.hyperParameters[0].parameters["x"], j.finalMetricData[0].data) for j in jobs)
+    finally:
+        experiment.stop()
 
 
 def test_nni_sklearn_example_unchanged_with_tpe_and_medianstop(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -39,25 +40,43 @@ class LiveWebUI:
         self.server = server
         self.serving_after_end = False
         self._released = asyncio.Event()
+        self._reopened = False
+        if side is not None:
+            side.on_reopen = self._reopen
 
     def finish(self, phase: str, error: str | None = None) -> None:
         if self.side is not None:
             self.side.finish(phase, error)
 
+    def _reopen(self) -> None:
+        self._reopened = True
+        self._released.set()
+
     def release(self) -> None:
         """End `serve_until_stopped` (Ctrl-C, SIGTERM or DELETE /experiment after the end)."""
         self._released.set()
 
-    async def serve_until_stopped(self, ended: str = "is done") -> None:
-        """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until stopped."""
+    async def serve_until_stopped(self, ended: str = "is done", until: str = "Ctrl-C (or `nnictl stop`)") -> bool:
+        """NNI's manager stays up after its experiment is DONE (or in ERROR): so do we, until
+        stopped. True when the experiment was reopened instead (maxTrialNumber raised): run it on."""
         if self.server is None:
-            return
+            return False
         self.serving_after_end = True
         if self.server is not None:
             await self.server.sync_manifest()
-        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until Ctrl-C "
-              "(or `nnictl stop`)", flush=True)
+        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until {until}",
+              flush=True)
         await self._released.wait()
+        self._released.clear()
+        reopened, self._reopened = self._reopened, False
+        self.serving_after_end = not reopened
+        if reopened:
+            if self.side is not None:  # finish() may have run after the limit was raised
+                self.side.phase, self.side.end_time = "RUNNING", None
+            print("nni-manager: the limit was raised: the experiment runs on", flush=True)
+            if self.server is not None:
+                await self.server.sync_manifest()
+        return reopened
 
 
 @contextlib.asynccontextmanager
@@ -79,11 +98,41 @@ async def live_webui(experiment: Any, experiment_id: str, options: WebOptions | 
         yield web
     finally:
         await server.stop("STOPPED")
+        await asyncio.to_thread(_write_nni_db, directory)
 
 
-async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
+# Past this many metric rows the export would make stopping slow (about 5 s per 100,000 rows
+# on a loaded 2-core machine): the user is told how to write it instead.
+NNI_DB_AT_STOP_MAX_METRICS = 100_000
+
+
+def _write_nni_db(directory: Path) -> None:
+    """NNI's db/nni.sqlite next to our store, so that `nnictl view ID` (which reads only that)
+    opens the stopped experiment, as it opens NNI's own (`nni-manager export --nni-db`)."""
+    from nni_manager.store import DB_NAME
+    from nni_manager.webui.nni_db import export_nni_db
+
+    try:
+        db = sqlite3.connect(f"file:{directory / DB_NAME}?mode=ro", uri=True)
+        try:
+            rows = int(db.execute("select count(*) from metrics").fetchone()[0])
+        finally:
+            db.close()
+        if rows > NNI_DB_AT_STOP_MAX_METRICS:
+            print(f"nni-manager: note: for `nnictl view {directory.name}`, run `nni-manager export --nni-db "
+                  f"{directory.name}` (not written at stop: {rows:,} metrics take a while)", file=sys.stderr)
+            return
+        export_nni_db(directory, register=False)
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        print(f"nni-manager: warning: cannot write {directory}/db/nni.sqlite for `nnictl view`: {exc}; "
+              "`nni-manager view` works without it", file=sys.stderr)
+
+
+async def serve_stored(experiment_dir: Path, options: WebOptions, *, stopped: asyncio.Event | None = None,
+                       on_ready: Callable[[WebServer], None] | None = None) -> None:
     """`nni-manager view DIR`: a stored experiment, read-only, until Ctrl-C, SIGTERM or
-    DELETE /experiment."""
+    DELETE /experiment (or `stopped` is set: the Python API's `Experiment.view()`, which
+    installs no signal handler: it runs outside the main thread)."""
     from nni_manager.store import Store
     from nni_manager.webui.server import experiment_end_time
 
@@ -94,7 +143,7 @@ async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
         store.close()
     if not stored:
         raise FileNotFoundError(f"{experiment_dir} holds no experiment record")
-    stopped = asyncio.Event()
+    stopped = stopped or asyncio.Event()
     side = StoredExperiment(experiment_dir, stored, await asyncio.to_thread(experiment_end_time, experiment_dir),
                             stopped.set)
     name = (stored["config"] or {}).get("experiment_name")
@@ -102,9 +151,12 @@ async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
                        experiment_name=name)
     await server.start()
     _announce(server)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
+    if on_ready is not None:
+        on_ready(server)
+    else:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
     try:
         await stopped.wait()
     finally:

@@ -125,6 +125,7 @@ class LiveExperiment(ExperimentSide):
         self.phase = "INITIALIZED"
         self.errors: list[str] = []
         self._on_stop = on_stop
+        self.on_reopen: Callable[[], None] | None = None  # run a DONE experiment on (set by the runner)
 
     def config(self) -> Any:
         return self.experiment.config
@@ -169,7 +170,8 @@ class LiveExperiment(ExperimentSide):
             raise WebError(str(exc.args[0]) if exc.args else f"no trial {trial_id}", 404) from None
 
     async def update(self, update_type: str, params: dict[str, Any]) -> None:
-        if self.phase not in ("RUNNING", "INITIALIZED"):
+        limit = update_type in ("MAX_TRIAL_NUM", "MAX_EXEC_DURATION")
+        if self.phase not in ("RUNNING", "INITIALIZED") and not (self.phase == "DONE" and limit):
             raise WebError(f"Error: the experiment is {self.phase}; it can no longer be updated")
         config = self.experiment.config
         try:
@@ -215,9 +217,22 @@ class LiveExperiment(ExperimentSide):
         except ConfigError as exc:
             raise WebError(f"Error: {exc}") from None
         self.revision += 1
+        if limit and getattr(self.experiment, "status", "") == "DONE":  # also before the runner saw it end
+            self._maybe_reopen()
         wake = getattr(self.experiment, "_wake", None)
         if wake is not None:
             wake.set()
+
+    def _maybe_reopen(self) -> None:
+        """NNI 3.0 runs a DONE experiment on when its maxTrialNumber or maxExperimentDuration is
+        raised past what ended it (nnimanager.ts: DONE -> RUNNING, endTime deleted)."""
+        ended_by = str(getattr(self.experiment, "stop_reason", ""))
+        still = getattr(self.experiment, "_limit_reached", lambda: "x")()
+        if self.on_reopen is None or still or not ended_by.startswith(("maxTrialNumber", "maxExperimentDuration")):
+            return
+        self.phase, self.end_time, self.errors = "RUNNING", None, []
+        self.experiment.status = "RUNNING"  # at once, as NNI answers: not the DONE of the run that ended
+        self.on_reopen()
 
     def stop(self) -> None:
         self._on_stop()

@@ -1,0 +1,91 @@
+"""nnictl's view on our experiments, and `resume --detach` pointing at the run it started."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.experiment.fixtures import processes_under
+from tests.support.webui.nni_view import LOOPBACK_JS, node_why_not
+
+CLI = [sys.executable, "-m", "nni_manager"]
+NNICTL = shutil.which("nnictl")
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(NNICTL is None, reason="nnictl (pip install nni==3.0) is not installed")
+def test_nnictl_view_opens_our_stopped_experiment(make_config, tmp_path: Path) -> None:
+    why = node_why_not()
+    if why:
+        pytest.skip(why)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    preload = home / ".nni-loopback.js"  # NNI's node manager listens on 127.0.0.1 only, as ours
+    preload.write_text(LOOPBACK_JS)
+    nni_env = {**env, "NODE_OPTIONS": f"--require {preload}"}
+    done = _run(env, tmp_path, "run", str(make_config(maxTrialNumber=2)), "--plain", "--port", "0")
+    assert done.returncode == 0, done.stderr
+    exp_id = re.search(r"Experiment (\w+) stopped", done.stdout).group(1)
+    port = _free_port()
+    viewed = subprocess.run([NNICTL, "view", exp_id, "--port", str(port)], env=nni_env, capture_output=True, text=True,
+                            timeout=120)
+    try:
+        assert viewed.returncode == 0 and "Traceback" not in viewed.stderr, viewed.stdout + viewed.stderr
+        api = f"http://127.0.0.1:{port}/api/v1/nni"
+        assert _get(api + "/check-status")["status"] == "VIEWED"  # NNI's own manager, serving our trials
+        trials = _get(api + "/trial-jobs")
+        assert len(trials) == 2 and {t["status"] for t in trials} == {"SUCCEEDED"}
+    finally:
+        subprocess.run([NNICTL, "stop", exp_id], env=nni_env, capture_output=True, timeout=120)
+    listed = _run(env, tmp_path, "trials", exp_id)  # still ours too
+    assert listed.stdout.count("SUCCEEDED") == 2, listed.stdout + listed.stderr
+
+
+def test_resume_detach_prints_this_runs_webui(make_config, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    config = make_config(maxTrialNumber=1)
+    first = _run(env, tmp_path, "run", str(config), "--detach", "--port", "0")
+    assert first.returncode == 0, first.stderr
+    exp_id = re.search(r"experiment (\w+) runs in the background", first.stdout).group(1)
+    first_url = re.search(r"^WebUI: (\S+)$", first.stdout, re.M).group(1)
+    try:
+        deadline = time.monotonic() + 90
+        while _get(first_url + "api/v1/nni/check-status")["status"] != "DONE":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert _run(env, tmp_path, "stop", exp_id).returncode == 0
+        again = _run(env, tmp_path, "resume", exp_id, "--detach", "--port", "0")
+        assert again.returncode == 0, again.stderr
+        url = re.search(r"^WebUI: (\S+)$", again.stdout, re.M).group(1)
+        assert url != first_url  # this run's server (port 0: another port), not the first line of the log
+        assert _get(url + "api/v1/nni/experiment")["id"] == exp_id
+    finally:
+        _run(env, tmp_path, "stop", exp_id)
+        for proc in processes_under(tmp_path):
+            proc.kill()
