@@ -190,6 +190,7 @@ def _retry_after(value: str | None) -> float | None:
 def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: bool, ca_lines: list[str],
                orphan_timeout: float, single_trial: bool, env: dict[str, str], image: str,
                pythonpath: str | None = None, wheel: str = "", deps_dir: str = "",
+               sha256: tuple[tuple[str, str], ...] = (),
                message_file: str = "") -> list[str]:
     """Shell lines (POSIX sh, safe under `set -eu`) that start one agent inside a job's container:
     a private 0700 directory, the token (and CA) written there by `token_lines` / `ca_lines` as
@@ -201,7 +202,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     directory as the container sees it. `wheel`: the agent wheel in the container, unpacked into
     the private directory; `deps_dir`: where shipped dependency wheels lie in the container, one
     directory per CPython (`cp311/`, agent_deps.resolve_for_pythons), of which the job's Python
-    picks its own. Both are shell words (an `Sh`, config values already quoted) or literals.
+    picks its own. `sha256`: (name, digest) of each (AgentCommand.sha256), which the boot step
+    checks before it unpacks anything. Both are shell words (an `Sh`, config values already quoted) or literals.
     `message_file`: the boot step also writes its failure line there (a pod's
     /dev/termination-log, where the platform shows it)."""
     q = shlex.quote
@@ -217,7 +219,7 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
                            paths=(pythonpath,) if pythonpath else (), where=f"the image {image}",
                            wheel=wheel, unpack_to=Sh('"$NNI_AGENT_DIR/agent"') if wheel else "",
                            parts=(Sh(f'{_word(deps_dir)}/"${{{agent_deps.PYV_VAR}:-none}}"'),) if deps_dir else (),
-                           deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "",
+                           deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "", sha256=sha256,
                            message_file=message_file)
     find, start = command.shell_lines()
     lines += [find, *([agent_deps.PICK_PYTHON_DIR] if deps_dir else []), start]
