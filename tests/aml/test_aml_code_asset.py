@@ -21,6 +21,7 @@ import pytest
 from nni_manager.backends import agent_deps
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
+from tests.support import trial_isolation
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 from tests.support.images import SLIM_IMAGE
 from tests.support.manager.helpers import form, wait_status
@@ -120,6 +121,46 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
     assert secret not in caplog.text
+
+
+def _code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any) -> Any:
+    """An emulated workspace whose default datastore is Azurite (account key), its variables set."""
+    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
+
+    container = _container(azurite)
+    aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
+                                 "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",
+                                 "key": AZURITE_KEY, "sasToken": ""})
+    for var in AZURE_IDENTITY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for k, v in aml.env().items():
+        monkeypatch.setenv(k, v)
+    return aml
+
+
+def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shipped_one(
+        aml_factory, azurite, base: Path, monkeypatch) -> None:  # noqa: F811
+    """The image's Python has protobuf 3.19 (on its PYTHONPATH, `agentEnv`) and nothing else: the
+    agent runs with the protobuf of the code asset; the trial (the image's Python, an old-style
+    `_pb2` module) sees none of the agent's path and SUCCEEDS (tests/support/trial_isolation.py)."""
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    old = trial_isolation.old_protobuf()
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    aml = _code_asset_aml(aml_factory, azurite, monkeypatch)
+    trial = trial_isolation.write_trial(base / "isolation-code")
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite,
+                                     agentEnv={"PYTHONPATH": str(old)}),
+                       "agentWheelhouse": str(WHEELHOUSE), "trialCodeDirectory": str(base / "isolation-code"),
+                       "trialCommand": f"python3 {trial}"})
+
+    async def experiment() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+            assert d.status.value == "SUCCEEDED", d.message
+
+    run(experiment())
 
 
 def test_a_job_naming_an_unknown_code_version_is_refused_as_aml_refuses_it(aml, base: Path) -> None:
