@@ -230,7 +230,8 @@ def verified_copy(boot, name, paths, digest, dest):
         boot.fail("cannot read the shipped file %s: %s" % (name, e))
     if h.hexdigest() != digest:
         boot.fail("the shipped file %s (%s) is not the one the manager shipped (sha256 %s, expected %s): "
-                  "someone else changed it; nothing of it was run. Fix: delete it and restart the experiment"
+                  "someone else changed it; nothing of it was run. Fix: keep others from writing there and restart the "
+                  "experiment (the manager ships it again)"
                   % (name, paths[0] if len(paths) == 1 else os.path.dirname(paths[0]), h.hexdigest()[:16],
                      digest[:16]))
 

@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -107,11 +108,12 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) 
     command carries every file's sha256 besides, which the boot step checks before unpacking."""
     root = local / "nni-agent"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        root.chmod(0o700)
-    except OSError as e:
-        raise agent_deps.DependencyError(f"{root} in the storage is not yours ({e}): the agent is not shipped through it. "
-                                         "Fix: remove it, or use another storageConfigName") from None
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # another user's: nothing in it is trusted
+        raise agent_deps.DependencyError(
+            f"{root} in the storage is not your directory (owner uid {st.st_uid}): the agent is not shipped "
+            "through it. Fix: remove it, or use another storageConfigName")
+    root.chmod(0o700)
     wheel = build_agent_wheel(wheel_dir)
     copied = 0
     target = root / f"nni_agent-{wheel.tag}.whl"

@@ -1,0 +1,250 @@
+"""Shipped code is trusted by its digest, never by its name or place (issue 31, "shipped code is
+trusted by its name").
+
+Each test plays another user of a shared place with real means: a second local account (useradd)
+writing a group-writable working directory or storage, a ServiceAccount whose Role allows only
+ConfigMaps on the Kubernetes emulator. It plants code where the manager ships the agent or its
+dependencies, under the name the manager will use (computable from public wheels), and the real
+manager and the real boot step then run. What it planted is refused with one line, or replaced by
+verified content, and never runs: its modules write a marker file when imported, which must not
+exist. On the code before this issue each of them ran the planted code.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nni_manager.backends import agent_deps
+from nni_manager.backends.agent_command import BOOT_FILE, AgentCommand
+from nni_manager.backends.slurm import deps as slurm_deps
+from nni_manager.backends.slurm.hosts import LocalHost
+from tests.support.kube.fixtures import kube_factory  # noqa: F401 (fixture)
+from tests.support.openpai.experiments import base  # noqa: F401 (fixture)
+from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
+from tests.support.security.planted import OtherUser, other_user, planted_wheel, shared_dir  # noqa: F401 (fixture)
+
+STOCK = Path("/usr/bin/python3")
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
+
+# the other user's part: make directories (mode 0777, as a shared working directory has them) and
+# copy the planted wheel into each under the given piece names
+_PLANT = r"""
+import os, shutil, sys
+os.umask(0)
+src, dirs, names = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+for d in dirs:
+    os.makedirs(d, exist_ok=True)
+    for n in names:
+        shutil.copyfile(src, os.path.join(d, n))
+"""
+
+
+def _need_wheelhouse() -> None:
+    if not STOCK.exists():
+        pytest.skip("no /usr/bin/python3 on this machine")
+    if not (WHEELHOUSE / ".complete").exists():
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+
+
+def _bare_python(where: Path) -> Path:
+    subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(where)], check=True)
+    return where / "bin" / "python3"
+
+
+def test_slurm_agent_deps_planted_by_another_user_never_run(other_user: OtherUser, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teammate who shares the group-writable experiments directory pre-creates
+    `agent-deps/deps-<key>-<hash>/wheels/` holding her wheels under the real pieces' names (both
+    the name by wheel names and the name by content are computable from the public wheels). The
+    manager refuses the directory she owns in one line; nothing of hers is unpacked or run."""
+    _need_wheelhouse()
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(agent_deps.DOWNLOAD_ENV, "0")
+    python = _bare_python(tmp_path / "bare")
+    host = LocalHost(tmp_path)
+    report = asyncio.run(slurm_deps.probe(host, str(python)))
+    assert report is not None and report["fixes"], report
+    worker = agent_deps.WorkerPython.from_report(report)
+    wheels = agent_deps.resolve(worker, WHEELHOUSE)
+    by_names = hashlib.sha256("\n".join(f.name for f in wheels.files).encode()).hexdigest()[:10]
+    digests = sorted((f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in wheels.files)
+    by_content = hashlib.sha256("".join(f"{n}={d}\n" for n, d in digests).encode()).hexdigest()[:16]
+    shared = shared_dir("nni-shared-exps-")
+    marker = tmp_path / "planted-ran"
+    planted = planted_wheel(shared / "planted.whl", marker)
+    planted.chmod(0o644)
+    other_user.run(_PLANT, str(planted), ",".join(f"{shared}/agent-deps/deps-{worker.key}-{h}/wheels"
+                                                  for h in (by_names, by_content)),
+                   ",".join(agent_deps.piece_name(f) for f in wheels.files))
+
+    refused = ""
+    try:
+        shipped = asyncio.run(slurm_deps.ship(host, str(python), str(shared), WHEELHOUSE))
+    except agent_deps.DependencyError as e:
+        refused = str(e)
+    else:  # the batch script's boot step, as the compute node runs it, with what the manager chose
+        assert shipped is not None
+        extra = {"sha256": shipped.sha256} if hasattr(shipped, "sha256") else {}
+        command = AgentCommand(agent_id="a", manager="unix:/nonexistent", parts=(shipped.wheels,),
+                               deps_to=shipped.lib, **extra)  # type: ignore[arg-type]
+        subprocess.run([str(python), str(BOOT_FILE), *command.boot_args(), "--check"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert not marker.exists(), marker.read_text()
+    assert refused.startswith(f"{shared}/agent-deps on this host is not your private directory"), refused
+    assert "\n" not in refused and "Fix: " in refused
+
+
+def _traversable(path: Path) -> None:
+    """Let other users reach `path` (an emulator's own temporary directories, 0700 by default)."""
+    for p in [path, *path.parents]:
+        if p == Path("/tmp") or p == Path("/"):
+            break
+        p.chmod(p.stat().st_mode | 0o001)
+
+
+def test_openpai_storage_files_planted_by_another_user_never_run(other_user: OtherUser, pai_factory, base: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user of the job's storage pre-creates `nni-agent/` there with her
+    `nni_agent-<tag>.whl` (the tag is computable from the public agent). The manager refuses the
+    directory she owns in one line at start; no job runs her wheel."""
+    from nni_manager.backends.agent_wheel import build_agent_wheel
+    from nni_manager.backends.base import BackendError
+    from nni_manager.service import create_training_service
+    from tests.support.manager.helpers import form, wait_status
+    from tests.support.openpai.experiments import config, run
+
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "cache"))
+    monkeypatch.setenv(agent_deps.DOWNLOAD_ENV, "0")  # the agent wheel is what matters here
+    pai = pai_factory(rate_limits={"list": 0})
+    storage = pai.storage_dir("confignfs")
+    storage.mkdir(parents=True, exist_ok=True)
+    _traversable(storage)
+    storage.chmod(0o777)  # a storage every user of the cluster may write
+    tag = build_agent_wheel(base / "wheel").tag
+    marker = base / "planted-ran"
+    planted = planted_wheel(shared_dir("nni-plant-") / "planted.whl", marker)
+    planted.chmod(0o644)
+    other_user.run(_PLANT, str(planted), f"{storage}/nni-agent", f"nni_agent-{tag}.whl")
+    cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
+                             "containerStorageMountPoint": "/mnt/confignfs"})
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
+            return f"{d.status.value} {d.message}"
+
+    refused = ""
+    try:
+        run(experiment())
+    except BackendError as e:
+        refused = str(e)
+    assert not marker.exists(), marker.read_text()
+    assert refused.startswith(f"{storage}/nni-agent in the storage is not your directory (owner uid "
+                              f"{other_user.uid})"), refused
+    assert "\n" not in refused and "Fix: " in refused
+
+
+MALLORY = "mallory-configmaps-only"  # a ServiceAccount's bearer token on the emulator
+
+
+def _configmap_only_account(kube: Any) -> Any:
+    """ServiceAccount `mallory` whose only Role is every verb on ConfigMaps in `default` (what a
+    namespace's admin gives a team's tooling); returns a CoreV1Api acting as her."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    rbac = client.RbacAuthorizationV1Api(kube.api_client())
+    rbac.create_namespaced_role("default", {"metadata": {"name": "configmap-editor"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]})
+    rbac.create_namespaced_role_binding("default", {
+        "metadata": {"name": "mallory-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-editor"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]})
+    core = kube.core(token=MALLORY)
+    with pytest.raises(ApiException) as denied:
+        core.list_namespaced_secret("default")
+    assert denied.value.status == 403  # ConfigMaps only: no Secrets, no pods
+    return core
+
+
+def _replace_wheels(core: Any, names: list[str], planted: bytes) -> list[str]:
+    """As mallory: delete each ConfigMap and make it again under its name, every wheel entry that is
+    a whole wheel (`<wheel>` or a one-piece `<wheel>.000`) swapped for `planted`, the rest kept."""
+    swapped = []
+    for name in names:
+        cm = core.read_namespaced_config_map(name, "default")
+        binary = dict(cm.binary_data or {})
+        hit = [k for k in binary if k.endswith(".whl") or k.endswith(".whl.000") and f"{k[:-4]}.001" not in binary]
+        if not hit:
+            continue
+        for k in hit:
+            binary[k] = base64.b64encode(planted).decode()
+        core.delete_namespaced_config_map(name, "default")
+        core.create_namespaced_config_map("default", {
+            "metadata": {"name": name, "labels": dict(cm.metadata.labels or {})},
+            "data": dict(cm.data or {}), "binaryData": binary})  # mutable, as she likes it
+        swapped += hit
+    return swapped
+
+
+def test_kubernetes_configmaps_replaced_by_a_configmap_only_account_never_run(
+        kube_factory, short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user who may only edit ConfigMaps replaces, between two trials, the experiment's agent
+    ConfigMap with one holding her wheel (delete and create: `immutable` does not stop that): the
+    next trial's pod refuses the wheel in one line naming it. She then replaces the shared
+    dependency ConfigMaps that outlive the experiment: the next experiment replaces them with
+    verified ones and SUCCEEDS. Her code never runs, nor can it read the agent's token."""
+    from nni_manager.service import create_training_service
+    from tests.support.images import SLIM_IMAGE
+    from tests.support.kube.harness import config, pods_service
+    from tests.support.manager.helpers import form, wait_status
+
+    if not any(WHEELHOUSE.glob("grpcio-*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(short_dir / "wheel-cache"))
+    kube = kube_factory(tokens=[f"{MALLORY}=system:serviceaccount:default:mallory:rbac"])
+    mallory = _configmap_only_account(kube)
+    marker = short_dir / "planted-ran"
+    planted = planted_wheel(short_dir / "planted.whl", marker).read_bytes()
+    cfg = config(kube, short_dir, pods_service(dockerImage=SLIM_IMAGE, reuseMode=False), agentWheelhouse=str(WHEELHOUSE))
+
+    def ours(deps: bool) -> list[str]:
+        return [c.metadata.name for c in mallory.list_namespaced_config_map("default").items
+                if c.metadata.name.startswith("nni-agent-") and c.metadata.name.startswith("nni-agent-deps-") == deps]
+
+    async def first() -> str:
+        async with create_training_service(cfg) as ts:
+            t1 = await ts.submit_trial_job(form(0))
+            d1 = await wait_status(ts, t1.id, "SUCCEEDED", "FAILED", timeout=90)
+            assert d1.status.value == "SUCCEEDED", d1.message
+            swapped = await asyncio.to_thread(_replace_wheels, mallory, ours(deps=False), planted)
+            assert [s for s in swapped if s.startswith("nni_agent-")], swapped  # the experiment's agent wheel
+            t2 = await ts.submit_trial_job(form(1))
+            d2 = await wait_status(ts, t2.id, "SUCCEEDED", "FAILED", timeout=90)
+            return f"{d2.status.value} {d2.message}"
+
+    second_trial = asyncio.run(asyncio.wait_for(first(), 240))
+    assert not marker.exists(), marker.read_text()
+    status, _, message = second_trial.partition(" ")
+    assert status == "FAILED" and "(exit 3): nni-agent: the shipped file nni_agent-" in message, second_trial
+    assert "is not the one the manager shipped" in message and "\n" not in message
+
+    assert len(_replace_wheels(mallory, ours(deps=True), planted)) >= 2  # the shared dependency ConfigMaps
+
+    async def again() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
+            return f"{d.status.value} {d.message}"
+
+    assert asyncio.run(asyncio.wait_for(again(), 240)) == "SUCCEEDED "
+    assert not marker.exists(), marker.read_text()
+    deps = [c for c in mallory.list_namespaced_config_map("default", label_selector="app=nni-agent-deps").items]
+    assert deps and all(c.immutable for c in deps)  # hers were replaced by the manager's own
