@@ -31,7 +31,7 @@ T = 90.0
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
 
 
-def _container(endpoint: str) -> str:
+def new_container(endpoint: str) -> str:
     from azure.storage.blob import BlobServiceClient
 
     name = f"azureml-blobstore-{uuid.uuid4()}"
@@ -67,7 +67,7 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
     if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
-    container = _container(azurite)
+    container = new_container(azurite)
     secret = AZURITE_KEY if secrets == "AccountKey" else _sas(container)
     aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": secrets,
@@ -123,11 +123,11 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
     assert secret not in caplog.text
 
 
-def _code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any) -> Any:
+def code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any, container: str = "") -> Any:
     """An emulated workspace whose default datastore is Azurite (account key), its variables set."""
     from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
 
-    container = _container(azurite)
+    container = container or new_container(azurite)
     aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",
                                  "key": AZURITE_KEY, "sasToken": ""})
@@ -147,7 +147,7 @@ def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shi
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     old = trial_isolation.old_protobuf()
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
-    aml = _code_asset_aml(aml_factory, azurite, monkeypatch)
+    aml = code_asset_aml(aml_factory, azurite, monkeypatch)
     trial = trial_isolation.write_trial(base / "isolation-code")
     cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite,
                                      agentEnv={"PYTHONPATH": str(old)}),
@@ -210,7 +210,7 @@ def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azur
     if wheelhouse is None:
         pytest.skip(why)
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
-    container = _container(azurite)
+    container = new_container(azurite)
     aml = aml_factory(images={"msranni/nni:latest": image_bin},
                       datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",

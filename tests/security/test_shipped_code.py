@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import BOOT_FILE, AgentCommand
 from nni_manager.backends.slurm import deps as slurm_deps
 from nni_manager.backends.slurm.hosts import LocalHost
+from tests.support.aml.fixtures import aml_factory  # noqa: F401 (fixture)
 from tests.support.kube.fixtures import kube_factory  # noqa: F401 (fixture)
+from tests.support.storage.fixtures import azurite  # noqa: F401 (fixture)
 from tests.support.openpai.experiments import base  # noqa: F401 (fixture)
 from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
 from tests.support.security.planted import OtherUser, other_user, planted_wheel, shared_dir  # noqa: F401 (fixture)
@@ -248,3 +251,71 @@ def test_kubernetes_configmaps_replaced_by_a_configmap_only_account_never_run(
     assert not marker.exists(), marker.read_text()
     deps = [c for c in mallory.list_namespaced_config_map("default", label_selector="app=nni-agent-deps").items]
     assert deps and all(c.immutable for c in deps)  # hers were replaced by the manager's own
+
+
+def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azurite, base: Path,  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone else in the workspace creates the code version `nni-agent:<hash>` first (the hash is
+    computable from the public agent and wheels), naming a folder of her wheels. The manager finds
+    the version and uploads nothing; each job's boot step checks the wheel against the digest in
+    the job's own command and refuses it in one line naming it. Her code never runs."""
+    import ssl
+    import urllib.request
+
+    from azure.identity import DefaultAzureCredential
+    from azure.storage.blob import ContainerClient
+
+    from nni_manager.backends import aml_code
+    from nni_manager.config import load_config
+    from nni_manager.service import create_training_service
+    from tests.aml.test_aml_code_asset import code_asset_aml, new_container
+    from tests.support.aml.experiments import config_dict, run
+    from tests.support.images import SLIM_IMAGE
+    from tests.support.manager.helpers import form, wait_status
+    from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY
+
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    monkeypatch.setenv(agent_deps.DOWNLOAD_ENV, "0")
+    container = new_container(azurite)
+    aml = code_asset_aml(aml_factory, azurite, monkeypatch, container)
+    files = aml_code.gather(base / "mallory-wheel", WHEELHOUSE)  # what the victim's manager will name
+    marker = base / "planted-ran"
+    planted = planted_wheel(base / "planted.whl", marker).read_bytes()
+    folder = "LocalUpload/mallory/nni-agent"
+    with ContainerClient(azurite, container, credential={"account_name": AZURITE_ACCOUNT,
+                                                         "account_key": AZURITE_KEY}) as cc:
+        for name, _ in files.files:
+            cc.upload_blob(f"{folder}/{name}", planted)
+    ds = f"{aml.url}{aml.workspace_path}/datastores/workspaceblobstore?api-version=2024-04-01"
+    token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
+    ctx = ssl.create_default_context(cafile=aml.ca_file)
+    with urllib.request.urlopen(urllib.request.Request(ds, headers={"Authorization": f"Bearer {token}"}),
+                                context=ctx, timeout=30) as r:
+        props = json.loads(r.read())["properties"]
+    canonical = f"{props.get('protocol') or 'https'}://{AZURITE_ACCOUNT}.blob.{props.get('endpoint') or 'core.windows.net'}"
+    put = urllib.request.Request(
+        f"{aml.url}{aml.workspace_path}/codes/nni-agent/versions/{files.digest}?api-version=2024-04-01", method="PUT",
+        data=json.dumps({"properties": {"codeUri": f"{canonical}/{container}/{folder}"}}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(put, context=ctx, timeout=30) as r:
+        assert r.status in (200, 201)
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite),
+                       "agentWheelhouse": str(WHEELHOUSE)})
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
+            return f"{d.status.value} {d.message}"
+
+    result = run(experiment())
+    assert not marker.exists(), marker.read_text()
+    assert result.startswith("FAILED "), result  # AML shows the job's log on its page, not in the job
+    logs = [p.read_text() for p in (aml.state / "tasks").glob("*/stderr") if p.read_text().strip()]
+    assert logs
+    for text in logs:  # every environment tried: the boot step's one line naming the wheel
+        lines = text.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"nni-agent: the shipped file {files.agent_wheel} ("), lines
+        assert "is not the one the manager shipped" in lines[0], lines
