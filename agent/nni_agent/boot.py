@@ -19,9 +19,9 @@ line if it differs or is missing, and unpacked into a private directory (0700, t
 such a directory is reused only when it is this user's, 0700, and holds the stamp of the same
 digests. Pieces no digest names are ignored.
 
-The agent's path reaches the agent only: it runs as `python -c BOOTSTRAP <paths> -- <args>`, which
-puts the paths on its sys.path, so PYTHONPATH (and with it every trial's environment) stays the
-worker's own. A trial that imports protobuf gets its image's, never the agent's.
+The agent's path reaches the agent only: it runs as `python -c BOOTSTRAP nni_agent <paths> --
+<args>`, which puts the paths on its sys.path, so PYTHONPATH (and with it every trial's
+environment) stays the worker's own. A trial that imports protobuf gets its image's, never the agent's.
 """
 import os
 import stat
@@ -39,11 +39,12 @@ REQUIREMENTS = (
 )
 FAILED = 3  # exit status of a failed boot
 STAMP = ".nni-agent-digests"  # in a private directory this boot step unpacked: the digests it holds
-# `python -c BOOTSTRAP <path>... -- <agent arguments>`: the agent's paths on its own sys.path only
-# (nni_agent.trial_path.BOOT_PATHS tells the agent which they were), never in PYTHONPATH
+# `python -c BOOTSTRAP nni_agent <path>... -- <agent arguments>`: the agent's paths on its own
+# sys.path only (nni_agent.trial_path.BOOT_PATHS tells the agent which they were), never in
+# PYTHONPATH; the module's name stays a word of its argv, as with `-m nni_agent`
 BOOTSTRAP = ("import runpy, sys\n"
              "n = sys.argv.index('--')\n"
-             "paths = sys.argv[1:n]\n"
+             "module, paths = sys.argv[1], sys.argv[2:n]\n"
              "sys.path[:0] = paths\n"
              "sys.argv[:] = [sys.argv[0]] + sys.argv[n + 1:]\n"
              "try:\n"
@@ -51,7 +52,7 @@ BOOTSTRAP = ("import runpy, sys\n"
              "    nni_agent.trial_path.BOOT_PATHS[:] = paths\n"
              "except ImportError:\n"
              "    pass\n"
-             "runpy.run_module('nni_agent', run_name='__main__', alter_sys=True)\n")
+             "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
 
 
 def requirement(dist, low, below):
@@ -426,7 +427,7 @@ def main(argv):
     sys.stdout.flush()
     sys.stderr.flush()
     if paths:  # on the agent's own path, never in PYTHONPATH: the trials inherit the worker's
-        os.execv(sys.executable, [sys.executable, "-c", BOOTSTRAP] + paths + ["--"] + args)
+        os.execv(sys.executable, [sys.executable, "-c", BOOTSTRAP, "nni_agent"] + paths + ["--"] + args)
     os.execv(sys.executable, [sys.executable, "-m", "nni_agent"] + args)
     return FAILED
 
