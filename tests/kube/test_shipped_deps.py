@@ -67,7 +67,7 @@ def test_bare_image_runs_trials_with_dependencies_shipped_in_config_maps(kube, s
     total = 0
     for name in shipped:
         cm = kube.core().read_namespaced_config_map(name, NS)
-        assert not cm.data and len(cm.binary_data) == 1, name
+        assert not cm.data and len(cm.binary_data) == 1 and cm.immutable is True, name
         size = len(base64.b64decode(next(iter(cm.binary_data.values()))))
         assert 0 < size <= 900 * 1024, (name, size)
         total += size
@@ -116,3 +116,22 @@ def test_emulator_refuses_objects_over_one_mib_and_bodies_over_three(kube) -> No
     with pytest.raises(ApiException) as e:
         kube.core().create_namespaced_config_map(NS, huge)
     assert e.value.status == 413 and "Request entity too large: limit is 3145728" in e.value.body, e.value.body
+
+
+def test_emulator_keeps_immutable_config_maps_as_the_api_server_does(kube) -> None:
+    """`immutable: true`: a replace that changes the data or the flag is 422 (ValidateConfigMapUpdate's
+    words); the same content is accepted; delete and create again is allowed."""
+    from kubernetes.client.exceptions import ApiException
+
+    core = kube.core()
+    body = {"metadata": {"name": "frozen"}, "immutable": True, "data": {"a": "1"}}
+    core.create_namespaced_config_map(NS, body)
+    core.replace_namespaced_config_map("frozen", NS, body)  # unchanged: fine
+    for change in ({"data": {"a": "2"}}, {"immutable": False}):
+        with pytest.raises(ApiException) as refused:
+            core.replace_namespaced_config_map("frozen", NS, {**body, **change})
+        assert refused.value.status == 422
+        assert "field is immutable when `immutable` is set" in refused.value.body
+    core.delete_namespaced_config_map("frozen", NS)
+    core.create_namespaced_config_map(NS, {**body, "data": {"a": "2"}})
+    assert core.read_namespaced_config_map("frozen", NS).data == {"a": "2"}
