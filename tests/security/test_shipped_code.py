@@ -103,6 +103,48 @@ def test_slurm_agent_deps_planted_by_another_user_never_run(other_user: OtherUse
     assert "\n" not in refused and "Fix: " in refused
 
 
+def test_boot_step_never_reads_an_unpack_directory_another_user_made(other_user: OtherUser, tmp_path: Path) -> None:
+    """The real boot step, where the shipped wheels and the directory it unpacks into lie in a
+    group-writable place: another user pre-creates the unpack directory (`--deps-to`) with her
+    modules, and later replaces a shipped piece. Her directory is never read (the verified wheel
+    goes into a fresh private directory); her piece is refused in one line naming it."""
+    shared = shared_dir("nni-shared-deps-")
+    marker = tmp_path / "planted-ran"
+    good = tmp_path / "dep-1.0-py3-none-any.whl"
+    import zipfile
+
+    with zipfile.ZipFile(good, "w") as zf:
+        zf.writestr("dep_mod/__init__.py", "")
+    wheels = shared / "wheels"
+    wheels.mkdir(mode=0o755)
+    (wheels / f"{good.name}.000").write_bytes(good.read_bytes())
+    planted = planted_wheel(shared / "planted.whl", marker)
+    planted.chmod(0o644)
+    other_user.run(r"""
+import os, sys, zipfile
+os.umask(0)
+zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
+""", str(planted), str(shared / "lib"))  # her `lib`, where the boot step would unpack
+    digest = hashlib.sha256(good.read_bytes()).hexdigest()
+    extra = ("--sha256", f"{good.name}={digest}")
+    check = [str(STOCK), str(BOOT_FILE), "--parts", str(wheels), "--deps-to", str(shared / "lib"), *extra, "--check"]
+    for argv in ([a for a in check if a not in extra], check):  # without digests (nothing named), then with
+        subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert not marker.exists(), marker.read_text()
+    (wheels / f"{good.name}.000").chmod(0o666)
+    other_user.run("import sys; open(sys.argv[1], 'wb').write(open(sys.argv[2], 'rb').read())",
+                   str(wheels / f"{good.name}.000"), str(planted))  # she swaps the shipped piece
+    fresh = tmp_path / "private" / "lib"
+    fresh.parent.mkdir(mode=0o700)
+    out = subprocess.run([*check[:5], str(fresh), *check[6:]], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 3 and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"nni-agent: the shipped file {good.name} ({wheels}/{good.name}.000) is not the one "
+                               "the manager shipped"), lines
+    assert not marker.exists() and not fresh.exists()
+
+
 def _traversable(path: Path) -> None:
     """Let other users reach `path` (an emulator's own temporary directories, 0700 by default)."""
     for p in [path, *path.parents]:
