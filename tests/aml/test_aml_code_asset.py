@@ -22,6 +22,7 @@ from nni_manager.backends import agent_deps
 from nni_manager.config import load_config
 from nni_manager.service import create_training_service
 from tests.support import trial_isolation
+from tests.support.aml.datastore import code_asset_aml, new_container
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 from tests.support.images import SLIM_IMAGE
 from tests.support.manager.helpers import form, wait_status
@@ -29,15 +30,6 @@ from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite
 
 T = 90.0
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
-
-
-def new_container(endpoint: str) -> str:
-    from azure.storage.blob import BlobServiceClient
-
-    name = f"azureml-blobstore-{uuid.uuid4()}"
-    BlobServiceClient(endpoint, credential={"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
-                      ).create_container(name)
-    return name
 
 
 def _blobs(endpoint: str, container: str) -> dict[str, str]:
@@ -121,21 +113,6 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
         if f.is_file():
             assert secret.encode() not in f.read_bytes(), f
     assert secret not in caplog.text
-
-
-def code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any, container: str = "") -> Any:
-    """An emulated workspace whose default datastore is Azurite (account key), its variables set."""
-    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
-
-    container = container or new_container(azurite)
-    aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
-                                 "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",
-                                 "key": AZURITE_KEY, "sasToken": ""})
-    for var in AZURE_IDENTITY_VARS:
-        monkeypatch.delenv(var, raising=False)
-    for k, v in aml.env().items():
-        monkeypatch.setenv(k, v)
-    return aml
 
 
 def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shipped_one(

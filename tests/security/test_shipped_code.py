@@ -310,7 +310,7 @@ def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azuri
     from nni_manager.backends import aml_code
     from nni_manager.config import load_config
     from nni_manager.service import create_training_service
-    from tests.aml.test_aml_code_asset import code_asset_aml, new_container
+    from tests.support.aml.datastore import code_asset_aml, new_container
     from tests.support.aml.experiments import config_dict, run
     from tests.support.images import SLIM_IMAGE
     from tests.support.manager.helpers import form, wait_status
