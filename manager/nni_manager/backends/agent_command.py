@@ -22,6 +22,11 @@ import nni_agent.boot
 BOOT_FILE = Path(nni_agent.boot.__file__)
 
 
+# What a dry run shows for a digest not computed yet (the wheel is built at start): 64 characters,
+# as the boot step's --sha256 takes, and nothing shaped like a secret
+DRY_RUN_SHA256 = "<sha256, computed at start>".ljust(64, ".")
+
+
 class Sh(str):
     """A shell word written by a backend (e.g. `"$NNI_AGENT_DIR/token"`), used verbatim in `shell()`.
     Never built from a config value."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
+from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
@@ -630,7 +631,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         command = boot.agent_command(hub, tls, self.orphan_timeout,
                                      single_trial=bool(env.trial_id) if env else not self.reuse,
                                      wheel=wheel, tag=tag, image=role.docker_image,
-                                     wheel_sha256=self._wheel_sha256 or "0" * 64)  # dry run: not built
+                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256)
         shipped = self._deps.get(role.docker_image)
         if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py), verified by their digests
             command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}",

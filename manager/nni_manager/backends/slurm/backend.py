@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from nni_agent.compat import MIN_PYTHON_TEXT
-from nni_manager.backends.agent_command import AgentCommand, Sh
+from nni_manager.backends.agent_command import DRY_RUN_SHA256, AgentCommand, Sh
 from nni_manager.backends.agent_deps import sha256_file
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest, Role, Shape
@@ -173,7 +173,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         # the digest this script carries and unpacked into the job's private directory
         wheel = (self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl"
                  if self.ships_wheel else "")
-        digests = ((Path(wheel).name, self._wheel_sha256 or "0" * 64),) if wheel else ()  # dry run: not built
+        digests = ((Path(wheel).name, self._wheel_sha256 or DRY_RUN_SHA256),) if wheel else ()
         command = AgentCommand(
             agent_id=Sh('"$id"'), manager=hub, token_file=Sh('"$NNI_SLURM_JOB_DIR/$id.token"'),
             work_dir=Sh('"$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"'), orphan_timeout=self.orphan_timeout,
