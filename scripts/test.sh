@@ -44,6 +44,13 @@ if [ -x /usr/bin/python3 ] && [ ! -f .venv/agent-wheelhouse/.complete ]; then
     && touch .venv/agent-wheelhouse/.complete \
     || echo "note: the agent wheelhouse could not be filled; tests/remote/test_shipped_deps.py will be skipped"
 fi
+# A worker Python's own old protobuf (NNI's default image has 3.19; pure Python, any Python 3), fetched
+# while setup may use the network: the trial-isolation tests give it to a worker and its trials.
+if [ ! -d .venv/old-protobuf/google/protobuf ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --target .venv/old-protobuf 'protobuf==3.19.6' >>.venv/setup.log 2>&1 \
+    || echo "note: protobuf 3.19.6 could not be fetched; the trial-isolation tests will be skipped"
+fi
 .venv/bin/python scripts/gen_proto.py --check
 # Lint and type-check before the tests (config in pyproject.toml); any finding fails the run.
 .venv/bin/ruff check manager agent tests scripts

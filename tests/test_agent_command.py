@@ -82,8 +82,9 @@ def test_kubernetes_container_command(tmp_path: Path) -> None:
     words = exec_words(script)
     assert words[-1] == "$@"  # the agent's arguments: the positional ones
     head, boot, args = split_boot(words[:-1], agent)
-    assert head == ["$PY", "/var/run/nni/agent/boot.py"]
+    assert head[:2] == ["$PY", "-c"]  # boot.py inline: no ConfigMap editor can change it
     assert boot.wheel == "/var/run/nni/agent/nni_agent-<version>-py3-none-any.whl"
+    assert list(boot.digests) == ["nni_agent-<version>-py3-none-any.whl"]  # the wheel runs only if its sha256 fits
     assert boot.unpack_to == "/var/run/nni/work/agent-<version>-<hash>" and boot.agent_id_env == "NNI_AGENT_ID"
     assert boot.message_file == "/dev/termination-log" and boot.where == f"the image {container['image']}"
     assert args.manager == f"{HUB}:8443" and args.agent_id == "{agent}" and str(args.token_file) == \
@@ -99,7 +100,9 @@ def test_slurm_batch_script(tmp_path: Path) -> None:
     assert "for c in /opt/py/bin/python3; do" in inner  # pythonPath: that interpreter only
     head, boot, args = split_boot(exec_words(inner))
     assert head[0] == "$PY" and boot.where == "the compute node"
-    assert boot.paths == ["<experiment dir>/agent-wheel/nni_agent-<version>-py3-none-any.whl"]  # shipped wheel
+    assert boot.paths == [] and boot.wheel == "<experiment dir>/agent-wheel/nni_agent-<version>-py3-none-any.whl"
+    assert boot.unpack_to == "$NNI_SLURM_JOB_DIR/agent"  # the job's private directory, verified by its digest
+    assert list(boot.digests) == ["nni_agent-<version>-py3-none-any.whl"]
     assert args.agent_id == "$id" and str(args.token_file) == "$NNI_SLURM_JOB_DIR/$id.token"
     assert args.manager.startswith(f"{HUB}:") and str(args.ca_file) == "$NNI_SLURM_JOB_DIR/ca.crt"
     assert str(args.work_dir) == "$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"

@@ -9,6 +9,7 @@ METADATA with the Version) stand for old or new releases: nothing is downloaded.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -77,7 +78,7 @@ def good_site(site: Path, **versions: str) -> Path:
 
 FAKE_AGENT = '''import json, os, sys
 print("AGENT " + json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", ""),
-                             "file": __file__}), flush=True)
+                             "file": __file__, "sys_path": sys.path}), flush=True)
 '''
 
 
@@ -88,6 +89,10 @@ def fake_agent(where: Path) -> Path:
     (pkg / "__init__.py").write_text("")
     (pkg / "__main__.py").write_text(FAKE_AGENT)
     return where
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def run_boot(python: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -164,17 +169,21 @@ def test_dependency_versions_outside_the_range_get_one_line(python: str, version
 
 @pytest.mark.parametrize("python,version", SUPPORTED, ids=_ids(SUPPORTED))
 def test_good_python_execs_the_agent_with_its_path(python: str, version: tuple[int, int], tmp_path: Path) -> None:
-    """Versions in range: the agent (here one that prints its start) runs with the boot's paths in
-    PYTHONPATH (its trials import nni_agent from there too) and its arguments untouched."""
+    """Versions in range: the agent (here one that prints its start) runs with the boot's paths first
+    on its own sys.path, PYTHONPATH left as the worker had it (its trials inherit that), and its
+    arguments untouched."""
     site = good_site(tmp_path / "site", grpcio="1.70.0", protobuf="5.29.0")
     agent = fake_agent(tmp_path / "agent")
     for inline in (False, True):
         out = run_boot(python, "--path", str(agent), "--path", str(site), "--path", str(tmp_path / "absent"), "--",
-                       "--agent-id", "a b", "--work-dir", "{agent}", cwd=tmp_path, inline=inline)
+                       "--agent-id", "a b", "--work-dir", "{agent}", cwd=tmp_path, inline=inline,
+                       env={"PYTHONPATH": "/the/worker's"})
         assert out.returncode == 0, out.stderr
         seen = json.loads(out.stdout.split("AGENT ", 1)[1])
         assert seen["argv"] == ["--agent-id", "a b", "--work-dir", "{agent}"]
-        assert seen["pythonpath"] == f"{agent}{os.pathsep}{site}"  # a missing dir (deps not shipped) is skipped
+        assert seen["pythonpath"] == "/the/worker's"  # the trials' environment: the worker's own
+        first = [p for p in seen["sys_path"] if p not in ("", str(tmp_path))][:2]
+        assert first == [str(agent), str(site)]  # a missing dir (deps not shipped) is skipped
         assert seen["file"] == str(agent / "nni_agent" / "__main__.py")
 
 
@@ -190,7 +199,7 @@ def test_wheel_unpacked_once_and_agent_id_from_the_environment(python: str, vers
     work = tmp_path / "work"
     work.mkdir()
     args = ["--path", str(site), "--wheel", str(wheel), "--unpack-to", str(work / "agent-tag"),
-            "--agent-id-env", "NNI_AGENT_ID", "--", "--agent-id", "{agent}", "--token-file", "/s/{agent}"]
+            "--sha256", f"{wheel.name}={sha256(wheel)}", "--agent-id-env", "NNI_AGENT_ID", "--", "--agent-id", "{agent}", "--token-file", "/s/{agent}"]
     for _ in range(2):
         out = run_boot(python, *args, env={"NNI_AGENT_ID": "pod-1"}, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
@@ -198,6 +207,7 @@ def test_wheel_unpacked_once_and_agent_id_from_the_environment(python: str, vers
         assert seen["argv"] == ["--agent-id", "pod-1", "--token-file", "/s/pod-1"]
         assert seen["file"] == str(work / "agent-tag" / "nni_agent" / "__main__.py")
     assert [p.name for p in work.iterdir()] == ["agent-tag"]  # no leftover scratch directory
+    assert (work / "agent-tag").stat().st_mode & 0o777 == 0o700
     line = one_line(run_boot(python, *args, cwd=tmp_path))
     assert line == "nni-agent: the environment variable NNI_AGENT_ID (the agent's id) is not set"
 
@@ -253,7 +263,9 @@ def test_wheels_in_pieces_are_joined_and_unpacked_once_onto_the_path(tmp_path: P
     (tmp_path / "parts" / "0" / "..data").mkdir()
     deps = tmp_path / "work" / "deps-cp3"
     deps.parent.mkdir()
-    args = ("--path", str(tmp_path / "agent"), "--parts", str(tmp_path / "parts"), "--deps-to", str(deps), "--check")
+    (tmp_path / "parts" / "1" / "planted-1.0-py3-none-any.whl.000").write_bytes(b"not named: ignored")
+    args = ("--path", str(tmp_path / "agent"), "--parts", str(tmp_path / "parts"), "--deps-to", str(deps),
+            "--sha256", f"{whl.name}={sha256(whl)}", "--check")
     out = run_boot(sys.executable, *args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ok"] is True
@@ -271,3 +283,100 @@ def test_boot_source_has_no_openpai_template_tags() -> None:
     """OpenPAI renders `<% ... %>` in a job's commands, where boot.py travels inline."""
     text = BOOT.read_text()
     assert "<%" not in text and "%>" not in text
+
+
+# ----------------------------------------------------------------------------- shipped code by digest
+
+PLANTED = '''import os
+open(os.environ["MARKER"], "w").write("planted code ran")
+'''
+
+
+def agent_wheel(where: Path, main: str = FAKE_AGENT) -> Path:
+    wheel = where / "nni_agent-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("nni_agent/__init__.py", "")
+        zf.writestr("nni_agent/__main__.py", main)
+    return wheel
+
+
+def test_changed_agent_wheel_is_refused_in_one_line_and_never_runs(tmp_path: Path) -> None:
+    """The wheel in the shared place is not the one whose digest the command line carries: one line
+    naming it, exit 3, and its code does not run."""
+    site = good_site(tmp_path / "site")
+    good = hashlib.sha256(agent_wheel(tmp_path).read_bytes()).hexdigest()
+    wheel = agent_wheel(tmp_path, PLANTED)  # replaced after the manager shipped it
+    marker = tmp_path / "marker"
+    out = run_boot(sys.executable, "--path", str(site), "--wheel", str(wheel), "--unpack-to", str(tmp_path / "a"),
+                   "--sha256", f"{wheel.name}={good}", "--", "--agent-id", "x", env={"MARKER": str(marker)},
+                   cwd=tmp_path)
+    line = one_line(out)
+    assert line.startswith(f"nni-agent: the shipped file {wheel.name} ({wheel}) is not the one the manager shipped "
+                           f"(sha256 {sha256(wheel)[:16]}, expected {good[:16]})"), line
+    assert not marker.exists() and not (tmp_path / "a").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".nni-agent-")]  # nothing left behind
+    line = one_line(run_boot(sys.executable, "--wheel", str(wheel), "--unpack-to", str(tmp_path / "a"), "--",
+                             "--agent-id", "x", cwd=tmp_path))
+    assert line == f"nni-agent: no --sha256 for the agent wheel {wheel.name} (the manager and this boot script " \
+                   "disagree)"
+
+
+def test_planted_unpack_directory_is_not_used(tmp_path: Path) -> None:
+    """A directory already at --unpack-to that this boot step did not make (another user's, or not
+    0700, or without the stamp of these digests) is never read: the verified wheel is unpacked
+    into a fresh private directory, and the agent runs from there."""
+    site = good_site(tmp_path / "site")
+    wheel = agent_wheel(tmp_path)
+    target = tmp_path / "agent-tag"
+    fake_agent(target)
+    (target / "nni_agent" / "__main__.py").write_text(PLANTED)
+    marker = tmp_path / "marker"
+    for mode in (0o777, 0o700):  # group-writable; then private but not stamped by the boot step
+        target.chmod(mode)
+        out = run_boot(sys.executable, "--path", str(site), "--wheel", str(wheel), "--unpack-to", str(target),
+                       "--sha256", f"{wheel.name}={sha256(wheel)}", "--", "--agent-id", "x",
+                       env={"MARKER": str(marker)}, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert not marker.exists()
+        ran = Path(json.loads(out.stdout.split("AGENT ", 1)[1])["file"]).parent.parent
+        assert ran.stat().st_mode & 0o777 == 0o700 and ran.stat().st_uid == os.getuid()
+        assert (ran / boot.STAMP).read_text() == f"{wheel.name}={sha256(wheel)}\n"
+
+
+def _pieces(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
+    whl = tmp_path / name
+    with zipfile.ZipFile(whl, "w") as zf:
+        for n, text in files.items():
+            zf.writestr(n, text)
+    return whl
+
+
+def test_dependency_pieces_are_verified_missing_ones_named_and_others_ignored(tmp_path: Path) -> None:
+    """Only the wheels the command line names (for this Python: `cpXY/` entries of other Pythons
+    are not this one's) are joined; a changed piece or a missing wheel is one line naming it."""
+    fake_agent(tmp_path / "agent")
+    good = _pieces(tmp_path, "dep-1.0-py3-none-any.whl", {"dep_mod/__init__.py": ""})
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / f"{good.name}.000").write_bytes(good.read_bytes())
+    planted = _pieces(tmp_path, "extra-1.0-py3-none-any.whl", {"sitecustomize.py": PLANTED})
+    (parts / f"{planted.name}.000").write_bytes(planted.read_bytes())
+    me = "cp%d%d" % sys.version_info[:2]
+    base = ("--path", str(tmp_path / "agent"), "--parts", str(parts), "--check")
+    run_boot(sys.executable, *base, "--deps-to", str(tmp_path / "d1"), "--sha256", f"{me}/{good.name}={sha256(good)}",
+             "--sha256", f"cp27/other-1.0-py3-none-any.whl={'0' * 64}", cwd=tmp_path,
+             env={"MARKER": str(tmp_path / "marker")})
+    assert sorted(p.name for p in (tmp_path / "d1").iterdir()) == [boot.STAMP, "dep_mod"]
+    line = one_line(run_boot(sys.executable, *base, "--deps-to", str(tmp_path / "d2"),
+                             "--sha256", f"{good.name}={sha256(good)}",
+                             "--sha256", f"psutil-5.9.8-cp36-abi3-manylinux2014_x86_64.whl={'1' * 64}", cwd=tmp_path))
+    assert line == f"nni-agent: the shipped file psutil-5.9.8-cp36-abi3-manylinux2014_x86_64.whl is missing from {parts}"
+    (parts / f"{good.name}.000").write_bytes(planted.read_bytes())  # replaced in the shared place
+    line = one_line(run_boot(sys.executable, *base, "--deps-to", str(tmp_path / "d3"),
+                             "--sha256", f"{good.name}={sha256(good)}", cwd=tmp_path))
+    assert line.startswith(f"nni-agent: the shipped file {good.name} ({parts}/{good.name}.000) is not the one the "
+                           "manager shipped"), line
+    assert not (tmp_path / "d2").exists() and not (tmp_path / "d3").exists()
+    assert not (tmp_path / "marker").exists()
+    line = one_line(run_boot(sys.executable, "--sha256", "x=12", "--", "--agent-id", "a", cwd=tmp_path))
+    assert line == "nni-agent: boot option --sha256 needs NAME=<64 hex digits>, not x=12"

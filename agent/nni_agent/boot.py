@@ -4,15 +4,27 @@ Any Python 3 can parse this file and run its first lines (stdlib only, no f-stri
 annotations), so a worker whose Python is too old gets one line saying so, not a SyntaxError.
 It checks the Python version and the *versions* of the agent's dependencies (REQUIREMENTS,
 which tests/test_boot.py holds against pyproject.toml), puts the agent and any shipped
-dependencies on the path, and execs `python -m nni_agent <agent arguments>`. Every failure is
+dependencies on the agent's own path, and execs the agent. Every failure is
 one line on stderr starting "nni-agent: " (and in --message-file, e.g. a pod's termination log):
 the backends make it the trial's or the environment's message. Exit status 3 on failure.
 
 The manager builds this command line (its backends/agent_command.py); the script travels
 as a file (the agent wheel, a ConfigMap) or inline (`python -c`), so it holds no template tag
 (OpenPAI renders its `<` `%` tags in commands) and reads nothing but its arguments.
+
+Shipped code is trusted by its digest, never by its name or place: the command line (which
+whoever can write the shared place cannot edit) carries `--sha256 NAME=HEX` for the agent wheel
+and every dependency wheel. Each is copied out of the shared place while hashed, refused in one
+line if it differs or is missing, and unpacked into a private directory (0700, this user's);
+such a directory is reused only when it is this user's, 0700, and holds the stamp of the same
+digests. Pieces no digest names are ignored.
+
+The agent's path reaches the agent only: it runs as `python -c BOOTSTRAP nni_agent <paths> --
+<args>`, which puts the paths on its sys.path, so PYTHONPATH (and with it every trial's
+environment) stays the worker's own. A trial that imports protobuf gets its image's, never the agent's.
 """
 import os
+import stat
 import sys
 
 MIN_PYTHON = (3, 8)  # the oldest Python the agent runs on
@@ -26,6 +38,21 @@ REQUIREMENTS = (
     ("nvidia-ml-py", "pynvml", "12.535", None, False),
 )
 FAILED = 3  # exit status of a failed boot
+STAMP = ".nni-agent-digests"  # in a private directory this boot step unpacked: the digests it holds
+# `python -c BOOTSTRAP nni_agent <path>... -- <agent arguments>`: the agent's paths on its own
+# sys.path only (nni_agent.trial_path.BOOT_PATHS tells the agent which they were), never in
+# PYTHONPATH; the module's name stays a word of its argv, as with `-m nni_agent`
+BOOTSTRAP = ("import runpy, sys\n"
+             "n = sys.argv.index('--')\n"
+             "module, paths = sys.argv[1], sys.argv[2:n]\n"
+             "sys.path[:0] = paths\n"
+             "sys.argv[:] = [sys.argv[0]] + sys.argv[n + 1:]\n"
+             "try:\n"
+             "    import nni_agent.trial_path\n"
+             "    nni_agent.trial_path.BOOT_PATHS[:] = paths\n"
+             "except ImportError:\n"
+             "    pass\n"
+             "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
 
 
 def requirement(dist, low, below):
@@ -64,6 +91,7 @@ class Boot:
         self.report = None  # --check: also write that JSON line here (a probe pod's termination log)
         self.parts = []  # dirs of wheel pieces `<wheel>.<nnn>` (ConfigMap keys: each object < 1 MiB) ...
         self.deps_to = None  # ... joined and unpacked once into this directory, which goes on the path
+        self.digests = {}  # "name" or "cp311/name" -> sha256 of a shipped file (--sha256 NAME=HEX)
         self.agent_args = []
         i = 0
         while i < len(argv):
@@ -96,6 +124,11 @@ class Boot:
                 self.parts.append(value)
             elif a == "--deps-to":
                 self.deps_to = value
+            elif a == "--sha256":
+                name, _, digest = value.partition("=")
+                if not name or len(digest) != 64:
+                    self.fail("boot option --sha256 needs NAME=<64 hex digits>, not %s" % value)
+                self.digests[name] = digest.lower()
             else:
                 self.fail("unknown boot option %s (the manager and this boot script disagree)" % a)
             i += 2
@@ -127,26 +160,137 @@ def check_python(boot):
                   "(pythonPath, or an image that has one)" % ((python_words(boot),) + MIN_PYTHON + MIN_PYTHON))
 
 
-def unpack(boot):
-    """The agent wheel, unpacked once into --unpack-to (beside, then renamed: concurrent boots are safe)."""
+def own_python_key():
+    return "cp%d%d" % tuple(sys.version_info[:2])
+
+
+def expected(boot):
+    """{wheel file name: sha256} this Python needs: names without a prefix, and `cp311/<name>`
+    entries for this Python only (the per-CPython layout of OpenPAI and AML)."""
+    mine = own_python_key() + "/"
+    out = {}
+    for name, digest in boot.digests.items():
+        if "/" not in name:
+            out[name] = digest
+        elif name.startswith(mine):
+            out[name[len(mine):]] = digest
+    return out
+
+
+def private(path):
+    """This user's directory of mode 0700 (not a link): nobody else can have written inside."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def reusable(path, stamp):
+    """A directory this boot step unpacked earlier, holding the same digests."""
+    if not private(path):
+        return False
+    try:
+        with open(os.path.join(path, STAMP)) as f:
+            return f.read() == stamp
+    except (IOError, OSError):
+        return False
+
+
+def safe_parent(path):
+    """Nobody but this user (or root) can rename or replace entries in `path`'s directory."""
+    try:
+        st = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    sticky = st.st_mode & stat.S_ISVTX
+    return st.st_uid in (0, os.getuid()) and (sticky or not st.st_mode & 0o022)
+
+
+def stamp_of(digests):
+    return "".join("%s=%s\n" % kv for kv in sorted(digests.items()))
+
+
+def verified_copy(boot, name, paths, digest, dest):
+    """Join `paths` (a file, or its pieces in order) into `dest` while hashing; one line if the
+    result is not the file the command line names."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(dest, "wb") as out:
+            for p in paths:
+                with open(p, "rb") as f:
+                    while True:
+                        block = f.read(1 << 20)
+                        if not block:
+                            break
+                        h.update(block)
+                        out.write(block)
+    except (IOError, OSError) as e:
+        boot.fail("cannot read the shipped file %s: %s" % (name, e))
+    if h.hexdigest() != digest:
+        boot.fail("the shipped file %s (%s) is not the one the manager shipped (sha256 %s, expected %s): "
+                  "someone else changed it; nothing of it was run. Fix: keep others from writing there and restart the "
+                  "experiment (the manager ships it again)"
+                  % (name, paths[0] if len(paths) == 1 else os.path.dirname(paths[0]), h.hexdigest()[:16],
+                     digest[:16]))
+
+
+def unpack_private(boot, target, wheels, what):
+    """Unpack {name: (paths, digest)} into `target` after verifying each, or reuse `target` if this
+    boot step made it with the same digests. Returns the directory the agent uses: `target`, or a
+    fresh private one where `target` is someone else's (a planted directory is never read)."""
     import shutil
     import tempfile
     import zipfile
 
-    if os.path.isdir(boot.unpack_to):
-        return
-    parent = os.path.dirname(boot.unpack_to.rstrip("/")) or "."
+    stamp = stamp_of(dict((n, d) for n, (_, d) in wheels.items()))
+    if reusable(target, stamp):
+        return target
+    beside = safe_parent(target)
     try:
-        tmp = tempfile.mkdtemp(prefix=".agent-", dir=parent)
-        zipfile.ZipFile(boot.wheel).extractall(tmp)
-        try:
-            os.rename(tmp, boot.unpack_to)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not os.path.isdir(boot.unpack_to):
-                raise
-    except (OSError, zipfile.BadZipFile) as e:
-        boot.fail("cannot unpack the agent wheel %s into %s: %s" % (boot.wheel, boot.unpack_to, e))
+        tmp = tempfile.mkdtemp(prefix=".nni-agent-", dir=os.path.dirname(os.path.abspath(target)) if beside
+                               else None)  # mkdtemp: this user's, 0700
+    except OSError as e:
+        boot.fail("cannot unpack %s into %s: %s" % (what, target, e))
+    try:
+        for name, (paths, digest) in sorted(wheels.items()):
+            whl = os.path.join(tmp, ".whl")
+            verified_copy(boot, name, paths, digest, whl)  # verified before anything is unpacked
+            try:
+                zipfile.ZipFile(whl).extractall(tmp)
+                os.remove(whl)
+            except (OSError, zipfile.BadZipFile) as e:
+                boot.fail("cannot unpack %s (%s) into %s: %s" % (what, name, target, e))
+    except SystemExit:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with open(os.path.join(tmp, STAMP), "w") as f:
+        f.write(stamp)
+    if not beside:
+        return tmp  # the shared place's directory is not safe to rename into: this fresh one serves
+    if private(target) and not reusable(target, stamp):  # our own, from another shipment or an older boot step
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        pass  # another boot's won (then it is reusable), or someone else's is there
+    if reusable(target, stamp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    return tmp
+
+
+def unpack(boot):
+    """The agent wheel, verified and unpacked into --unpack-to (or a fresh private directory)."""
+    name = os.path.basename(boot.wheel)
+    digest = expected(boot).get(name)
+    if digest is None:
+        boot.fail("no --sha256 for the agent wheel %s (the manager and this boot script disagree)" % name)
+    if not os.path.isfile(boot.wheel):
+        boot.fail("the shipped file %s is missing (%s)" % (name, boot.wheel))
+    return unpack_private(boot, boot.unpack_to, {name: ([boot.wheel], digest)}, "the agent wheel")
 
 
 def pieces(dirs):
@@ -175,36 +319,19 @@ def pieces(dirs):
 
 
 def assemble(boot):
-    """Shipped dependency wheels, joined from their pieces and unpacked once into --deps-to (beside,
-    then renamed: concurrent boots are safe). A wheel installs by unpacking."""
-    import shutil
-    import tempfile
-    import zipfile
-
-    if os.path.isdir(boot.deps_to):
-        return
-    wheels = pieces(boot.parts)
-    if not wheels:
-        return
-    parent = os.path.dirname(boot.deps_to.rstrip("/")) or "."
-    try:
-        tmp = tempfile.mkdtemp(prefix=".deps-", dir=parent)
-        for name, paths in sorted(wheels.items()):
-            whl = os.path.join(tmp, name)
-            with open(whl, "wb") as out:
-                for p in paths:
-                    with open(p, "rb") as f:
-                        shutil.copyfileobj(f, out)
-            zipfile.ZipFile(whl).extractall(tmp)
-            os.remove(whl)
-        try:
-            os.rename(tmp, boot.deps_to)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not os.path.isdir(boot.deps_to):
-                raise
-    except (OSError, zipfile.BadZipFile) as e:
-        boot.fail("cannot unpack the shipped dependencies into %s: %s" % (boot.deps_to, e))
+    """The shipped dependency wheels the command line names (for this Python), each joined from its
+    pieces, verified and unpacked into --deps-to (or a fresh private directory); pieces of any other
+    name are ignored. None when nothing was shipped for this Python."""
+    wanted = dict((n, d) for n, d in expected(boot).items() if boot.wheel is None
+                  or n != os.path.basename(boot.wheel))
+    if not wanted:
+        return None
+    found = pieces(boot.parts)
+    missing = sorted(n for n in wanted if n not in found)
+    if missing:
+        boot.fail("the shipped file %s is missing from %s" % (missing[0], " ".join(boot.parts)))
+    return unpack_private(boot, boot.deps_to, dict((n, (found[n], d)) for n, d in wanted.items()),
+                          "the shipped dependencies")
 
 
 def worker():
@@ -267,11 +394,11 @@ def main(argv):
     boot = Boot(argv)
     check_python(boot)
     if boot.wheel and boot.unpack_to:
-        unpack(boot)
-        boot.paths.insert(0, boot.unpack_to)
+        boot.paths.insert(0, unpack(boot))
     if boot.parts and boot.deps_to:
-        assemble(boot)
-        boot.paths.append(boot.deps_to)
+        deps = assemble(boot)
+        if deps:
+            boot.paths.append(deps)
     paths = [p for p in boot.paths if os.path.exists(p)]
     sys.path[:0] = paths
     out, fixes = problems()
@@ -291,9 +418,6 @@ def main(argv):
         fail_with(boot, out, fixes)
     if boot.check_only:
         return 0
-    if paths:
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
     args = boot.agent_args
     if boot.agent_id_env:
         agent_id = os.environ.get(boot.agent_id_env)
@@ -302,6 +426,8 @@ def main(argv):
         args = [a.replace("{agent}", agent_id) for a in args]
     sys.stdout.flush()
     sys.stderr.flush()
+    if paths:  # on the agent's own path, never in PYTHONPATH: the trials inherit the worker's
+        os.execv(sys.executable, [sys.executable, "-c", BOOTSTRAP, "nni_agent"] + paths + ["--"] + args)
     os.execv(sys.executable, [sys.executable, "-m", "nni_agent"] + args)
     return FAILED
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
-from nni_agent import mounts
+from nni_agent import mounts, trial_path
 from nni_agent.metrics import MetricGate, route_metric
 from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, spawn_shell
 from nni_agent.v1 import agent_pb2 as pb
@@ -54,6 +54,7 @@ class Trial:
                  code_dir: Path | None, http_channel: HttpChannelServer | None, agent_key: str,
                  stream_trial_log: bool = False) -> None:
         self.spec = spec
+        self.work_root = work_root
         self.stream_trial_log = stream_trial_log  # the manager files LOG_STREAM_TRIAL_LOG (protocol >= 1.2)
         self.trial_id = spec.trial_id
         self.marker = f"{agent_key}/{spec.trial_id}"  # value of MARKER_ENV in every trial process
@@ -233,6 +234,9 @@ class Trial:
         env.update(spec.env)
         env.pop(mounts.ENV_KEY, None)  # the storage (and its key) is the agent's, not the trial's
         env[MARKER_ENV] = self.marker
+        pythonpath = trial_path.trial_pythonpath(self.work_root, env.get("PYTHONPATH"))
+        if pythonpath:  # the worker's own, plus the trial API: never the agent's path (trial_path)
+            env["PYTHONPATH"] = pythonpath
         return env
 
     def _kill_signal(self) -> int:

@@ -21,6 +21,8 @@ import pytest
 from nni_manager.backends import agent_deps
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
+from tests.support import trial_isolation
+from tests.support.aml.datastore import code_asset_aml, new_container
 from tests.support.aml.experiments import base, config_dict, ours, run  # noqa: F401 (base: a fixture)
 from tests.support.images import SLIM_IMAGE
 from tests.support.manager.helpers import form, wait_status
@@ -28,15 +30,6 @@ from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY, azurite
 
 T = 90.0
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
-
-
-def _container(endpoint: str) -> str:
-    from azure.storage.blob import BlobServiceClient
-
-    name = f"azureml-blobstore-{uuid.uuid4()}"
-    BlobServiceClient(endpoint, credential={"account_name": AZURITE_ACCOUNT, "account_key": AZURITE_KEY}
-                      ).create_container(name)
-    return name
 
 
 def _blobs(endpoint: str, container: str) -> dict[str, str]:
@@ -66,7 +59,7 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
     if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
-    container = _container(azurite)
+    container = new_container(azurite)
     secret = AZURITE_KEY if secrets == "AccountKey" else _sas(container)
     aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": secrets,
@@ -122,6 +115,31 @@ def test_bare_image_runs_trials_from_a_code_asset_uploaded_once(aml_factory, azu
     assert secret not in caplog.text
 
 
+def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shipped_one(
+        aml_factory, azurite, base: Path, monkeypatch) -> None:  # noqa: F811
+    """The image's Python has protobuf 3.19 (on its PYTHONPATH, `agentEnv`) and nothing else: the
+    agent runs with the protobuf of the code asset; the trial (the image's Python, an old-style
+    `_pb2` module) sees none of the agent's path and SUCCEEDS (tests/support/trial_isolation.py)."""
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    old = trial_isolation.old_protobuf()
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    aml = code_asset_aml(aml_factory, azurite, monkeypatch)
+    trial = trial_isolation.write_trial(base / "isolation-code")
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite,
+                                     agentEnv={"PYTHONPATH": str(old)}),
+                       "agentWheelhouse": str(WHEELHOUSE), "trialCodeDirectory": str(base / "isolation-code"),
+                       "trialCommand": f"python3 {trial}"})
+
+    async def experiment() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+            assert d.status.value == "SUCCEEDED", d.message
+
+    run(experiment())
+
+
 def test_a_job_naming_an_unknown_code_version_is_refused_as_aml_refuses_it(aml, base: Path) -> None:
     import ssl
     import urllib.error
@@ -169,7 +187,7 @@ def test_default_image_runs_nni_trial_code_from_the_code_asset(aml_factory, azur
     if wheelhouse is None:
         pytest.skip(why)
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))  # this test's own cache
-    container = _container(azurite)
+    container = new_container(azurite)
     aml = aml_factory(images={"msranni/nni:latest": image_bin},
                       datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",

@@ -366,8 +366,8 @@ def test_clean_up_stops_every_job_including_an_earlier_managers(pai_factory, bas
 
 def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai_factory, base: Path) -> None:
     """With storageConfigName and both mount points (NNI's shared storage), the manager copies its
-    own agent wheel there and the job's agent runs from it: an image needs only Python and the
-    agent's dependencies. The emulator mounts the storage as PAI does (at the entry's `mountPath`,
+    own agent wheel there and the job's agent runs from it (the trial gets only the trial API): an
+    image needs only Python and the agent's dependencies. The emulator mounts the storage as PAI does (at the entry's `mountPath`,
     else /mnt/<name>), here at a path other than PAI's default."""
     pai = fast_pai(pai_factory)
     storage = pai.storage_dir("confignfs")  # the manager's own mount of the storage
@@ -390,8 +390,15 @@ def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai
     exp, out = run(main())
     wheels = list((storage / "nni-agent").glob("nni_agent-*.whl"))  # shared by experiments: named for its content
     assert len(wheels) == 1, wheels
-    assert f"AGENT {inside}/nni-agent/{wheels[0].name}/nni_agent/__init__.py" in out, out
+    assert "/.trial-api-" in out.split("AGENT ", 1)[1].split("\n", 1)[0], out  # the trial: only the trial API
     job = next(j for j in ours(pai, exp))
+    import urllib.request
+
+    req = urllib.request.Request(f"{pai.api}/jobs/{pai.username}~{job['name']}/config",
+                                 headers={"Authorization": f"Bearer {pai.token}"})
+    commands = "\n".join(yaml.safe_load(urllib.request.urlopen(req, timeout=30).read())["taskRoles"]["taskrole"]
+                         ["commands"])
+    assert f"--wheel {inside}/nni-agent/{wheels[0].name} " in commands  # the agent: from the storage's wheel
     assert job["detail"]["jobStatus"]["virtualCluster"] == "default"
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from nni_manager.backends import agent_deps
 from nni_manager.service import create_training_service
+from tests.support import trial_isolation
 from tests.support.images import SLIM_IMAGE, slim_python_dir
 from tests.support.manager.helpers import form, wait_status
 from tests.support.openpai.experiments import base, config, ours, run  # noqa: F401 (base: a fixture)
@@ -63,6 +64,34 @@ def test_bare_image_runs_trials_with_dependencies_shipped_through_the_storage(pa
 
     second, copied = run(experiment())
     assert copied == 0 and _tree(storage / "nni-agent") == tree  # nothing copied, nothing touched
+
+
+def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shipped_one(
+        pai_factory, base: Path, monkeypatch) -> None:
+    """The image's Python has protobuf 3.19 (on its PYTHONPATH, `agentEnv`) and nothing else: the
+    agent runs with the protobuf shipped through the storage; the trial (the image's Python, an
+    old-style `_pb2` module) sees none of the agent's path and SUCCEEDS (tests/support/trial_isolation.py)."""
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    old = trial_isolation.old_protobuf()
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: slim_python_dir(base)})
+    storage = pai.storage_dir("confignfs")
+    trial = trial_isolation.write_trial(base / "isolation-code")
+    cfg = config(pai, base, {"storageConfigName": "confignfs", "localStorageMountPoint": str(storage),
+                             "containerStorageMountPoint": "/mnt/confignfs", "dockerImage": SLIM_IMAGE,
+                             "agentEnv": {"PYTHONPATH": str(old)}},
+                 agentWheelhouse=str(WHEELHOUSE), trialCodeDirectory=str(base / "isolation-code"),
+                 trialCommand=f"python3 {trial}")
+
+    async def experiment() -> None:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)
+            assert d.status.value == "SUCCEEDED", d.message
+
+    run(experiment())
+    assert list((storage / "nni-agent").glob("deps-*/cp311/protobuf-*.whl.000"))  # the agent had its own
 
 
 def test_bare_image_without_the_storage_route_fails_with_the_boot_steps_one_line(pai_factory, base: Path) -> None:

@@ -20,6 +20,7 @@ from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
+from tests.support import trial_isolation
 from tests.support.manager.helpers import TRIAL, form, wait_status
 
 pytestmark = pytest.mark.ssh
@@ -42,9 +43,9 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _experiment(code: Path, exps: Path, machine, trials: int) -> tuple[str, list[str]]:
+def _experiment(code: Path, exps: Path, machine, trials: int, command: str = "python3 trial.py") -> tuple[str, list[str]]:
     cfg = ExperimentConfig(
-        trial_command="python3 trial.py", trial_code_directory=code, trial_concurrency=2,
+        trial_command=command, trial_code_directory=code, trial_concurrency=2,
         experiment_working_directory=exps, agent_wheelhouse=WHEELHOUSE,
         training_service=TrainingServiceConfig(platform="remote", options=RemoteConfig([machine])),
     )
@@ -99,6 +100,28 @@ def test_bare_worker_runs_trials_with_dependencies_shipped_by_the_manager(
         assert not [r for r in caplog.records if r.getMessage().startswith("shipped ")]  # installed: no upload
     finally:
         for exp in experiments:
+            shutil.rmtree(Path.home() / "nni-experiments" / exp, ignore_errors=True)
+            shutil.rmtree(Path.home() / ".nni-agent" / "run" / exp, ignore_errors=True)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_trials_import_the_workers_old_protobuf_while_the_agent_runs_with_its_shipped_one(
+        netns_hosts, bare_python, monkeypatch) -> None:
+    """The worker's Python has protobuf 3.19 (NNI's default image's) and nothing else: the agent runs
+    with the protobuf the manager shipped; the trial (that Python, an old-style `_pb2` module) sees
+    none of the agent's path and SUCCEEDS (tests/support/trial_isolation.py)."""
+    (site,) = bare_python.parent.glob("lib/python3.*/site-packages")
+    trial_isolation.give_old_protobuf(site)
+    short = Path(tempfile.mkdtemp(prefix="nsi", dir="/tmp"))
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(short / "cache"))
+    trial = trial_isolation.write_trial(short / "code")
+    machine = dataclasses.replace(netns_hosts[0].machine, python_path=str(bare_python))
+    exp = ""
+    try:
+        exp, results = _experiment(short / "code", short / "exps", machine, trials=1, command=f"python3 {trial}")
+        assert results == ["SUCCEEDED "], results
+    finally:
+        if exp:
             shutil.rmtree(Path.home() / "nni-experiments" / exp, ignore_errors=True)
             shutil.rmtree(Path.home() / ".nni-agent" / "run" / exp, ignore_errors=True)
         shutil.rmtree(short, ignore_errors=True)

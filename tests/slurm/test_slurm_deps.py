@@ -22,6 +22,7 @@ from nni_manager.backends import agent_deps
 from nni_manager.backends.slurm import deps
 from nni_manager.backends.slurm.hosts import LocalHost
 from nni_manager.service import create_training_service
+from tests.support import trial_isolation
 from tests.support.manager.helpers import form, wait_status
 from tests.support.slurm.experiments import T, assert_clean, config, run
 
@@ -91,6 +92,24 @@ def test_bare_python_runs_trials_with_dependencies_shipped_through_the_shared_fs
     assert not _shipped(caplog)  # the first experiment's wheels are reused: nothing uploaded
     assert any("already at" in r.getMessage() for r in caplog.records if r.name == DEPS_LOGGER)
     assert_clean(slurm, second)
+
+
+def test_trials_import_the_workers_old_protobuf_while_the_agent_runs_with_its_shipped_one(
+        slurm, base: Path, bare_python: Path) -> None:
+    """The compute nodes' Python has protobuf 3.19 (NNI's default image's) and nothing else: the
+    manager ships grpcio, protobuf 5+ and psutil for the agent; the trial (that Python, an old-style
+    `_pb2` module) sees none of them and SUCCEEDS (tests/support/trial_isolation.py)."""
+    (site,) = bare_python.parent.parent.glob("lib/python3.*/site-packages")
+    trial_isolation.give_old_protobuf(site)
+    cfg = config(base, {"pythonPath": str(bare_python), "reuseMode": False}, agentWheelhouse=str(WHEELHOUSE))
+    trial = trial_isolation.write_trial(Path(cfg.trial_code_directory))
+    cfg = config(base, {"pythonPath": str(bare_python), "reuseMode": False}, agentWheelhouse=str(WHEELHOUSE),
+                 trialCommand=f"{bare_python} {trial}")
+    exp, results = _trials(cfg, 1)
+    assert results == ["SUCCEEDED "], results
+    libs = list((base / "exps" / "agent-deps").glob("deps-*/lib"))
+    assert any((lib / "google" / "protobuf").is_dir() for lib in libs), libs  # the agent had its own
+    assert_clean(slurm, exp)
 
 
 def test_bare_python_through_the_login_node_gets_dependencies_by_sftp(

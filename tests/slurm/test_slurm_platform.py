@@ -116,7 +116,8 @@ def test_impossible_request_fails_at_start_in_slurms_words(slurm, base: Path) ->
 # ----------------------------------------------------------------------------- several nodes, reuse
 
 def test_two_node_trial_sees_slurm_and_logs_per_replica(slurm, base: Path) -> None:
-    # pythonPath: the job's Python runs the manager's own agent code from its wheel (also the trials' SDK)
+    # pythonPath: the job's Python runs the manager's own agent code from its wheel; the trials get only
+    # its stdlib trial API (nni_agent.trial_path), never the agent's path
     cfg = config(base, {"nodes": 2, "reuseMode": False, "pythonPath": sys.executable},
                  trialCommand=f"{sys.executable} seen.py")
 
@@ -141,7 +142,7 @@ def test_two_node_trial_sees_slurm_and_logs_per_replica(slurm, base: Path) -> No
     assert {v["SLURM_NODEID"] for v in views.values()} == {"0", "1"}
     assert all(v["SLURM_NNODES"] == "2" and v["SLURM_JOB_NODELIST"] == "n[1-2]" for v in views.values())
     assert len({v["SLURM_JOB_ID"] for v in views.values()}) == 1  # one allocation
-    assert all("agent-wheel/nni_agent-" in v["agent"] for v in views.values()), views
+    assert all("/.trial-api-" in v["agent"] for v in views.values()), views
     for r, v in views.items():  # replica <env>-<i> is the agent started as SLURM_PROCID i
         assert r.endswith("-" + v["SLURM_PROCID"])
     assert_clean(slurm, exp)

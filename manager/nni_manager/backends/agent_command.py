@@ -1,8 +1,9 @@
 """The agent's command line, built one way for every backend.
 
 Every platform starts the agent through the same boot step, nni_agent/boot.py: it finds nothing
-itself but checks the Python version and the dependencies' versions, puts the agent (and shipped
-dependencies) on the path and execs `python -m nni_agent`, and turns every failure into one line
+itself but checks the Python version and the dependencies' versions, verifies every shipped file
+against the sha256 this command line carries, puts the agent (and shipped dependencies) on the
+agent's own path (never the trials') and execs the agent, and turns every failure into one line
 that becomes the trial's or the environment's message. `AgentCommand` holds the agent's own
 arguments (`nni-agent --help`) and the boot step's, and renders them as a process's argv
 (`argv`) or as POSIX sh (`shell`: finds the interpreter as NNI does, `pythonPath`'s python3 or
@@ -19,6 +20,11 @@ from pathlib import Path
 import nni_agent.boot
 
 BOOT_FILE = Path(nni_agent.boot.__file__)
+
+
+# What a dry run shows for a digest not computed yet (the wheel is built at start): 64 characters,
+# as the boot step's --sha256 takes, and nothing shaped like a secret
+DRY_RUN_SHA256 = "<sha256, computed at start>".ljust(64, ".")
 
 
 class Sh(str):
@@ -67,6 +73,9 @@ class AgentCommand:
     unpack_to: str = ""  # ... here, once, and put it on the path
     parts: tuple[str, ...] = field(default=())  # dirs of shipped dependency wheels in pieces ...
     deps_to: str = ""  # ... joined and unpacked here, once, and put on the path
+    # (file name or `cp311/<file name>`, sha256) of every shipped file: the boot step runs none
+    # whose digest differs (see agent_deps.digests)
+    sha256: tuple[tuple[str, str], ...] = field(default=())
     where: str = ""  # whose Python, for the failure line: "the image python:3.8", "the compute node"
 
     def __post_init__(self) -> None:  # one line, whatever a config's image name holds
@@ -104,6 +113,8 @@ class AgentCommand:
             for p in self.parts:
                 args += ["--parts", p]
             args += ["--deps-to", self.deps_to]
+        for name, digest in self.sha256:
+            args += ["--sha256", f"{name}={digest}"]
         if self.where:
             args += ["--where", self.where]
         if self.message_file:

@@ -15,6 +15,7 @@ evaluated for the worker's Python), transitively.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -235,6 +236,26 @@ PYV_VAR = "NNI_PYV"
 # sh, after the boot step's interpreter search has set PY: NNI_PYV=cp311 (empty for a Python it cannot run)
 PICK_PYTHON_DIR = (f'{PYV_VAR}=$("$PY" -c "import sys; print(\'cp%d%d\' % tuple(sys.version_info[:2]))" '
                    '2>/dev/null || true)')
+
+
+def sha256_file(path: Path) -> str:
+    """The digest the boot step checks a shipped file against (`--sha256 NAME=HEX`)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digests(files: Iterable[Path], prefix: str = "") -> tuple[tuple[str, str], ...]:
+    """(`<prefix><file name>`, sha256) for AgentCommand.sha256: the job's own definition carries
+    them, so whoever can write the place the files travel through cannot change what runs."""
+    return tuple((f"{prefix}{f.name}", sha256_file(f)) for f in files)
+
+
+def per_python_digests(per_python: dict[str, Wheels]) -> tuple[tuple[str, str], ...]:
+    """`cp311/<wheel>` digests for the per-CPython layout (the boot step takes its own Python's)."""
+    return tuple(d for pyv, wheels in sorted(per_python.items()) for d in digests(wheels.files, f"{pyv}/"))
 
 
 def piece_name(wheel: Path) -> str:

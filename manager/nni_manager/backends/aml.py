@@ -246,7 +246,8 @@ class AmlBackend(RestJobBackend[AmlConfig]):
                              tls=bool(m.ca_certificate), ca_lines=ca_lines, orphan_timeout=self.orphan_timeout,
                              single_trial=bool(env.trial_id), env=self.agent_env, image=self.opts.docker_image,
                              wheel=Sh(f'"$PWD/{self.code.agent_wheel}"') if self.code else "",
-                             deps_dir=Sh('"$PWD/deps"') if self.code else "")
+                             deps_dir=Sh('"$PWD/deps"') if self.code else "",
+                             sha256=self.code.sha256 if self.code else ())
         code = {"codeId": self.code.code_id} if self.code else {}
         return {"properties": {
             "jobType": "Command",

@@ -67,6 +67,16 @@ class CodeFiles:
     def pythons(self) -> list[str]:
         return sorted({n.split("/")[1] for n, _ in self.files if n.startswith("deps/")})
 
+    def sha256(self) -> tuple[tuple[str, str], ...]:
+        """The job command's `--sha256`: the agent wheel by its name, each dependency wheel as
+        `cp311/<wheel>` (the boot step takes its own Python's). A code version is looked up by
+        name; what runs is checked by these digests, so a version someone else made is refused."""
+        out = []
+        for name, path in self.files:
+            key = name[len("deps/"):].rsplit(".", 1)[0] if name.startswith("deps/") else name
+            out.append((key, agent_deps.sha256_file(path)))
+        return tuple(out)
+
 
 def gather(wheel_dir: Path, wheelhouse: Path | None) -> CodeFiles:
     """The agent wheel and the dependency wheels for each CPython (blocking: builds, resolves, hashes)."""
@@ -86,6 +96,7 @@ class CodeAsset:
     pythons: tuple[str, ...]  # cp311, ...: the Pythons it has dependencies for
     uploaded: int  # bytes uploaded now (0: an earlier experiment did)
     size: int
+    sha256: tuple[tuple[str, str], ...] = ()  # what the job's boot step checks (CodeFiles.sha256)
 
 
 async def ensure(client: RestClient, workspace: str, api_version: str, gather_files: Callable[[], CodeFiles],
@@ -102,7 +113,7 @@ async def ensure(client: RestClient, workspace: str, api_version: str, gather_fi
     files = await asyncio.to_thread(gather_files)
     version_path = f"{workspace}/codes/{CODE_NAME}/versions/{files.digest}"
     code_id = version_path
-    asset = CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), 0, files.size)
+    asset = CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), 0, files.size, files.sha256())
     reply = await client.request("GET", version_path, params=params, accept=(404,))
     if reply.status == 200:
         return asset
@@ -128,7 +139,7 @@ async def ensure(client: RestClient, workspace: str, api_version: str, gather_fi
         "codeUri": f"{canonical}/{container}/{folder}", "isAnonymous": False,
         "description": "nni-agent and its dependencies' wheels (nni-manager)",
         "properties": {"pythons": " ".join(files.pythons)}}})
-    return CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), uploaded, files.size)
+    return CodeAsset(code_id, files.agent_wheel, tuple(files.pythons), uploaded, files.size, files.sha256())
 
 
 NEEDS = ("jobs' images must then carry Python >= 3.8 with nni-agent and its dependencies "

@@ -189,7 +189,8 @@ def _retry_after(value: str | None) -> float | None:
 
 def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: bool, ca_lines: list[str],
                orphan_timeout: float, single_trial: bool, env: dict[str, str], image: str,
-               pythonpath: str | None = None, wheel: str = "", deps_dir: str = "",
+               wheel: str = "", deps_dir: str = "",
+               sha256: tuple[tuple[str, str], ...] = (),
                message_file: str = "") -> list[str]:
     """Shell lines (POSIX sh, safe under `set -eu`) that start one agent inside a job's container:
     a private 0700 directory, the token (and CA) written there by `token_lines` / `ca_lines` as
@@ -197,11 +198,12 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     (nni_agent/boot.py, inline: the image may not have the agent): the Python version, the agent
     and its dependencies' versions checked, one line saying what is wrong otherwise (the job's
     log, then the trial's message), then the agent. `agent_id` may be a shell expression in double
-    quotes' syntax; `image` names the image in that line; `pythonpath`: the agent's wheel or
-    directory as the container sees it. `wheel`: the agent wheel in the container, unpacked into
-    the private directory; `deps_dir`: where shipped dependency wheels lie in the container, one
-    directory per CPython (`cp311/`, agent_deps.resolve_for_pythons), of which the job's Python
-    picks its own. Both are shell words (an `Sh`, config values already quoted) or literals.
+    quotes' syntax; `image` names the image in that line. `wheel`: the agent wheel in the
+    container, unpacked into the private directory; `deps_dir`: where shipped dependency wheels
+    lie in the container, one directory per CPython (`cp311/`, agent_deps.resolve_for_pythons), of
+    which the job's Python picks its own. Both are shell words (an `Sh`, config values already
+    quoted) or literals. `sha256`: (name, digest) of each shipped file (AgentCommand.sha256), which
+    the boot step checks before it unpacks anything.
     `message_file`: the boot step also writes its failure line there (a pod's
     /dev/termination-log, where the platform shows it)."""
     q = shlex.quote
@@ -214,10 +216,10 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     command = AgentCommand(agent_id=Sh(f'"{agent_id}"'), manager=hub_address, token_file=Sh('"$NNI_AGENT_DIR/token"'),
                            work_dir=Sh('"$NNI_AGENT_DIR/work"'), orphan_timeout=orphan_timeout,
                            ca_file=Sh('"$NNI_AGENT_DIR/ca.crt"') if tls else "", single_trial=single_trial,
-                           paths=(pythonpath,) if pythonpath else (), where=f"the image {image}",
+                           where=f"the image {image}",
                            wheel=wheel, unpack_to=Sh('"$NNI_AGENT_DIR/agent"') if wheel else "",
                            parts=(Sh(f'{_word(deps_dir)}/"${{{agent_deps.PYV_VAR}:-none}}"'),) if deps_dir else (),
-                           deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "",
+                           deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "", sha256=sha256,
                            message_file=message_file)
     find, start = command.shell_lines()
     lines += [find, *([agent_deps.PICK_PYTHON_DIR] if deps_dir else []), start]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
+from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager import notices
 from nni_manager.backends import agent_deps
@@ -90,6 +91,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._custom: k8s.CustomObjectsApi | None = None
         self._ctx: BackendContext | None = None
         self._wheel: AgentWheel | None = None
+        self._wheel_sha256 = ""  # the pods' command carries it: the boot step runs no other wheel
         self._watch: asyncio.Task[None] | None = None
         self._pull_secret: str | None = None
         self._stuck_since: dict[str, float] = {}
@@ -323,6 +325,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 raise err from None
         await self._prepare()
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
+        self._wheel_sha256 = await asyncio.to_thread(agent_deps.sha256_file, self._wheel.path)
         await self._ensure_wheel_configmap()
         await self._ensure_pull_secret()
         await self._ship_deps()
@@ -524,17 +527,16 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _ensure_wheel_configmap(self) -> None:
         core, _ = await self._client()
         assert self._wheel is not None
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
                 "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
                              "labels": labels(self.experiment_id)},
-                "data": {boot.BOOT_FILE: boot.boot_file_text()},
                 "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
-        try:
-            await core.create_namespaced_config_map(self.namespace, body, field_validation="Strict")
+        try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
+            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], body)
+        except agent_deps.DependencyError:
+            raise  # one line already
         except Exception as e:
-            if getattr(e, "status", None) != 409:
-                raise api_error(e, "creating the agent ConfigMap") from None
-            await core.replace_namespaced_config_map(body["metadata"]["name"], self.namespace, body)
+            raise api_error(e, "creating the agent ConfigMap") from None
 
     def _dry_run_shared_objects(self) -> list[dict[str, Any]]:
         """The per-experiment agent ConfigMap and image pull Secret as a dry run shows them: their
@@ -547,8 +549,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         objects: list[dict[str, Any]] = [{
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"nni-agent-{self.experiment_id.lower()}", **meta},
-            "data": {boot.BOOT_FILE: "<the boot step, nni_agent/boot.py>",
-                     wheel: "<the manager's own agent wheel, as binaryData>"}}]
+            "immutable": True, "data": {wheel: "<the manager's own agent wheel, as binaryData>"}}]
         paths = sorted({str(r.private_registry_auth_path) for r in self.kube.roles if r.private_registry_auth_path})
         if paths:
             self._pull_secret = f"nni-registry-{self.experiment_id.lower()}"
@@ -595,7 +596,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
         assert self._wheel is not None
         command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
-                                     image=role.docker_image)
+                                     image=role.docker_image, wheel_sha256=self._wheel_sha256)
         c["command"] = ["sh", "-c", deps.probe_script(command)]
         c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
         c.pop("terminationMessagePolicy", None)
@@ -630,10 +631,12 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         tag = self._wheel.tag if self._wheel else "<version>-<hash>"
         command = boot.agent_command(hub, tls, self.orphan_timeout,
                                      single_trial=bool(env.trial_id) if env else not self.reuse,
-                                     wheel=wheel, tag=tag, image=role.docker_image)
+                                     wheel=wheel, tag=tag, image=role.docker_image,
+                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256)
         shipped = self._deps.get(role.docker_image)
-        if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py)
-            command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}")
+        if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py), verified by their digests
+            command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}",
+                                          sha256=command.sha256 + shipped.sha256)
         resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
         if role.gpu_number:
             resources["nvidia.com/gpu"] = str(role.gpu_number)

@@ -18,11 +18,13 @@ import base64
 import hashlib
 import json
 import logging
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nni_manager.backends import agent_deps
+from nni_manager.backends.agent_command import inline_source
 from nni_manager.backends.kubernetes import boot
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class Shipped:
     config_maps: tuple[str, ...]
     key: str  # WorkerPython.key: deps-<key> under the work dir
     size: int  # bytes of wheels
+    sha256: tuple[tuple[str, str], ...] = ()  # (wheel file name, sha256): the pod command's --sha256
 
     def volumes(self) -> list[dict[str, Any]]:
         return [{"name": f"nni-deps-{i}", "configMap": {"name": n}} for i, n in enumerate(self.config_maps)]
@@ -86,10 +89,13 @@ def needs_shipping(report: dict[str, Any]) -> bool:
 
 
 def probe_script(command: Any) -> str:
-    """sh for the probe container: find Python as the agent's pods do, then the boot step's check."""
+    """sh for the probe container: find Python as the agent's pods do, then the boot step's check
+    (inline, the wheel verified by its digest, as in the agent's pods)."""
+    opts = ["--check", "--report", boot.TERMINATION_LOG, "--wheel", command.wheel, "--unpack-to", command.unpack_to]
+    for name, digest in command.sha256:
+        opts += ["--sha256", f"{name}={digest}"]
     return (command.find_python() + "\n"
-            f'exec "$PY" {boot.WHEEL_DIR}/{boot.BOOT_FILE} --check --report {boot.TERMINATION_LOG} '
-            f"--wheel {command.wheel} --unpack-to {command.unpack_to}")
+            f'exec "$PY" -c {shlex.quote(inline_source())} {" ".join(shlex.quote(o) for o in opts)}')
 
 
 async def probe(core: Any, namespace: str, name: str, pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -135,25 +141,55 @@ def pieces(files: tuple[Path, ...]) -> list[tuple[str, bytes]]:
 
 
 async def ship(core: Any, namespace: str, wheels: agent_deps.Wheels, key: str) -> tuple[Shipped, int]:
-    """Create the ConfigMaps (those not there yet); returns them and the bytes uploaded now."""
-    digest = hashlib.sha256("\n".join(sorted(f.name for f in wheels.files)).encode()).hexdigest()[:12]
+    """Create the ConfigMaps (those not there yet); returns them and the bytes uploaded now.
+
+    Each is named for its piece's content and immutable; one already there is reused only when
+    it holds exactly that piece (read back and compared), else it is deleted and made again. The
+    pods' command carries every wheel's sha256 besides, so a ConfigMap replaced later (deleted and
+    made again by someone who may edit ConfigMaps) is refused by the boot step, never run."""
     names, uploaded = [], 0
-    for i, (piece, data) in enumerate(await asyncio.to_thread(pieces, wheels.files)):
-        name = f"nni-agent-deps-{digest}-{i}"
+    for piece, data in await asyncio.to_thread(pieces, wheels.files):
+        digest = hashlib.sha256(piece.encode() + b"\0" + data).hexdigest()
+        name = f"nni-agent-deps-{digest[:20]}"
         names.append(name)
-        try:
-            await core.read_namespaced_config_map(name, namespace)
-            continue  # shipped by an earlier experiment
-        except Exception as e:
-            if getattr(e, "status", None) not in (404, 403):  # 403: no `get` on configmaps; create answers 409
-                raise
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
+        encoded = base64.b64encode(data).decode()
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
                 "metadata": {"name": name, "namespace": namespace, "labels": {"app": DEPS_APP, "python": key}},
-                "binaryData": {piece: base64.b64encode(data).decode()}}
+                "binaryData": {piece: encoded}}
+        if await ensure_config_map(core, namespace, name, body):
+            uploaded += len(data)
+    digests = await asyncio.to_thread(agent_deps.digests, wheels.files)
+    return Shipped(tuple(names), key, wheels.size, digests), uploaded
+
+
+async def ensure_config_map(core: Any, namespace: str, name: str, body: dict[str, Any]) -> bool:
+    """`body` in the cluster: True when made now; one there already is kept only when it is the
+    same immutable content (a ConfigMap someone else planted under the name is replaced)."""
+    for _ in range(3):
         try:
             await core.create_namespaced_config_map(namespace, body, field_validation="Strict")
-            uploaded += len(data)
+            return True
         except Exception as e:
             if getattr(e, "status", None) != 409:
                 raise
-    return Shipped(tuple(names), key, wheels.size), uploaded
+        try:
+            got = await core.read_namespaced_config_map(name, namespace)
+        except Exception as e:
+            if getattr(e, "status", None) == 403:  # no `get` on configmaps: the boot step's digests still guard
+                log.info("cannot read the ConfigMap %s to compare it (403); the pods verify its content", name)
+                return False
+            if getattr(e, "status", None) != 404:
+                raise
+            continue
+        if got.immutable and (got.binary_data or {}) == body.get("binaryData", {}) and \
+                (got.data or {}) == body.get("data", {}):
+            return False  # shipped by an earlier experiment: the same bytes, and nobody can change them
+        log.warning("the ConfigMap %s in %s does not hold what the manager ships (changed, or not immutable): "
+                    "replacing it", name, namespace)
+        try:
+            await core.delete_namespaced_config_map(name, namespace)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                raise
+    raise agent_deps.DependencyError(f"cannot make the ConfigMap {name} in {namespace}: it is replaced as fast as "
+                                     f"the manager makes it; ask the namespace's admin who else writes ConfigMaps")

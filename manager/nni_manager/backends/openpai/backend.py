@@ -34,6 +34,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -84,35 +85,61 @@ class Shipped:
     deps: str  # nni-agent/deps-<hash>: one directory per CPython (cp311/...); "" when no wheels were found
     pythons: tuple[str, ...]
     copied: int  # bytes copied now (0: an earlier experiment did)
+    sha256: tuple[tuple[str, str], ...] = ()  # the job command's --sha256 (agent wheel, cp311/<wheel>, ...)
+
+
+def _same_files(directory: Path, want: dict[str, str]) -> bool:
+    """`directory` holds exactly `want` ({relative path: sha256}), read back, never taken by its name."""
+    try:
+        got = {p.relative_to(directory).as_posix(): agent_deps.sha256_file(p)
+               for p in directory.rglob("*") if p.is_file() or p.is_symlink()}
+    except OSError:
+        return False
+    return got == want
 
 
 def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) -> Shipped:
     """The agent wheel and the dependency wheels for every CPython the sources provide, under
-    `<local>/nni-agent/`, named for their content, so every experiment after the first copies
+    `<local>/nni-agent/` (0700), named for their content, so every experiment after the first copies
     nothing. PAI runs nothing cheaper than a job to learn an image's Python, so each Python's
     wheels lie in their own directory and the job's shell picks its own (agent_deps.PICK_PYTHON_DIR).
-    Each directory appears whole or not at all (copied beside, then renamed)."""
+    Each directory appears whole or not at all (copied beside, then renamed). What is there already
+    is reused only when its content is what would be copied (else it is replaced); the job's
+    command carries every file's sha256 besides, which the boot step checks before unpacking."""
     root = local / "nni-agent"
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # another user's: nothing in it is trusted
+        raise agent_deps.DependencyError(
+            f"{root} in the storage is not your directory (owner uid {st.st_uid}): the agent is not shipped "
+            "through it. Fix: remove it, or use another storageConfigName")
+    root.chmod(0o700)
     wheel = build_agent_wheel(wheel_dir)
     copied = 0
     target = root / f"nni_agent-{wheel.tag}.whl"
-    if not target.exists():
+    wheel_sha = agent_deps.sha256_file(wheel.path)
+    if not (target.is_file() and not target.is_symlink() and agent_deps.sha256_file(target) == wheel_sha):
         tmp = root / f".{target.name}.{os.getpid()}.tmp"
         shutil.copyfile(wheel.path, tmp)
         os.replace(tmp, target)
         copied += target.stat().st_size
     per_python = agent_deps.resolve_for_pythons(wheelhouse)
     if not per_python:
-        return Shipped(f"nni-agent/{target.name}", "", (), copied)
-    digest = hashlib.sha256("\n".join(f"{pyv}/{f.name}" for pyv, w in sorted(per_python.items())
-                                       for f in w.files).encode()).hexdigest()[:12]
+        return Shipped(f"nni-agent/{target.name}", "", (), copied, ((target.name, wheel_sha),))
+    digests = agent_deps.per_python_digests(per_python)
+    digest = hashlib.sha256("".join(f"{n}={d}\n" for n, d in digests).encode()).hexdigest()[:16]
     deps = root / f"deps-{digest}"
+    want = {f"{n}.000": d for n, d in digests}  # per_python_layout: cp311/<wheel>.000
+    if deps.exists() and not _same_files(deps, want):
+        log.warning("%s does not hold the wheels the manager ships (changed or incomplete): replacing it", deps)
+        stale = root / f".stale-{os.getpid()}-{deps.name}"
+        os.rename(deps, stale)
+        shutil.rmtree(stale, ignore_errors=True)
     if not deps.is_dir():
         tmp_dir = Path(tempfile.mkdtemp(prefix=".deps-", dir=root))
         try:
             for rel, f in agent_deps.per_python_layout(per_python):
-                (tmp_dir / rel).parent.mkdir(exist_ok=True)
+                (tmp_dir / rel).parent.mkdir(mode=0o700, exist_ok=True)
                 shutil.copyfile(f, tmp_dir / rel)
                 copied += f.stat().st_size
             os.rename(tmp_dir, deps)
@@ -121,7 +148,8 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) 
             if not deps.is_dir():
                 raise
             copied = 0  # another experiment got there first
-    return Shipped(f"nni-agent/{target.name}", f"nni-agent/{deps.name}", tuple(sorted(per_python)), copied)
+    return Shipped(f"nni-agent/{target.name}", f"nni-agent/{deps.name}", tuple(sorted(per_python)), copied,
+                   ((target.name, wheel_sha), *digests))
 
 
 class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
@@ -135,6 +163,7 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         self.client: RestClient | None = None
         self._wheel_path: str | None = None  # the agent wheel's path inside containers (shipped through storage)
         self._deps_path = ""  # the dependency wheels' directory (one per CPython) inside containers
+        self._sha256: tuple[tuple[str, str], ...] = ()  # of every shipped file: the boot step checks them
         self.shipped_bytes = 0  # copied into the storage by this experiment (benchmarks read it)
 
     options_parser = staticmethod(parse_openpai)
@@ -175,6 +204,7 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
             inside = o.container_storage_mount_point.rstrip("/")
             self._wheel_path = f"{inside}/{shipped.wheel}"
             self._deps_path = f"{inside}/{shipped.deps}" if shipped.deps else ""
+            self._sha256 = shipped.sha256
             self.shipped_bytes = shipped.copied
             log.info("OpenPAI: the agent and its dependencies (for %s) are in the storage at %s (%s)",
                      ", ".join(shipped.pythons) or "no Python", inside,
@@ -202,7 +232,8 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         return agent_boot(hub_address=first.hub_address, agent_id=f"{env.env_id}-{role}-{index}" if role else env.env_id,
                           token_lines=token_lines, tls=bool(first.ca_certificate), ca_lines=ca_lines,
                           orphan_timeout=self.orphan_timeout, single_trial=bool(env.trial_id),
-                          env=self.agent_env, image=image, pythonpath=self._wheel_path, deps_dir=self._deps_path)
+                          env=self.agent_env, image=image, wheel=self._wheel_path or "", deps_dir=self._deps_path,
+                          sha256=self._sha256)
 
     def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
         o = self.opts

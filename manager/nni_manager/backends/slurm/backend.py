@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Dict
 
 from nni_agent.compat import MIN_PYTHON_TEXT
-from nni_manager.backends.agent_command import AgentCommand, Sh
+from nni_manager.backends.agent_command import DRY_RUN_SHA256, AgentCommand, Sh
+from nni_manager.backends.agent_deps import sha256_file
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.base import AgentSpec, BackendError, DryRun, EnvironmentRequest, Role, Shape
 from nni_manager.backends.jobs import Job, JobBackend, JobView, StateTable
@@ -90,6 +91,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         super().__init__(config)
         self._host: SlurmHost | None = None
         self._wheel: str | None = None  # the agent wheel as the jobs see it (shipped when set)
+        self._wheel_sha256 = ""  # ... and its digest, which the batch script carries
         self._deps: deps.Shipped | None = None  # the agent's dependencies, shipped for pythonPath
         self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
         self._relay_lock = asyncio.Lock()
@@ -167,15 +169,19 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         directives += [opt.strip() for opt in o.sbatch_options]
         # member names (Backend.member_names): <env> alone, or <env>-<index> with index = SLURM_PROCID
         agent = f"{env.env_id}-$SLURM_PROCID" if o.nodes > 1 else env.members[0].agent_id
-        # the manager's own agent code, from its wheel (else the manager's own Python has it)
-        shipped = ((self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl",)
-                   if self.ships_wheel else ())
+        # the manager's own agent code, from its wheel (else the manager's own Python has it), verified by
+        # the digest this script carries and unpacked into the job's private directory
+        wheel = (self._wheel or f"{self.base_dir()}/agent-wheel/nni_agent-<version>-py3-none-any.whl"
+                 if self.ships_wheel else "")
+        digests = ((Path(wheel).name, self._wheel_sha256 or DRY_RUN_SHA256),) if wheel else ()
         command = AgentCommand(
             agent_id=Sh('"$id"'), manager=hub, token_file=Sh('"$NNI_SLURM_JOB_DIR/$id.token"'),
             work_dir=Sh('"$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"'), orphan_timeout=self.orphan_timeout,
             ca_file=Sh('"$NNI_SLURM_JOB_DIR/ca.crt"') if tls else "", single_trial=bool(env.trial_id),
-            python=self.python, paths=shipped, where=deps.WHERE,
-            parts=(self._deps.wheels,) if self._deps else (), deps_to=self._deps.lib if self._deps else "")
+            python=self.python, where=deps.WHERE, wheel=wheel,
+            unpack_to=Sh('"$NNI_SLURM_JOB_DIR/agent"') if wheel else "",
+            parts=(self._deps.wheels,) if self._deps else (), deps_to=self._deps.lib if self._deps else "",
+            sha256=digests + (self._deps.sha256 if self._deps else ()))
         # the boot step inline: one line in the job's log, then the trial's message, for a Python that cannot
         inner = f'id="{agent}"\n' + command.shell()
         lines = ["#!/bin/bash"] + [f"#SBATCH {d}" for d in directives]
@@ -231,6 +237,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         if self.ships_wheel:
             wheel = await asyncio.to_thread(build_agent_wheel, self.ctx.experiment_dir / "agent-wheel")
             self._wheel = str(wheel.path)
+            self._wheel_sha256 = await asyncio.to_thread(sha256_file, wheel.path)
             if isinstance(host, LoginNodeHost):  # by SFTP to the login node's (shared) file system
                 await host.make_private_dir(f"{host.base_dir()}/agent-wheel")
                 self._wheel = f"{host.base_dir()}/agent-wheel/{wheel.path.name}"

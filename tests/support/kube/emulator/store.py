@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable
 
 from . import rbac, validation, webhooks
-from .api import (CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
+from .api import (CONFIGMAPS, CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
 from .util import json_merge_patch, now_rfc3339, parse_label_selector
 
@@ -179,6 +179,8 @@ class Store:
             errs = validation.validate(res, obj)
             if old is not None and res == PODS:
                 errs += validation.validate_pod_update(old, obj)
+            if old is not None and res in (CONFIGMAPS, SECRETS):
+                errs += validation.validate_immutable_update(old, obj)
         if errs:
             raise invalid(res, name, errs)
         webhooks.check(res, obj, old)

@@ -405,3 +405,18 @@ def validate_pod_update(old: dict, new: dict) -> list[FieldError]:
                            "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
                            "(allow it to be set to 1 if it was previously negative)")]
     return []
+
+
+def validate_immutable_update(old: dict, new: dict) -> list[FieldError]:
+    """ConfigMaps and Secrets with `immutable: true` (ValidateConfigMapUpdate / ValidateSecretUpdate):
+    neither the flag nor the data may change; only deleting the object removes them."""
+    if old.get("immutable") is not True:
+        return []
+    forbidden = "Forbidden: field is immutable when `immutable` is set"
+    errs = []
+    if new.get("immutable") is not True:
+        errs.append(FieldError("immutable", "FieldValueForbidden", forbidden))
+    for f in ("data", "binaryData") if old.get("kind") == "ConfigMap" else ("data",):
+        if (new.get(f) or {}) != (old.get(f) or {}):
+            errs.append(FieldError(f, "FieldValueForbidden", forbidden))
+    return errs
