@@ -145,8 +145,9 @@ class Tunnel:
                                                 heartbeat=30.0, max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             if e.status in (401, 403):  # no waiting this out: say what to grant at once
-                why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `create` on "
-                       f"`pods/portforward` in namespace {self.namespace} to your user or service account (RBAC)")
+                why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `get` and "
+                       f"`create` on `pods/portforward` in namespace {self.namespace} to your user or service "
+                       f"account (RBAC; a WebSocket upgrade is checked as `get`, and from Kubernetes 1.35 also `create`)")
             else:
                 why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
             await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended

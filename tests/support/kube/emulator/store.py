@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable
 from . import rbac, validation, webhooks
 from .api import (CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
+from .policy import Policy
 from .util import json_merge_patch, now_rfc3339, parse_label_selector
 
 HISTORY = 2000
@@ -56,6 +57,7 @@ class Store:
         self.pods_stopped: set[str] = set()      # uids whose containers the kubelet has killed
         self.history = deque(maxlen=HISTORY)
         self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
+        self.policy = Policy()
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
 
