@@ -93,6 +93,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._pull_secret: str | None = None
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
+        self._fit_note = ""  # a request no present node holds (nodes.too_big): said while its pods wait
         self._tunnel: tunnel.Tunnel | None = None
         self._access_checked = False
         self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
@@ -206,7 +207,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         overrides: dict[str, Any] = {}
         if self._pull_secret:
             overrides["imagePullSecrets"] = [{"name": self._pull_secret}]
-        for key in ("nodeSelector", "tolerations", "priorityClassName"):  # where the cluster lets pods run
+        # not the trials' nodeSelector / tolerations: they name the GPU pool, where the relay would
+        # keep a node up (and an autoscaler from removing it) for the whole experiment
+        for key in ("priorityClassName",):
             if key in self.kube.pod_spec:
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
@@ -375,15 +378,17 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._starting[env.env_id] = time.monotonic()
 
     async def _check_fits(self) -> None:
-        """Fail a request bigger than every node at once (a Pending pod would wait forever)."""
+        """A request bigger than every node now is said while its pod waits, never refused here: on
+        an autoscaled cluster a node that holds it is made for the pending pod (the autoscaler says
+        when it cannot, and the start deadline bounds the wait)."""
         if not self._nodes:  # unknown (nodes may not be listed), or no node yet (an autoscaler may add one)
+            self._fit_note = ""
             return
         problem = nodes.too_big(self.kube, self._nodes)
-        if problem:  # nodes may have grown since start: look once more before refusing
+        if problem:  # nodes may have grown since start: look once more
             self._nodes = await nodes.list_nodes(self._api)
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
-        if problem:
-            raise KubeError(problem)
+        self._fit_note = problem
 
     async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
@@ -598,8 +603,11 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         c["command"] = ["sh", "-c", deps.probe_script(command)]
         c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
         c.pop("terminationMessagePolicy", None)
+        for key in ("nodeSelector", "tolerations", "affinity"):  # any node runs the image: not the GPU pool's
+            spec.pop(key, None)
+        annotations = {**(template["metadata"].get("annotations") or {}), **tunnel.SAFE_TO_EVICT}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], **meta,
-                "namespace": self.namespace, "labels": meta["labels"]}, "spec": spec}
+                "namespace": self.namespace, "labels": meta["labels"], "annotations": annotations}, "spec": spec}
 
     async def _ensure_pull_secret(self) -> None:
         paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
@@ -741,10 +749,17 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         if ctx is None or not self._starting:
             return
         core, custom = await self._client()
+        refusals: dict[str, str] = {}
         try:
-            events = await core.list_namespaced_event(self.namespace, field_selector="type=Warning")
-            self._warnings = starting.warnings_by_object(
-                [self._api.sanitize_for_serialization(e) for e in events.items])
+            events = [self._api.sanitize_for_serialization(e) for e in
+                      (await core.list_namespaced_event(self.namespace, field_selector="type=Warning")).items]
+            try:  # the cluster autoscaler's words are Normal events
+                events += [self._api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
+                    self.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
+            except Exception as e:
+                log.debug("listing the cluster autoscaler's events: %s", e)
+            self._warnings = starting.warnings_by_object(events)
+            refusals = starting.autoscaler_refusals(events)
         except Exception as e:  # events are a courtesy (a Role without them still runs)
             log.debug("listing events: %s", e)
         timeout = self.kube.environment_start_timeout
@@ -769,7 +784,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                     if state in (None, "waiting"):
                         base = self._last_words.get(n) or f"pod {n} has not started"
                         extra = [w for w in self._warnings.get(n, []) if w not in base]
+                        if self._fit_note and "FailedScheduling" in base:
+                            extra.append(self._fit_note)
                         words[n] = "; ".join([base, *extra])
+            refused = [n for n in words if n in refusals]
+            if refused:  # no node group's node would ever hold it: waiting cannot help
+                self._starting.pop(env_id, None)
+                why = self._last_words.get(refused[0]) or f"pod {refused[0]} has not started"
+                for n in pods:
+                    ctx.agent_failed(n, f"{why}; the cluster autoscaler cannot add a node that holds it "
+                                        f"(NotTriggerScaleUp: {refusals[refused[0]]}): lower cpuNumber / memorySize / "
+                                        "gpuNumber, fix podSpec.nodeSelector, or add a node group that fits", failed=True)
+                continue
             if time.monotonic() - since > timeout:
                 self._starting.pop(env_id, None)
                 reason = next(iter(words.values()), "no pod started")

@@ -39,6 +39,10 @@ def relay_labels(experiment_id: str) -> dict[str, str]:
     return {"app": APP, "expId": experiment_id}
 
 
+# the cluster autoscaler may move the pod to remove its node (it is re-created or re-run)
+SAFE_TO_EVICT = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+
+
 def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides: dict[str, Any] | None = None
                   ) -> list[dict[str, Any]]:
     """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay."""
@@ -47,7 +51,7 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
     meta = {"name": name, "namespace": namespace, "labels": labels}
     program = Path(__file__).with_name(RELAY_FILE).read_text()
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": dict(meta), "data": {RELAY_FILE: program}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(meta), "spec": {
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 2,
         "containers": [{

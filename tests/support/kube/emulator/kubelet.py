@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .api import CONFIGMAPS, NODES, PODS, SECRETS, ApiError, bad_request, not_found
+from .autoscaler import Autoscaler
 from .store import Store
 from .util import now_rfc3339, now_rfc3339_micro, parse_quantity
 
@@ -101,6 +102,7 @@ class Kubelet:
             self.set_node(name, cpu, mem, gpus)
         store.pod_deleter = self._on_delete
         store.subscribe(self._on_change)
+        self.autoscaler = Autoscaler(store, lambda g, name: self.set_node(name, g.cpu, g.memory_mi, g.gpus, g.labels))
 
     # ------------------------------------------------------------ nodes
     def set_node(self, name, cpu=None, memory=None, gpus=None, labels=None) -> None:
@@ -273,6 +275,7 @@ class Kubelet:
                                      "message": msg, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
                 self.store.update_status(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], st)
                 self.store.record_event(pod, "FailedScheduling", msg, "Warning", "default-scheduler")
+            self.autoscaler.unschedulable(pod, req)
 
     def _bind(self, pod: dict, node: str) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])

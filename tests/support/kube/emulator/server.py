@@ -559,6 +559,7 @@ class ApiServer:
             return web.json_response({"address": addr})
         if parts == ["policy"] and request.method == "PUT":  # the cluster operator's choices (policy.py)
             self.store.policy.update(body)
+            self.kubelet.wake.set()  # the autoscaler looks at pending pods again
             return web.json_response({"ok": True})
         if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
             from . import portforward
