@@ -26,7 +26,7 @@ import yaml
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, starting, tunnel
+from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -569,8 +569,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         for i, (image, role) in enumerate(sorted(roles.items())):
             report = deps.cached_probe(image)
             if report is None:
-                report = await deps.probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                          self._probe_pod(role, i))
+                report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
+                                               self._probe_pod(role, i), image, self.kube.environment_start_timeout)
                 if report is None:
                     continue
                 await asyncio.to_thread(deps.remember_probe, image, report)
