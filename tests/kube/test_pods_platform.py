@@ -467,7 +467,7 @@ def test_dry_run_objects_are_valid_for_the_api_server_and_hold_no_token(kube, ba
     container = pod["spec"]["containers"][0]
     assert "--token-file" in container["command"]
     assert not [e for e in container.get("env", []) if "TOKEN" in e["name"].upper()]
-    assert {"name": "nni-secret", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}} \
+    assert {"name": "nni-secret", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o444}} \
         in pod["spec"]["volumes"]
 
 

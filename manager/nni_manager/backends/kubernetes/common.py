@@ -39,11 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 APP = "nni-kubernetes-trial"  # NNI's label value
-# The pod's fsGroup: Kubernetes adds it to every container's groups and gives it read access to
-# the token Secret (0400 becomes 0440, group fsGroup), so images running as a non-root user
-# (USER 1000, runAsNonRoot namespaces) can read their token. Any group works; override it with
-# `podSpec: {securityContext: {fsGroup: N}}` where the namespace prescribes a range (OpenShift).
-FS_GROUP = 1000
+# The token Secret's file mode: readable by whatever user the image or the cluster picks (an image's
+# USER 1000, OpenShift's UID from the namespace's range), with no fsGroup of ours: a fixed group is
+# refused where the namespace prescribes a range (OpenShift's restricted-v2), and the pod is the
+# trial's own, so no other user shares its files.
+SECRET_MODE = 0o444
 DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
 STORAGE_MOUNT = "/tmp/mount"  # where NNI mounted `storage` (nfs, pvc) in every pod
 
@@ -269,6 +269,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             try:
                 await core.create_namespaced_pod(ns, pod, field_validation="Strict")
             except Exception as e:
+                if getattr(e, "status", None) == 403 and tunnel.SCC_REFUSAL in str(getattr(e, "body", "")):
+                    # OpenShift: the namespace's UID range, not ours; its SCC picks the relay's user
+                    log.info("the hub relay pod %s runs as a UID of the namespace's range (OpenShift SCC)", name)
+                    try:
+                        await core.create_namespaced_pod(ns, tunnel.without_fixed_user(pod), field_validation="Strict")
+                        return
+                    except Exception as again:
+                        e = again
                 if getattr(e, "status", None) != 409:
                     raise api_error(e, f"creating the hub relay pod {name}") from None
 
@@ -596,6 +604,13 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         spec = template["spec"]
         spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nni-secret"]
         c = spec["containers"][0]
+        # podSpec.containers entries are named for the trial's container (`trial`, `tensorflow`, ...):
+        # the probe's one container takes the fields of those that only adjust it (securityContext,
+        # imagePullPolicy) instead of gaining a second, imageless container; sidecars stay out
+        for extra in spec["containers"][1:]:
+            if "image" not in extra:
+                merge_pod_spec(c, {k: copy.deepcopy(v) for k, v in extra.items() if k != "name"})
+        spec["containers"] = [c]
         c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
         assert self._wheel is not None
         command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
@@ -655,7 +670,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                   {"name": "nni-work", "mountPath": boot.WORK_DIR}]
         secret_name = f"{meta['name']}-nni"
         volumes: list[dict[str, Any]] = [
-            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": 0o400}},
+            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": SECRET_MODE}},
             {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
             {"name": "nni-work", "emptyDir": {}},
         ]
@@ -678,7 +693,6 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": volumes,
-            "securityContext": {"fsGroup": FS_GROUP},
         }
         if self._pull_secret:
             spec["imagePullSecrets"] = [{"name": self._pull_secret}]

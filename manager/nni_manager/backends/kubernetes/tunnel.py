@@ -12,6 +12,7 @@ not acknowledged, so nothing is lost; a restarted manager opens new streams to t
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ def relay_labels(experiment_id: str) -> dict[str, str]:
     return {"app": APP, "expId": experiment_id}
 
 
+# OpenShift's SCC admission refusing a pod (its runAsUser outside the namespace's UID range)
+SCC_REFUSAL = "unable to validate against any security context constraint"
 # the cluster autoscaler may move the pod to remove its node (it is re-created or re-run)
 SAFE_TO_EVICT = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
 
@@ -60,7 +63,9 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
             "ports": [{"name": "agents", "containerPort": AGENT_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
             "volumeMounts": [{"name": "relay", "mountPath": "/nni-relay", "readOnly": True}],
-            # what Pod Security "restricted" asks for: the relay needs no privilege at all
+            # what Pod Security "restricted" asks for: the relay needs no privilege at all; the image
+            # (python:3.11-slim) runs as root, so a non-root UID is named, except on OpenShift,
+            # whose SCC refuses a UID outside the namespace's range and sets one (without_fixed_user)
             "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65534,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
         }],
@@ -72,6 +77,14 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
         "ports": [{"name": "agents", "port": AGENT_PORT, "targetPort": AGENT_PORT, "protocol": "TCP"}],
     }}
     return [config_map, pod, service]
+
+
+def without_fixed_user(pod: dict[str, Any]) -> dict[str, Any]:
+    """The relay pod for a namespace that prescribes the UID (OpenShift): the SCC sets it."""
+    out = copy.deepcopy(pod)
+    for c in out["spec"]["containers"]:
+        c.get("securityContext", {}).pop("runAsUser", None)
+    return out
 
 
 def certificate_names(experiment_id: str, namespace: str, cluster_ip: str) -> tuple[str, ...]:
