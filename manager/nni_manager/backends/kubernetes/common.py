@@ -699,6 +699,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         if self.kube.service_account_name:
             spec["serviceAccountName"] = self.kube.service_account_name
         spec = merge_pod_spec(spec, copy.deepcopy(self.kube.pod_spec))
+        if role.pod_spec:  # the role's own (a GPU worker's tolerations, a parameter server's memory)
+            spec = merge_pod_spec(spec, copy.deepcopy(role.pod_spec))
         metadata: dict[str, Any] = {"labels": dict(meta["labels"])}
         if self.kube.pod_annotations:
             metadata["annotations"] = dict(self.kube.pod_annotations)
