@@ -361,7 +361,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
 
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
-        await self._check_fits()
+        await self._note_fit()
         name = self.object_name(env.env_id)
         secret, obj = self.build_request(env)
         try:
@@ -385,7 +385,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
         self._starting[env.env_id] = time.monotonic()
 
-    async def _check_fits(self) -> None:
+    async def _note_fit(self) -> None:
         """A request bigger than every node now is said while its pod waits, never refused here: on
         an autoscaled cluster a node that holds it is made for the pending pod (the autoscaler says
         when it cannot, and the start deadline bounds the wait)."""

@@ -45,11 +45,11 @@ async def list_nodes(api: Any) -> list[Node] | None:
 
 
 def too_big(kube: KubeConfig, nodes: list[Node]) -> str:
-    """Why a role's pod fits none of these nodes (those matching podSpec's
-    nodeSelector), naming the request and the largest node; "" when every role fits one."""
-    wanted = kube.pod_spec.get("nodeSelector") or {}
-    candidates = [n for n in nodes if all(n.labels.get(k) == v for k, v in wanted.items())]
+    """Why a role's pod fits none of these nodes (those matching its nodeSelector: trainingService's
+    podSpec, then the role's), naming the request and the largest node; "" when every role fits one."""
     for role in kube.roles:
+        wanted = {**(kube.pod_spec.get("nodeSelector") or {}), **(role.pod_spec.get("nodeSelector") or {})}
+        candidates = [n for n in nodes if all(n.labels.get(k) == v for k, v in wanted.items())]
         req = {"cpu": float(role.cpu_number), "memory": float(role.memory_mb) * 2 ** 20,
                "nvidia.com/gpu": float(role.gpu_number)}
         if any(all(req[k] <= n.sizes[k] + 1e-9 for k in RESOURCES) for n in candidates):
