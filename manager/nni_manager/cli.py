@@ -327,6 +327,7 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
+    from nni_manager.backends.base import BackendError
     from nni_manager.dispatcher import DispatcherError
     from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError, TrialSummary
     from nni_manager.service.nni_api import new_id
@@ -393,6 +394,9 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             finished = asyncio.run(go())
         except (DispatcherError, NoWorkerError):  # trials cancelled: the summary and the reason follow
             finished = True
+        except BackendError as exc:  # the platform refused the start (RBAC, admission): its words, no traceback
+            print(f"nni-manager: {exc}", file=sys.stderr)
+            return EXIT_NO_WORKER
     print(final_summary(experiment.result()), flush=True)
     if experiment.error:  # ERROR, never success, even when stopped while showing it
         print(f"nni-manager: {experiment.error}", file=sys.stderr)

@@ -228,17 +228,22 @@ def test_unknown_image_shows_the_pull_error(kube, base: Path) -> None:
 
 
 @pytest.mark.parametrize("reuse", [True, False])
-def test_request_bigger_than_every_node_fails_at_once(kube, base: Path, reuse: bool) -> None:
-    cfg = config(kube, base, pods_service(reuseMode=reuse, cpuNumber=64, memorySize="100gb"))
+def test_request_bigger_than_every_node_waits_saying_so_until_the_start_deadline(kube, base: Path, reuse: bool) -> None:
+    """An autoscaler may add a node that holds it (tests/kube/test_autoscaled.py): no refusal at
+    submit; the pod waits with the scheduler's reason and the largest present node, and the
+    environment fails at environmentStartTimeout, saying all of it in one line."""
+    cfg = config(kube, base, pods_service(reuseMode=reuse, cpuNumber=64, memorySize="100gb",
+                                          environmentStartTimeout="6s"))
 
     async def main() -> None:
         async with create_training_service(cfg) as ts:
             t = await ts.submit_trial_job(form(0))
             d = await wait_status(ts, t.id, "FAILED", timeout=T)
+            assert "FailedScheduling" in d.message and "Insufficient cpu" in d.message, d.message
             assert "cpu 64" in d.message and "node-1" in d.message and "cpu 8" in d.message, d.message
+            assert "environmentStartTimeout, 6 s" in d.message, d.message
             assert "\n" not in d.message
-            assert not scheduled_pods(kube, ts.experiment_id)  # nothing was submitted
-            assert not objects_of(kube, ts.experiment_id)["pods"]
+            assert not scheduled_pods(kube, ts.experiment_id)  # never placed
 
     run(main())
 
@@ -474,7 +479,7 @@ def test_dry_run_objects_are_valid_for_the_api_server_and_hold_no_token(kube, ba
     container = pod["spec"]["containers"][0]
     assert "--token-file" in container["command"]
     assert not [e for e in container.get("env", []) if "TOKEN" in e["name"].upper()]
-    assert {"name": "nni-secret", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}} \
+    assert {"name": "nni-secret", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o444}} \
         in pod["spec"]["volumes"]
 
 

@@ -72,14 +72,34 @@ def test_portforward_to_a_closed_port_reports_on_the_error_channel(kube_factory)
     v1.delete_namespaced_pod("idle", NS, grace_period_seconds=0)
 
 
-def test_portforward_needs_create_on_pods_portforward(kube_factory):
-    kube = kube_factory(tokens=["viewer-token=viewer:get/pods,list/pods,create/pods"])
+@pytest.mark.parametrize("gate", [False, True], ids=["before-1.35", "1.35"])
+def test_portforward_is_authorized_by_the_upgrades_verb(kube_factory, gate: bool):
+    """A WebSocket upgrade is a GET: RBAC checks `get` on pods/portforward (`create` on pods, or on
+    pods/portforward alone, never grants it); 1.35's AuthorizePodWebsocketUpgradeCreatePermission
+    also checks `create`."""
+    from tests.support.kube.policy import set_policy
+
+    kube = kube_factory(tokens=["viewer-token=viewer:get/pods,list/pods,create/pods",
+                                "create-token=creator:get/pods,create/pods/portforward",
+                                "get-token=getter:get/pods,get/pods/portforward",
+                                "both-token=both:get/pods,get/pods/portforward,create/pods/portforward"])
+    set_policy(kube, websocketCreateCheck=gate)
     admin = kube.core()
-    admin.create_namespaced_pod(NS, pod_body("idle", "sleep 60"))
+    admin.create_namespaced_pod(NS, pod_body("idle", "", container={"command": ["python3", "-c", ECHO]}))
     _running(kube, admin, "idle")
-    with pytest.raises(ApiException) as e:
-        portforward(kube.core("viewer-token").connect_get_namespaced_pod_portforward, "idle", NS, ports="7072")
-    assert "403" in str(e.value)  # the client wraps the refused upgrade (status 0, "Handshake status 403")
+
+    def forwards(token: str) -> bool:
+        """Whether the API server accepts the upgrade (the handshake is made at once)."""
+        try:
+            pf = portforward(kube.core(token).connect_get_namespaced_pod_portforward, "idle", NS, ports="7071")
+        except ApiException as e:
+            assert "403" in str(e), e  # the client wraps the refused upgrade (status 0, "Handshake status 403")
+            return False
+        pf.close()
+        return True
+
+    got = {t: forwards(f"{t}-token") for t in ("viewer", "create", "get", "both")}
+    assert got == {"viewer": False, "create": False, "get": not gate, "both": True}, got
     admin.delete_namespaced_pod("idle", NS, grace_period_seconds=0)
 
 

@@ -248,7 +248,7 @@ def test_operator_trials_succeed_through_the_tunnel(kube_factory, tmp_path: Path
 
 
 def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base: Path) -> None:
-    """`create` on pods never grants pods/portforward: the start-time access review names it,
+    """`create` on pods never grants pods/portforward: the start-time access review names both verbs,
     before any relay object exists (not a relay that never carries an agent)."""
     from nni_manager.backends.kubernetes.client import KubeError
     from tests.support.kube.harness import kubeconfig_with_token
@@ -267,7 +267,8 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
 
     msg = run(main())
     denied = [line.strip() for line in msg.splitlines() if line.startswith("  ")]
-    assert denied == ["cannot create pods/portforward in namespace default"], msg
+    assert denied == ["cannot get pods/portforward in namespace default",
+                      "cannot create pods/portforward in namespace default"], msg
     pods = [p.metadata.name for p in kube.core().list_namespaced_pod("default").items]
     assert not [n for n in pods if n.startswith("nni-relay-")], pods  # no relay was started
 

@@ -6,7 +6,8 @@ client.py   the official asyncio client: credentials (renewed), retries of trans
 access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
 starting.py why an environment has no running pod yet (object conditions, Warning events)
 watch.py    list + watch of the experiment's pods (re-list after a gap); a pod's state in the cluster's words
-nodes.py    a request no node can ever hold fails at once
+nodes.py    a request no present node holds: said while its pod waits (autoscalers add nodes)
+probe.py    the image probe pod (deps.py): waits through a long pull or a node being made, up to the start deadline
 config.py   the platforms' config fields (NNI's, v1 spellings too)
 framework_template.py   FrameworkController's v1 `configPath`: a Framework YAML as every trial's template
 boot.py     the container command that unpacks the manager's agent wheel and starts it

@@ -48,10 +48,12 @@ def platform_needs(custom: tuple[str, str, str, str] | None) -> list[Need]:
 
 def tunnel_needs() -> list[Need]:
     """What the hub tunnel adds (hubTunnel): its relay pod, Service and program, and the
-    port-forward to the pod, which `create` on pods never grants."""
+    port-forward to the pod, which `create` on pods never grants. The tunnel's WebSocket upgrade is
+    a GET, authorized as `get` on pods/portforward; from 1.35 the API server also checks `create`
+    (AuthorizePodWebsocketUpgradeCreatePermission), as it always did for SPDY's POST."""
     out = _needs("create get delete", "pods")
     out += _needs("create get delete", "services")
-    out += _needs("create", "pods/portforward")
+    out += _needs("get create", "pods/portforward")
     return out
 
 

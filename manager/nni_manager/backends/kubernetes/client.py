@@ -6,6 +6,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -21,6 +22,31 @@ log = logging.getLogger(__name__)
 
 class KubeError(BackendError):
     """One clear line about a Kubernetes API error."""
+
+
+# the authorizer's own words (RBAC, webhook authorizers): `User "u" cannot create resource "pods" ...`
+RBAC_DENIAL = re.compile(r'cannot [a-z]+ resource "')
+
+
+def admission_fix(message: str) -> str:
+    """A 403 from admission (the request was authorized): which plug-in refused it, and the fix."""
+    if "violates PodSecurity" in message:
+        return (f"the namespace's Pod Security admission refuses the pod (403): {message}; set what it names "
+                "through podSpec (securityContext, and per container under podSpec.containers; see "
+                "docs/platforms/kubernetes.md, Pod Security and OpenShift)")
+    if "security context constraint" in message:
+        return (f"OpenShift's security context constraints refuse the pod (403): {message}; leave runAsUser / "
+                "fsGroup out of podSpec (the namespace's range is assigned) or use values inside the ranges of "
+                "its annotations openshift.io/sa.scc.uid-range and openshift.io/sa.scc.supplemental-groups")
+    if "failed quota" in message:
+        return (f"the namespace's ResourceQuota refuses it (403): {message}; every container must state the "
+                "quota's resources (cpuNumber / memorySize set them; a podSpec container must too)")
+    if "LimitRange" in message or "per Container is" in message or "per Pod is" in message:
+        return (f"the namespace's LimitRange refuses it (403): {message}; keep cpuNumber / memorySize / "
+                "gpuNumber within its limits (`kubectl describe limitrange`)")
+    if "admission webhook" in message:
+        return f"an admission webhook refuses it (403): {message}; ask the cluster's administrator what it requires"
+    return f"the cluster's admission refuses it (403): {message}"
 
 
 def api_error(e: Exception, doing: str) -> KubeError:
@@ -45,9 +71,11 @@ def api_error(e: Exception, doing: str) -> KubeError:
                          "(`kubectl describe resourcequota`) or lower cpuNumber / memorySize / gpuNumber")
     if status == 403 and "error looking up service account" in message:
         return KubeError(f"{doing}: {message} (403): create the service account or fix serviceAccountName")
-    if status == 403:
+    if status == 403 and RBAC_DENIAL.search(message):
         return KubeError(f"{doing}: forbidden (403): {message}; grant that verb on that resource to your user "
                          "or service account (RBAC)")
+    if status == 403:  # authorized, then refused by an admission plug-in or webhook: not an RBAC matter
+        return KubeError(f"{doing}: {admission_fix(message)}")
     if status == 404 and message.startswith("404 page not found"):
         return KubeError(f"{doing}: the API server does not serve this resource (404): is the operator "
                          "installed, and does it serve this apiVersion?")

@@ -28,7 +28,7 @@ from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, starting, tunnel
+from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 APP = "nni-kubernetes-trial"  # NNI's label value
-# The pod's fsGroup: Kubernetes adds it to every container's groups and gives it read access to
-# the token Secret (0400 becomes 0440, group fsGroup), so images running as a non-root user
-# (USER 1000, runAsNonRoot namespaces) can read their token. Any group works; override it with
-# `podSpec: {securityContext: {fsGroup: N}}` where the namespace prescribes a range (OpenShift).
-FS_GROUP = 1000
+# The token Secret's file mode: readable by whatever user the image or the cluster picks (an image's
+# USER 1000, OpenShift's UID from the namespace's range), with no fsGroup of ours: a fixed group is
+# refused where the namespace prescribes a range (OpenShift's restricted-v2), and the pod is the
+# trial's own, so no other user shares its files.
+SECRET_MODE = 0o444
 DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
 STORAGE_MOUNT = "/tmp/mount"  # where NNI mounted `storage` (nfs, pvc) in every pod
 
@@ -96,6 +96,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._pull_secret: str | None = None
         self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
+        self._fit_note = ""  # a request no present node holds (nodes.too_big): said while its pods wait
         self._tunnel: tunnel.Tunnel | None = None
         self._access_checked = False
         self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
@@ -209,7 +210,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         overrides: dict[str, Any] = {}
         if self._pull_secret:
             overrides["imagePullSecrets"] = [{"name": self._pull_secret}]
-        for key in ("nodeSelector", "tolerations", "priorityClassName"):  # where the cluster lets pods run
+        # not the trials' nodeSelector / tolerations: they name the GPU pool, where the relay would
+        # keep a node up (and an autoscaler from removing it) for the whole experiment
+        for key in ("priorityClassName",):
             if key in self.kube.pod_spec:
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
@@ -269,6 +272,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             try:
                 await core.create_namespaced_pod(ns, pod, field_validation="Strict")
             except Exception as e:
+                if getattr(e, "status", None) == 403 and tunnel.SCC_REFUSAL in str(getattr(e, "body", "")):
+                    # OpenShift: the namespace's UID range, not ours; its SCC picks the relay's user
+                    log.info("the hub relay pod %s runs as a UID of the namespace's range (OpenShift SCC)", name)
+                    try:
+                        await core.create_namespaced_pod(ns, tunnel.without_fixed_user(pod), field_validation="Strict")
+                        return
+                    except Exception as again:
+                        e = again
                 if getattr(e, "status", None) != 409:
                     raise api_error(e, f"creating the hub relay pod {name}") from None
 
@@ -354,7 +365,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
 
     async def provision(self, env: EnvironmentRequest) -> None:
         core, custom = await self._client()
-        await self._check_fits()
+        await self._note_fit()
         name = self.object_name(env.env_id)
         secret, obj = self.build_request(env)
         try:
@@ -378,16 +389,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
         self._starting[env.env_id] = time.monotonic()
 
-    async def _check_fits(self) -> None:
-        """Fail a request bigger than every node at once (a Pending pod would wait forever)."""
+    async def _note_fit(self) -> None:
+        """A request bigger than every node now is said while its pod waits, never refused here: on
+        an autoscaled cluster a node that holds it is made for the pending pod (the autoscaler says
+        when it cannot, and the start deadline bounds the wait)."""
         if not self._nodes:  # unknown (nodes may not be listed), or no node yet (an autoscaler may add one)
+            self._fit_note = ""
             return
         problem = nodes.too_big(self.kube, self._nodes)
-        if problem:  # nodes may have grown since start: look once more before refusing
+        if problem:  # nodes may have grown since start: look once more
             self._nodes = await nodes.list_nodes(self._api)
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
-        if problem:
-            raise KubeError(problem)
+        self._fit_note = problem
 
     async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
@@ -566,8 +579,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         for i, (image, role) in enumerate(sorted(roles.items())):
             report = deps.cached_probe(image)
             if report is None:
-                report = await deps.probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                          self._probe_pod(role, i))
+                report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
+                                               self._probe_pod(role, i), image, self.kube.environment_start_timeout)
                 if report is None:
                     continue
                 await asyncio.to_thread(deps.remember_probe, image, report)
@@ -593,6 +606,13 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         spec = template["spec"]
         spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nni-secret"]
         c = spec["containers"][0]
+        # podSpec.containers entries are named for the trial's container (`trial`, `tensorflow`, ...):
+        # the probe's one container takes the fields of those that only adjust it (securityContext,
+        # imagePullPolicy) instead of gaining a second, imageless container; sidecars stay out
+        for extra in spec["containers"][1:]:
+            if "image" not in extra:
+                merge_pod_spec(c, {k: copy.deepcopy(v) for k, v in extra.items() if k != "name"})
+        spec["containers"] = [c]
         c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
         assert self._wheel is not None
         command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
@@ -600,8 +620,11 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         c["command"] = ["sh", "-c", deps.probe_script(command)]
         c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
         c.pop("terminationMessagePolicy", None)
+        for key in ("nodeSelector", "tolerations", "affinity"):  # any node runs the image: not the GPU pool's
+            spec.pop(key, None)
+        annotations = {**(template["metadata"].get("annotations") or {}), **tunnel.SAFE_TO_EVICT}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], **meta,
-                "namespace": self.namespace, "labels": meta["labels"]}, "spec": spec}
+                "namespace": self.namespace, "labels": meta["labels"], "annotations": annotations}, "spec": spec}
 
     async def _ensure_pull_secret(self) -> None:
         paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
@@ -651,7 +674,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                   {"name": "nni-work", "mountPath": boot.WORK_DIR}]
         secret_name = f"{meta['name']}-nni"
         volumes: list[dict[str, Any]] = [
-            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": 0o400}},
+            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": SECRET_MODE}},
             {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
             {"name": "nni-work", "emptyDir": {}},
         ]
@@ -674,13 +697,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": volumes,
-            "securityContext": {"fsGroup": FS_GROUP},
         }
         if self._pull_secret:
             spec["imagePullSecrets"] = [{"name": self._pull_secret}]
         if self.kube.service_account_name:
             spec["serviceAccountName"] = self.kube.service_account_name
         spec = merge_pod_spec(spec, copy.deepcopy(self.kube.pod_spec))
+        if role.pod_spec:  # the role's own (a GPU worker's tolerations, a parameter server's memory)
+            spec = merge_pod_spec(spec, copy.deepcopy(role.pod_spec))
         metadata: dict[str, Any] = {"labels": dict(meta["labels"])}
         if self.kube.pod_annotations:
             metadata["annotations"] = dict(self.kube.pod_annotations)
@@ -745,10 +769,17 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         if ctx is None or not self._starting:
             return
         core, custom = await self._client()
+        refusals: dict[str, str] = {}
         try:
-            events = await core.list_namespaced_event(self.namespace, field_selector="type=Warning")
-            self._warnings = starting.warnings_by_object(
-                [self._api.sanitize_for_serialization(e) for e in events.items])
+            events = [self._api.sanitize_for_serialization(e) for e in
+                      (await core.list_namespaced_event(self.namespace, field_selector="type=Warning")).items]
+            try:  # the cluster autoscaler's words are Normal events
+                events += [self._api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
+                    self.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
+            except Exception as e:
+                log.debug("listing the cluster autoscaler's events: %s", e)
+            self._warnings = starting.warnings_by_object(events)
+            refusals = starting.autoscaler_refusals(events)
         except Exception as e:  # events are a courtesy (a Role without them still runs)
             log.debug("listing events: %s", e)
         timeout = self.kube.environment_start_timeout
@@ -773,7 +804,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                     if state in (None, "waiting"):
                         base = self._last_words.get(n) or f"pod {n} has not started"
                         extra = [w for w in self._warnings.get(n, []) if w not in base]
+                        if self._fit_note and "FailedScheduling" in base:
+                            extra.append(self._fit_note)
                         words[n] = "; ".join([base, *extra])
+            refused = [n for n in words if n in refusals]
+            if refused:  # no node group's node would ever hold it: waiting cannot help
+                self._starting.pop(env_id, None)
+                why = self._last_words.get(refused[0]) or f"pod {refused[0]} has not started"
+                for n in pods:
+                    ctx.agent_failed(n, f"{why}; the cluster autoscaler cannot add a node that holds it "
+                                        f"(NotTriggerScaleUp: {refusals[refused[0]]}): lower cpuNumber / memorySize / "
+                                        "gpuNumber, fix podSpec.nodeSelector, or add a node group that fits", failed=True)
+                continue
             if time.monotonic() - since > timeout:
                 self._starting.pop(env_id, None)
                 reason = next(iter(words.values()), "no pod started")

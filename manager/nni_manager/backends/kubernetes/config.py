@@ -30,6 +30,7 @@ class RoleConfig:
     private_registry_auth_path: Path | None = None
     min_failed: int = 1  # FrameworkController's frameworkAttemptCompletionPolicy
     min_succeeded: int = -1
+    pod_spec: dict[str, Any] = field(default_factory=dict)  # this role's podSpec, merged after trainingService's
 
 
 @dataclass
@@ -153,6 +154,8 @@ def parse_role(section: ConfigSection, name: str, *, command_required: bool = Tr
     if role.private_registry_auth_path is not None and not role.private_registry_auth_path.is_file():
         raise ConfigError(section.at("privateRegistryAuthPath"), f"{role.private_registry_auth_path} does not exist",
                           "point it at a docker config.json holding the registry's credentials")
+    if name:  # a role of an operator platform (the plain-pods platform's podSpec is trainingService's own)
+        role.pod_spec = section.mapping("podSpec") or {}
     policy = section.section("frameworkAttemptCompletionPolicy")
     if policy is not None:
         role.min_failed = policy.int_("minFailedTaskCount", minimum=-1, required=True) or 0

@@ -22,6 +22,9 @@ from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
 BARRIER_DIR = "/mnt/frameworkbarrier"
+BARRIER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
+BARRIER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"}}
 BASE_PORT = 4000  # NNI gave role i containerPort 4000 + i
 RBAC = "rbac.authorization.k8s.io"
 # The barrier GETs its Framework (and the controller's own tooling lists/watches them).
@@ -206,6 +209,9 @@ def _with_barrier(spec: dict[str, Any], port: int) -> None:
     inits = spec.setdefault("initContainers", [])
     if not any(str(c.get("image", "")).startswith(BARRIER_IMAGE) for c in inits):
         inits.append({"name": "frameworkbarrier", "image": BARRIER_IMAGE,
-                      "volumeMounts": [{"name": "frameworkbarrier-volume", "mountPath": BARRIER_DIR}]})
+                      "volumeMounts": [{"name": "frameworkbarrier-volume", "mountPath": BARRIER_DIR}],
+                      # a namespace with a compute ResourceQuota refuses a container that states none;
+                      # Pod Security "restricted" and OpenShift's restricted-v2 want no privilege
+                      "resources": dict(BARRIER_RESOURCES), "securityContext": dict(BARRIER_SECURITY)})
     if not any(v.get("name") == "frameworkbarrier-volume" for v in spec["volumes"]):
         spec["volumes"].append({"name": "frameworkbarrier-volume", "emptyDir": {}})

@@ -1,4 +1,5 @@
-"""Node sizes: a request no node could ever hold fails at once instead of waiting forever."""
+"""Node sizes: a request no present node holds is said while its pod waits (an autoscaler may
+add a node that does; otherwise the start deadline ends the wait)."""
 from __future__ import annotations
 
 import logging
@@ -44,23 +45,25 @@ async def list_nodes(api: Any) -> list[Node] | None:
 
 
 def too_big(kube: KubeConfig, nodes: list[Node]) -> str:
-    """Why a role's pod can never be scheduled on these nodes (those matching podSpec's
-    nodeSelector), naming the request and the largest node; "" when every role fits one."""
-    wanted = kube.pod_spec.get("nodeSelector") or {}
-    candidates = [n for n in nodes if all(n.labels.get(k) == v for k, v in wanted.items())]
+    """Why a role's pod fits none of these nodes (those matching its nodeSelector: trainingService's
+    podSpec, then the role's), naming the request and the largest node; "" when every role fits one."""
     for role in kube.roles:
+        wanted = {**(kube.pod_spec.get("nodeSelector") or {}), **(role.pod_spec.get("nodeSelector") or {})}
+        candidates = [n for n in nodes if all(n.labels.get(k) == v for k, v in wanted.items())]
         req = {"cpu": float(role.cpu_number), "memory": float(role.memory_mb) * 2 ** 20,
                "nvidia.com/gpu": float(role.gpu_number)}
         if any(all(req[k] <= n.sizes[k] + 1e-9 for k in RESOURCES) for n in candidates):
             continue
         who = f"the pod of role {role.name}" if role.name else "the trial's pod"
         if not candidates:
-            return f"{who} cannot be scheduled: no node has the labels of podSpec.nodeSelector {wanted}"
+            return (f"{who} fits no present node: none has the labels of podSpec.nodeSelector {wanted} "
+                    "(waiting for a cluster autoscaler to add one, until environmentStartTimeout)")
         largest = max(candidates, key=lambda n: (sum(req[k] <= n.sizes[k] for k in RESOURCES),
                                                  n.sizes["nvidia.com/gpu"], n.sizes["cpu"], n.sizes["memory"]))
-        return (f"{who} requests {_quantities(req)}, more than any node can ever hold: the largest node, "
-                f"{largest.name}, has {_quantities(largest.sizes)} allocatable; lower cpuNumber / memorySize / "
-                "gpuNumber or add a bigger node")
+        return (f"{who} requests {_quantities(req)}, more than any present node holds: the largest, "
+                f"{largest.name}, has {_quantities(largest.sizes)} allocatable (waiting for a cluster autoscaler "
+                "to add a bigger node, until environmentStartTimeout; on a fixed-size cluster lower cpuNumber / "
+                "memorySize / gpuNumber)")
     return ""
 
 

@@ -4,23 +4,62 @@ An operator that is down, a ResourceQuota, an admission webhook or Pod Security 
 operator's pods, a volume that cannot mount: none of them fails a call we make; the cluster says
 so only in the object's status and in Warning events. These words become the WAITING message of
 the environment's trials, and the environment fails after `environmentStartTimeout`.
+
+On an autoscaled cluster (node groups at minimum 0, Karpenter, GKE Autopilot) a pod no existing node
+holds is the normal way a GPU node gets made: it waits, with the scheduler's reason and the cluster
+autoscaler's `TriggeredScaleUp`, and fails early only on the autoscaler's definite "cannot"
+(`NotTriggerScaleUp` for a pod no node group's node would hold).
 """
 from __future__ import annotations
 
 from typing import Any
 
 MAX_WARNINGS = 2  # the newest distinct Warning events shown per object
+# the cluster autoscaler's words on a pending pod (Normal events, source cluster-autoscaler)
+AUTOSCALER = "cluster-autoscaler"
+SCALE_UP, NO_SCALE_UP = "TriggeredScaleUp", "NotTriggerScaleUp"
+# a NotTriggerScaleUp reason that may pass (a group at its maximum, a failed scale-up's backoff, a
+# cluster-wide limit, a group not ready): not a definite "cannot"
+PASSING = ("max node group size reached", "max cluster", "backoff", "not ready", "limit reached")
+
+
+def _stamp(ev: dict[str, Any]) -> str:
+    return str(ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp") or "")
+
+
+def _shown(ev: dict[str, Any]) -> bool:
+    return ev.get("type") == "Warning" or ((ev.get("source") or {}).get("component") == AUTOSCALER
+                                           and ev.get("reason") in (SCALE_UP, NO_SCALE_UP))
+
+
+def autoscaler_refusals(events: list[dict[str, Any]]) -> dict[str, str]:
+    """involvedObject.name -> the cluster autoscaler's message where its newest word on the object
+    is a NotTriggerScaleUp that no waiting changes: no node group's node would ever hold the pod
+    (too small for its requests, not matching its nodeSelector)."""
+    newest: dict[str, tuple[str, dict[str, Any]]] = {}
+    for ev in events:
+        if (ev.get("source") or {}).get("component") != AUTOSCALER or ev.get("reason") not in (SCALE_UP, NO_SCALE_UP):
+            continue
+        name = (ev.get("involvedObject") or {}).get("name", "")
+        if name not in newest or _stamp(ev) >= newest[name][0]:
+            newest[name] = (_stamp(ev), ev)
+    out = {}
+    for name, (_, ev) in newest.items():
+        message = (ev.get("message") or "").strip()
+        if ev.get("reason") == NO_SCALE_UP and not any(p in message for p in PASSING):
+            out[name] = message
+    return out
 
 
 def warnings_by_object(events: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """involvedObject.name -> "Reason: message" of its Warning events, newest last, distinct."""
+    """involvedObject.name -> "Reason: message" of its Warning events and the cluster autoscaler's
+    scale-up words, newest last, distinct."""
     out: dict[str, list[tuple[str, str]]] = {}
     for ev in events:
-        if ev.get("type") != "Warning":
+        if not _shown(ev):
             continue
         name = (ev.get("involvedObject") or {}).get("name", "")
-        stamp = ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp") or ""
-        out.setdefault(name, []).append((str(stamp), f"{ev.get('reason', 'Warning')}: {(ev.get('message') or '').strip()}"))
+        out.setdefault(name, []).append((_stamp(ev), f"{ev.get('reason', 'Warning')}: {(ev.get('message') or '').strip()}"))
     result: dict[str, list[str]] = {}
     for name, items in out.items():
         words: list[str] = []

@@ -12,6 +12,7 @@ not acknowledged, so nothing is lost; a restarted manager opens new streams to t
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from pathlib import Path
@@ -39,6 +40,12 @@ def relay_labels(experiment_id: str) -> dict[str, str]:
     return {"app": APP, "expId": experiment_id}
 
 
+# OpenShift's SCC admission refusing a pod (its runAsUser outside the namespace's UID range)
+SCC_REFUSAL = "unable to validate against any security context constraint"
+# the cluster autoscaler may move the pod to remove its node (it is re-created or re-run)
+SAFE_TO_EVICT = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+
+
 def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides: dict[str, Any] | None = None
                   ) -> list[dict[str, Any]]:
     """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay."""
@@ -47,7 +54,7 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
     meta = {"name": name, "namespace": namespace, "labels": labels}
     program = Path(__file__).with_name(RELAY_FILE).read_text()
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": dict(meta), "data": {RELAY_FILE: program}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(meta), "spec": {
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 2,
         "containers": [{
@@ -56,7 +63,9 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
             "ports": [{"name": "agents", "containerPort": AGENT_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
             "volumeMounts": [{"name": "relay", "mountPath": "/nni-relay", "readOnly": True}],
-            # what Pod Security "restricted" asks for: the relay needs no privilege at all
+            # what Pod Security "restricted" asks for: the relay needs no privilege at all; the image
+            # (python:3.11-slim) runs as root, so a non-root UID is named, except on OpenShift,
+            # whose SCC refuses a UID outside the namespace's range and sets one (without_fixed_user)
             "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65534,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
         }],
@@ -68,6 +77,14 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
         "ports": [{"name": "agents", "port": AGENT_PORT, "targetPort": AGENT_PORT, "protocol": "TCP"}],
     }}
     return [config_map, pod, service]
+
+
+def without_fixed_user(pod: dict[str, Any]) -> dict[str, Any]:
+    """The relay pod for a namespace that prescribes the UID (OpenShift): the SCC sets it."""
+    out = copy.deepcopy(pod)
+    for c in out["spec"]["containers"]:
+        c.get("securityContext", {}).pop("runAsUser", None)
+    return out
 
 
 def certificate_names(experiment_id: str, namespace: str, cluster_ip: str) -> tuple[str, ...]:
@@ -145,8 +162,9 @@ class Tunnel:
                                                 heartbeat=30.0, max_msg_size=0)
         except aiohttp.WSServerHandshakeError as e:
             if e.status in (401, 403):  # no waiting this out: say what to grant at once
-                why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `create` on "
-                       f"`pods/portforward` in namespace {self.namespace} to your user or service account (RBAC)")
+                why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `get` and "
+                       f"`create` on `pods/portforward` in namespace {self.namespace} to your user or service "
+                       f"account (RBAC; a WebSocket upgrade is checked as `get`, and from Kubernetes 1.35 also `create`)")
             else:
                 why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
             await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended

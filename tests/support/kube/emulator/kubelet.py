@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .api import CONFIGMAPS, NODES, PODS, SECRETS, ApiError, bad_request, not_found
+from .autoscaler import Autoscaler
 from .store import Store
 from .util import now_rfc3339, now_rfc3339_micro, parse_quantity
 
@@ -91,6 +92,7 @@ class Kubelet:
         self.start_delay = start_delay
         self.use_namespaces = use_namespaces and os.geteuid() == 0
         self.runs: dict[str, PodRun] = {}
+        self.pulls: dict[tuple, asyncio.Future] = {}  # (node, image) -> its pull (done: present on the node)
         self.wake = asyncio.Event()
         self.created_host_paths: list[str] = []
         self.pods_dir = state / "pods"
@@ -101,6 +103,7 @@ class Kubelet:
             self.set_node(name, cpu, mem, gpus)
         store.pod_deleter = self._on_delete
         store.subscribe(self._on_change)
+        self.autoscaler = Autoscaler(store, lambda g, name: self.set_node(name, g.cpu, g.memory_mi, g.gpus, g.labels))
 
     # ------------------------------------------------------------ nodes
     def set_node(self, name, cpu=None, memory=None, gpus=None, labels=None) -> None:
@@ -273,6 +276,7 @@ class Kubelet:
                                      "message": msg, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
                 self.store.update_status(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], st)
                 self.store.record_event(pod, "FailedScheduling", msg, "Warning", "default-scheduler")
+            self.autoscaler.unschedulable(pod, req)
 
     def _bind(self, pod: dict, node: str) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -400,6 +404,8 @@ class Kubelet:
                 self._publish(run, "Pending")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+            if not await self._pull_images(run):
+                return
             # volumes
             while True:
                 pod = self._pod(run)
@@ -729,6 +735,37 @@ class Kubelet:
                                   read_only="secret" in v or "configMap" in v)
             out[v["name"]] = str(d)       # emptyDir, ...: a pod-local dir
         return out
+
+    async def _pull_images(self, run: PodRun) -> bool:
+        """Images with a pull time (policy `pullSeconds`) take it on their first pull on a node, the
+        containers waiting in ContainerCreating meanwhile, with the kubelet's `Pulling` and `Pulled`
+        events; pods on the same node wait for one pull (serializeImagePulls). False: pod gone."""
+        for img in dict.fromkeys(c.spec.get("image") for c in run.inits + run.containers):
+            seconds = self.store.policy.pull_seconds.get(img or "")
+            if not seconds:
+                continue
+            key = (run.node, img)
+            pulling = self.pulls.get(key)
+            if pulling is None:
+                pod = self._pod(run)
+                if pod is None:
+                    return False
+                self.store.record_event(pod, "Pulling", f'Pulling image "{img}"', "Normal", "kubelet")
+                pulling = self.pulls[key] = asyncio.ensure_future(asyncio.sleep(seconds))
+                await asyncio.shield(pulling)
+                pod = self._pod(run)
+                if pod is None:
+                    return False
+                self.store.record_event(pod, "Pulled", f'Successfully pulled image "{img}" in {seconds:g}s '
+                                        f'({seconds:g}s including waiting). Image size: 0 bytes.', "Normal", "kubelet")
+            else:
+                await asyncio.shield(pulling)
+                pod = self._pod(run)
+                if pod is None:
+                    return False
+                self.store.record_event(pod, "Pulled", f'Container image "{img}" already present on machine',
+                                        "Normal", "kubelet")
+        return True
 
     def shared_volume_dir(self, ns: str, volume: dict) -> Path | None:
         """The host directory standing for an NFS export (<state>/nfs/<server>/<path>) or a claim

@@ -230,11 +230,14 @@ class ApiServer:
             verb = "deletecollection"
         if not verb:
             return web.json_response(ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource").status(), status=405)
-        if sub == "portforward":  # a connect subresource: authorized as `create` (KEP-4006), any method
-            verb = "create"
         res_name = plural + (f"/{sub}" if sub else "")
         if not rbac.authorize(self.store, user, verb, res_name, group, ns, name):
             raise forbidden(user.user, verb, res_name, group, ns, name)
+        if sub == "portforward" and method == "GET" and self.store.policy.websocket_create_check:
+            # a WebSocket upgrade is a GET, authorized as `get` above; 1.35's
+            # AuthorizePodWebsocketUpgradeCreatePermission adds `create`, as SPDY's POST has
+            if not rbac.authorize(self.store, user, "create", res_name, group, ns, name):
+                raise forbidden(user.user, "create", res_name, group, ns, name)
         fv = q.get("fieldValidation", "Warn")
         if fv not in ("Strict", "Warn", "Ignore"):
             raise bad_request(f'fieldValidation parameter unsupported: "{fv}"; supported values are Ignore, Warn, Strict')
@@ -512,6 +515,10 @@ class ApiServer:
             except OSError as e:
                 raise bad_request(f"network forward: {e}") from None
             return web.json_response({"address": addr})
+        if parts == ["policy"] and request.method == "PUT":  # the cluster operator's choices (policy.py)
+            self.store.policy.update(body)
+            self.kubelet.wake.set()  # the autoscaler looks at pending pods again
+            return web.json_response({"ok": True})
         if parts == ["portforward", "drop"]:  # every open port-forward stream ends, as when the API server restarts
             from . import portforward
             return web.json_response({"dropped": await portforward.drop_all()})

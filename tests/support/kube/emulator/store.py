@@ -8,9 +8,10 @@ import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable
 
-from . import rbac, validation, webhooks
+from . import admission, rbac, validation, webhooks
 from .api import (CONFIGMAPS, CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
+from .policy import Policy
 from .util import json_merge_patch, now_rfc3339, parse_label_selector
 
 HISTORY = 2000
@@ -56,6 +57,7 @@ class Store:
         self.pods_stopped: set[str] = set()      # uids whose containers the kubelet has killed
         self.history = deque(maxlen=HISTORY)
         self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
+        self.policy = Policy()
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
 
@@ -147,10 +149,12 @@ class Store:
         return copy.deepcopy(obj)
 
     def _admit_pod(self, pod: dict) -> None:
-        """Admission plug-ins a new pod meets: ServiceAccount (the account must exist) and
-        ResourceQuota (`pods` / `count/pods` of each quota in the namespace)."""
+        """Admission plug-ins a new pod meets: OpenShift's SCC, Pod Security and compute quotas
+        (admission.py), ServiceAccount (the account must exist) and ResourceQuota (`pods` /
+        `count/pods` of each quota in the namespace)."""
         md, spec = pod["metadata"], pod["spec"]
         ns, name, sa = md["namespace"], md["name"], spec.get("serviceAccountName") or "default"
+        admission.admit(self, self.get(NAMESPACES, None, ns), pod, self.list(RESOURCEQUOTAS, ns))
         if sa != "default" and self.get(SERVICEACCOUNTS, ns, sa) is None:
             raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
                                              f'{ns}/{sa}: serviceaccount "{sa}" not found',

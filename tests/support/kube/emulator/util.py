@@ -102,6 +102,8 @@ _FIELDS = {
 
 
 def _get_path(obj: dict, path: str) -> str:
+    if path == "source" and "involvedObject" in obj:  # an Event's `source` selects source.component
+        path = "source.component"
     cur: Any = obj
     for part in path.split("."):
         if not isinstance(cur, dict):
