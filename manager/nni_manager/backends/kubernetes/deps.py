@@ -33,9 +33,6 @@ PIECE = 900 * 1024  # bytes of wheel per ConfigMap (the API server's limit: 1 Mi
 DEPS_DIR = "/var/run/nni/deps"  # ConfigMap volumes, one subdirectory per piece
 DEPS_APP = "nni-agent-deps"
 PROBE_APP = "nni-agent-probe"
-PROBE_TIMEOUT = 120.0
-_GIVE_UP = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-            "CreateContainerError", "CrashLoopBackOff"}
 
 
 @dataclass(frozen=True)
@@ -97,37 +94,6 @@ def probe_script(command: Any) -> str:
     return (command.find_python() + "\n"
             f'exec "$PY" -c {shlex.quote(inline_source())} {" ".join(shlex.quote(o) for o in opts)}')
 
-
-async def probe(core: Any, namespace: str, name: str, pod: dict[str, Any]) -> dict[str, Any] | None:
-    """Run the probe pod and read its report; None when it gives none (the image does not start,
-    has no Python, ...: its agent pods then say why, as without shipping)."""
-    try:
-        await core.create_namespaced_pod(namespace, pod, field_validation="Strict")
-    except Exception as e:  # an ApiException: the agent pods will say why
-        log.warning("cannot start the probe pod %s: %s", name, getattr(e, "reason", e))
-        return None
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PROBE_TIMEOUT
-        while loop.time() < deadline:
-            got = await core.read_namespaced_pod(name, namespace)
-            for cs in (got.status.container_statuses or []) if got.status else []:
-                if cs.state and cs.state.terminated:
-                    try:
-                        report = json.loads(cs.state.terminated.message or "")
-                    except ValueError:
-                        return None
-                    return report if isinstance(report, dict) and "version" in report else None
-                if cs.state and cs.state.waiting and cs.state.waiting.reason in _GIVE_UP:
-                    return None
-            await asyncio.sleep(0.3)
-        log.warning("the probe pod %s gave no answer in %.0f s", name, PROBE_TIMEOUT)
-        return None
-    finally:
-        try:
-            await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except Exception as e:
-            log.debug("deleting the probe pod %s: %s", name, e)
 
 
 def pieces(files: tuple[Path, ...]) -> list[tuple[str, bytes]]:
