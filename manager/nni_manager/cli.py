@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from nni_manager import experiment_lock
 from nni_manager.config import ConfigError, load_config
 from nni_manager.metrics import metric_number, metric_value
 from nni_manager.types import TrialJobDetail
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             return _trials(_experiment_dir(args.experiment))
         return _logs(_experiment_dir(args.experiment), args.trial_id, args.stderr, args.follow, args.replica,
                      args.trial_log)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, experiment_lock.ExperimentBusy) as exc:
         print(f"nni-manager: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
@@ -212,6 +213,7 @@ def _detach(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a config error now, in this terminal
     experiment_id = args.experiment_id or new_id(8)
     root = Path(config.experiment_working_directory).expanduser()
+    experiment_lock.check_free(root / experiment_id, experiment_id)  # refused here, before the log is touched
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = root / f"{experiment_id}.log"
     argv = [sys.executable, "-m", "nni_manager", "run", str(args.config), "--experiment-id", experiment_id, "--plain",
@@ -270,6 +272,7 @@ def _view(experiment_dir: Path, web) -> int:  # web: WebOptions
     from nni_manager.webui.runner import serve_stored
 
     _open_store(experiment_dir).close()  # a clear error for a directory without an experiment
+    experiment_lock.check_free(experiment_dir, experiment_dir.name)  # its manager serves it (and owns its entry)
     asyncio.run(serve_stored(experiment_dir, web))
     return 0
 
@@ -304,6 +307,8 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             view.event(kind, t)
 
     experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event)
+    # held until this process exits: before the WebUI registers, so a second manager touches nothing
+    experiment_lock.acquire(Path(config.experiment_working_directory).expanduser() / experiment_id, experiment_id)
     view = ExperimentView(experiment, live=False if plain else None)
     webui: LiveWebUI | None = None
 

@@ -21,7 +21,7 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
-from nni_manager import shared_storage
+from nni_manager import experiment_lock, shared_storage
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, redacted
 from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
@@ -85,6 +85,10 @@ class TrainingService:
         try:
             await self._open()
         except BaseException:
+            if self._store is None:  # refused (or failed) before the store: nothing of ours to clean
+                experiment_lock.release(self.experiment_dir)
+                self._cleaned = True
+                raise
             if self._hub is not None:
                 await self._backend.stop()  # whatever it started before failing
                 await self._hub.stop()
@@ -92,10 +96,12 @@ class TrainingService:
                 self._store.close()
             if self._storage_mounted:
                 await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
+            experiment_lock.release(self.experiment_dir)
             self._cleaned = True
             raise
 
     async def _open(self) -> None:
+        experiment_lock.acquire(self.experiment_dir, self.experiment_id)  # one manager per experiment
         self._store = store = Store.open(self.experiment_dir)
         if self.config.use_annotation:
             await asyncio.to_thread(expand_annotations, self.config, self.experiment_dir)
@@ -171,6 +177,7 @@ class TrainingService:
         with store.transaction():
             store.set_experiment_status("STOPPED")
         store.close()
+        experiment_lock.release(self.experiment_dir)
         self._heap.release()
 
     async def _settle(self, timeout: float) -> None:
