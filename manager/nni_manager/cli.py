@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,13 +22,17 @@ EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+STARTED_LINE = "nni-manager: experiment {} started"  # (plain output) start-up is over: --detach returns
+_DETACH_START_S = 600.0  # a cluster's first pull of the agent image can take minutes
 RUN_EXIT_CODES = f"""exit status:
   0    the experiment is done (maxTrialNumber, maxExperimentDuration or the tuner's end)
   {EXIT_TUNER_FAILED}    the tuner / assessor / advisor failed (status ERROR)
   {EXIT_CONFIG}    the config or an argument is wrong (nothing was started)
-  {EXIT_NO_WORKER}    no worker could start, or every worker was lost for good (status ERROR)
+  {EXIT_NO_WORKER}    the experiment could not start (the platform refused or could not be reached), no
+       worker could start, or every worker was lost for good (status ERROR)
   {EXIT_INTERRUPTED}  stopped by the user (Ctrl-C, SIGTERM, DELETE /experiment)
-On failure the last line on stderr says why."""
+On failure the last line on stderr says why (one line: the field or the cause, and the fix).
+--dry-run and --detach check what run checks and exit with the same status."""
 
 
 class UsageError(Exception):
@@ -94,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command in ("run", "resume"):
+            _web_options(args)  # a wrong --port is refused by every mode alike (also with --no-webui)
             if args.command == "resume":
                 args.config, args.experiment_id = _resumable(args.experiment_id)
                 args.dry_run = False
@@ -124,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dry_run(config_path: Path) -> int:
-    from nni_manager.service.hybrid import make_backend
+    from nni_manager.startup import preflight
 
-    config = load_config(config_path)
-    print(make_backend(config).render().text)
+    backend = preflight(load_config(config_path))  # what run checks before it creates anything
+    print(backend.render().text)
     return 0
 
 
@@ -181,11 +187,13 @@ def _list(show_all: bool) -> int:
     if not rows:
         print("no running experiment" + ("" if show_all else " (`nni-manager list --all` shows stopped ones)"))
         return 0
-    table = Table("ID", "Name", "Status", "Platform", "Started", "WebUI / directory", box=None)
+    table = Table("ID", "Name", "Status", "Platform", "Started", "WebUI / directory", *(["Why it ended"] if show_all
+                                                                                       else []), box=None)
     for e in rows:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.start_time / 1000)) if e.start_time else ""
         table.add_row(e.id, e.name, e.status + (" (running)" if e.running and e.status in ("DONE", "ERROR") else ""),
-                      e.platform, started, e.url or str(e.directory or ""))
+                      e.platform, started, e.url or str(e.directory or ""),
+                      *([("" if e.running else e.reason)] if show_all else []))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
@@ -209,8 +217,10 @@ def _detach(args: argparse.Namespace) -> int:
     import subprocess
 
     from nni_manager.service.nni_api import new_id
+    from nni_manager.startup import preflight
 
     config = load_config(args.config)  # a config error now, in this terminal
+    preflight(config)
     experiment_id = args.experiment_id or new_id(8)
     root = Path(config.experiment_working_directory).expanduser()
     experiment_lock.check_free(root / experiment_id, experiment_id)  # refused here, before the log is touched
@@ -222,29 +232,37 @@ def _detach(args: argparse.Namespace) -> int:
     if args.no_webui:
         argv.append("--no-webui")
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    offset = os.fstat(fd).st_size  # the log is appended to by every run of this id: read only this one's
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 120
-    url = ""
-    while not url and proc.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + _DETACH_START_S
+    url, started, lines = "", False, []
+    while not started and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("WebUI: "):
-                url = line.split(None, 1)[1].strip()
-        if args.no_webui and (root / experiment_id).is_dir():
-            break
-    if proc.poll() is not None and proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        print(f"nni-manager: the experiment exited at once ({proc.returncode}): {tail[0]}", file=sys.stderr)
-        return proc.returncode
-    print(f"experiment {experiment_id} runs in the background (pid {proc.pid})")
+        lines = _read_from(log_path, offset)
+        url = next((line.split(None, 1)[1].strip() for line in lines if line.startswith("WebUI: ")), "")
+        started = STARTED_LINE.format(experiment_id) in lines
+    if not started and proc.poll() is not None:  # start-up failed: its one line and its status, as `run`
+        lines = _read_from(log_path, offset)
+        reason = next((line for line in reversed(lines) if line.startswith("nni-manager: ")), "")
+        print(reason or f"nni-manager: the experiment exited during start-up ({proc.returncode}); see {log_path}",
+              file=sys.stderr)
+        return proc.returncode or EXIT_NO_WORKER
+    state = "runs" if started else "is still starting"
+    print(f"experiment {experiment_id} {state} in the background (pid {proc.pid})")
     if url:
         print(f"WebUI: {url}")
     print(f"output: {log_path}\nstop it with: nni-manager stop {experiment_id}")
     return 0
+
+
+def _read_from(path: Path, offset: int) -> list[str]:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").splitlines()
 
 
 def _web_arguments(parser: argparse.ArgumentParser) -> None:
@@ -295,22 +313,38 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
     from nni_manager.dispatcher import DispatcherError
     from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError, TrialSummary
     from nni_manager.service.nni_api import new_id
+    from nni_manager.startup import preflight
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
 
     config = load_config(config_path)
+    preflight(config)  # as --dry-run and --detach: a config mistake creates nothing
     experiment_id = experiment_id or new_id(8)  # known before the run: the WebUI's manifest entry needs it
+    experiment_dir = Path(config.experiment_working_directory).expanduser() / experiment_id
+    created = not experiment_dir.exists()
     view: ExperimentView | None = None
 
     def on_event(kind: str, t: TrialSummary) -> None:
         if view is not None:
             view.event(kind, t)
 
-    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event)
+    def on_started() -> None:
+        if plain:
+            print(STARTED_LINE.format(experiment_id), flush=True)
+
+    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event, on_started=on_started)
     # held until this process exits: before the WebUI registers, so a second manager touches nothing
-    experiment_lock.acquire(Path(config.experiment_working_directory).expanduser() / experiment_id, experiment_id)
+    experiment_lock.acquire(experiment_dir, experiment_id)
     view = ExperimentView(experiment, live=False if plain else None)
     webui: LiveWebUI | None = None
+    summarised = False
+
+    def summary() -> None:  # once: before "the WebUI stays until Ctrl-C", not after it
+        nonlocal summarised
+        if not summarised:
+            summarised = True
+            view.__exit__(None, None, None)  # the live table ends here; the summary follows it
+            print(final_summary(experiment.result()), flush=True)
 
     async def go() -> bool:
         nonlocal webui
@@ -339,7 +373,8 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                 return False
             except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
                 webui.finish("ERROR", str(exc))
-                if keep_serving:
+                if keep_serving and webui.server is not None:
+                    summary()
                     try:
                         await webui.serve_until_stopped("has failed")
                     except asyncio.CancelledError:  # stopped while showing the error: still the error
@@ -349,7 +384,8 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                 webui.finish("ERROR", str(exc))
                 raise
             webui.finish("DONE")
-            if keep_serving:
+            if keep_serving and webui.server is not None:
+                summary()
                 await webui.serve_until_stopped("is done")
         return True
 
@@ -358,11 +394,36 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             finished = asyncio.run(go())
         except (DispatcherError, NoWorkerError):  # trials cancelled: the summary and the reason follow
             finished = True
-    print(final_summary(experiment.result()), flush=True)
+        except ConfigError:  # found at start (e.g. the cluster's address): a new experiment leaves nothing
+            if created and not experiment.trials:
+                _forget(experiment_dir, experiment_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a platform that refused: one line; the traceback is in the log
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            log = experiment_dir / "log" / "nnimanager.log"
+            if not experiment.started:
+                print(f"nni-manager: the experiment could not start: {reason} (details: {log})", file=sys.stderr)
+                return EXIT_NO_WORKER
+            summary()
+            print(f"nni-manager: the experiment failed: {reason} (details: {log})", file=sys.stderr)
+            return EXIT_TUNER_FAILED
+    summary()
     if experiment.error:  # ERROR, never success, even when stopped while showing it
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
         return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
+
+
+def _forget(experiment_dir: Path, experiment_id: str) -> None:
+    """Remove what a run refused at start created: its directory and its manifest entry."""
+    import shutil
+
+    from nni_manager.webui import manifest
+
+    experiment_lock.release(experiment_dir)
+    shutil.rmtree(experiment_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        manifest.update(lambda d: d.pop(experiment_id, None))
 
 
 def _open_store(experiment_dir: Path):  # -> Store

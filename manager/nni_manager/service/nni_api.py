@@ -10,8 +10,10 @@ backend, run the placement loop, clean up). What the hub and the backend report 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import sys
 import secrets
 import string
 import time
@@ -38,6 +40,11 @@ from nni_manager.store import Store
 from nni_manager.types import TrialJobApplicationForm, TrialJobDetail, TrialJobStatus
 
 _ALNUM = string.ascii_letters + string.digits
+STOP_REASON = "stop_reason"  # the store's setting: why the experiment ended (shown by `nni-manager list --all`)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def new_id(length: int) -> str:
@@ -67,6 +74,9 @@ class TrainingService:
         self._run_task: asyncio.Task[None] | None = None
         self._background = Background()
         self._heap = HeapFreezer()
+        # how the run ended, as NNI names it (DONE / ERROR / STOPPED) and why: set by the experiment
+        # loop before clean-up, kept in the store for `nni-manager list --all`
+        self.end_state: tuple[str, str] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> TrainingService:
@@ -89,6 +99,11 @@ class TrainingService:
                 experiment_lock.release(self.experiment_dir)
                 self._cleaned = True
                 raise
+            if self._store is not None:  # `list --all` tells this failure apart from a stop
+                with contextlib.suppress(Exception):
+                    with self._store.transaction():
+                        self._store.set_experiment_status("ERROR")
+                        self._store.set_setting(STOP_REASON, f"could not start: {_one_line(sys.exc_info()[1])}")
             if self._hub is not None:
                 await self._backend.stop()  # whatever it started before failing
                 await self._hub.stop()
@@ -174,8 +189,10 @@ class TrainingService:
             await self._run_task
         await self._background.drain()
         await hub.stop()
+        status, reason = self.end_state or ("STOPPED", "the training service was cleaned up")
         with store.transaction():
-            store.set_experiment_status("STOPPED")
+            store.set_experiment_status(status)
+            store.set_setting(STOP_REASON, reason)
         store.close()
         experiment_lock.release(self.experiment_dir)
         self._heap.release()
