@@ -194,7 +194,7 @@ def _list(show_all: bool) -> int:
         table.add_row(e.id, e.name, e.status + (" (running)" if e.running and e.status in ("DONE", "ERROR") else ""),
                       e.platform, started, e.url or str(e.directory or ""),
                       *([("" if e.running else e.reason)] if show_all else []))
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)  # a pipe: one line per experiment
     return 0
 
 
