@@ -91,9 +91,6 @@ def update(change: Callable[[dict[str, Any]], None], path: Path | None = None) -
     return data
 
 
-_ENDED = ("STOPPED", "DONE", "ERROR")  # final states: a dead manager leaves them as they are
-
-
 def register(entry: dict[str, Any], path: Path | None = None) -> None:
     """Add (or replace) this experiment's entry, as NNI's launcher does."""
     update(lambda d: d.__setitem__(entry["id"], entry), path)
@@ -114,23 +111,22 @@ def set_fields(experiment_id: str, path: Path | None = None, **fields: Any) -> N
 
 
 def experiments_info(path: Path | None = None) -> list[dict[str, Any]]:
-    """`/experiments-info`: every entry; those whose pid is dead lose their port, and become
-    STOPPED unless they had ended DONE or ERROR (NNI rewrites the file likewise)."""
+    """`/experiments-info`: every entry; those whose pid is dead become STOPPED without a port
+    (NNI rewrites the file likewise)."""
     stale: list[str] = []
-
-    def dead(entry: Any) -> bool:
-        return (isinstance(entry, dict) and (entry.get("status") not in _ENDED or "port" in entry)
-                and isinstance(entry.get("pid"), int) and not _alive(entry["pid"]))
 
     def change(d: dict[str, Any]) -> None:
         for key, entry in d.items():
-            if dead(entry):
-                if entry.get("status") not in _ENDED:
-                    entry["status"] = "STOPPED"
+            if not isinstance(entry, dict) or entry.get("status") == "STOPPED":
+                continue
+            pid = entry.get("pid")
+            if isinstance(pid, int) and not _alive(pid):
+                entry["status"] = "STOPPED"
                 entry.pop("port", None)
                 stale.append(key)
     data = read(path)
-    if any(dead(e) for e in data.values()):
+    if any(isinstance(e, dict) and e.get("status") != "STOPPED" and isinstance(e.get("pid"), int)
+           and not _alive(e["pid"]) for e in data.values()):
         data = update(change, path)
     return [e for e in data.values() if isinstance(e, dict)]
 

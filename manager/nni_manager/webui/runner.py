@@ -77,8 +77,8 @@ async def live_webui(experiment: Any, experiment_id: str, options: WebOptions | 
     web = LiveWebUI(side, server)
     try:
         yield web
-    finally:  # NNI's final states: DONE and ERROR stay told apart from a stop
-        await server.stop(side.phase if side.phase in ("DONE", "ERROR") else "STOPPED")
+    finally:
+        await server.stop("STOPPED")
 
 
 async def serve_stored(experiment_dir: Path, options: WebOptions) -> None:
