@@ -282,7 +282,8 @@ def _web_options(args: argparse.Namespace):  # -> WebOptions
     from nni_manager.webui.runner import WebOptions
 
     if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port} is not a port number (0-65535)")
+        raise UsageError(f"--port {args.port} is not a port number (0-65535): pass e.g. --port 8080, or --port 0 "
+                         "for any free one")
     return WebOptions(port=args.port, bind=args.bind, url_prefix=args.url_prefix)
 
 
