@@ -77,6 +77,7 @@ class TrainingService:
         # how the run ended, as NNI names it (DONE / ERROR / STOPPED) and why: set by the experiment
         # loop before clean-up, kept in the store for `nni-manager list --all`
         self.end_state: tuple[str, str] | None = None
+        self._ours = False
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> TrainingService:
@@ -99,7 +100,7 @@ class TrainingService:
                 experiment_lock.release(self.experiment_dir)
                 self._cleaned = True
                 raise
-            if self._store is not None:  # `list --all` tells this failure apart from a stop
+            if self._store is not None and self._ours:  # `list --all` tells this failure apart from a stop
                 with contextlib.suppress(Exception):
                     with self._store.transaction():
                         self._store.set_experiment_status("ERROR")
@@ -123,6 +124,7 @@ class TrainingService:
         with store.transaction():
             store.init_experiment(self.experiment_id, _redacted(dataclasses.asdict(self.config)), now_ms())
             store.set_experiment_status("RUNNING")
+        self._ours = True  # the store is this experiment's (a refused one is never written to)
         with heap.bulk():  # 100,000 trials after a long run
             trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
         storage = self.config.shared_storage
