@@ -28,8 +28,8 @@ RUN_EXIT_CODES = f"""exit status:
   0    the experiment is done (maxTrialNumber, maxExperimentDuration or the tuner's end)
   {EXIT_TUNER_FAILED}    the tuner / assessor / advisor failed (status ERROR)
   {EXIT_CONFIG}    the config or an argument is wrong (nothing was started)
-  {EXIT_NO_WORKER}    the experiment could not start (the platform refused or could not be reached), no
-       worker could start, or every worker was lost for good (status ERROR)
+  {EXIT_NO_WORKER}    no worker could start, every worker was lost for good, or the platform refused the
+       experiment at start or could not be reached (status ERROR)
   {EXIT_INTERRUPTED}  stopped by the user (Ctrl-C, SIGTERM, DELETE /experiment)
 On failure the last line on stderr says why (one line: the field or the cause, and the fix).
 --dry-run and --detach check what run checks and exit with the same status."""
