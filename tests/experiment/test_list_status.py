@@ -94,20 +94,23 @@ def test_list_all_tells_done_stopped_and_failed_apart(code_dir: Path, tmp_path: 
     assert f"127.0.0.1:{port}" in lines[0] and "is sshd running" in lines[0] and "host and port" in lines[0], lines[0]
     ids["no-worker"] = re.search(r"Experiment (\w+) stopped", unreachable.stdout).group(1)
 
-    interrupted = subprocess.Popen([*CLI, "run", str(_config(tmp_path, home, trialCommand=f"{sys.executable} sleepy.py")),
-                                    "--plain", "--no-webui"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env={**os.environ, "HOME": str(home)})
+    out_file = tmp_path / "interrupted.out"  # a file, not a pipe: no process can hold the test's read open
+    with open(out_file, "w") as out_f:
+        interrupted = subprocess.Popen([*CLI, "run", str(_config(tmp_path, home, trialCommand=f"{sys.executable} sleepy.py")),
+                                        "--plain", "--no-webui"], cwd=tmp_path, stdout=out_f, stderr=subprocess.STDOUT,
+                                       text=True, env={**os.environ, "HOME": str(home)})
     try:
-        assert interrupted.stdout is not None
-        for line in interrupted.stdout:  # Ctrl-C once a trial runs
-            if "RUNNING" in line:
-                break
+        deadline = time.monotonic() + 120
+        while "RUNNING" not in out_file.read_text():  # Ctrl-C once a trial runs
+            assert time.monotonic() < deadline and interrupted.poll() is None, out_file.read_text()
+            time.sleep(0.2)
         interrupted.send_signal(signal.SIGINT)
-        out, _ = interrupted.communicate(timeout=120)
+        interrupted.wait(timeout=120)
     finally:
         if interrupted.poll() is None:
             interrupted.kill()
-    assert interrupted.returncode == 130
+    out = out_file.read_text()
+    assert interrupted.returncode == 130, out
     ids["ctrl-c"] = re.search(r"Experiment (\w+) stopped", out).group(1)
 
     listing = _cli(home, "list", "--all", cwd=tmp_path).stdout
