@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from nni_manager import experiment_lock
 from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.metrics import metric_number, metric_value
@@ -22,13 +24,17 @@ EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+STARTED_LINE = "nni-manager: experiment {} started"  # (plain output) start-up is over: --detach returns
+_DETACH_START_S = 600.0  # a cluster's first pull of the agent image can take minutes
 RUN_EXIT_CODES = f"""exit status:
   0    the experiment is done (maxTrialNumber, maxExperimentDuration or the tuner's end)
   {EXIT_TUNER_FAILED}    the tuner / assessor / advisor failed (status ERROR)
   {EXIT_CONFIG}    the config or an argument is wrong (nothing was started)
-  {EXIT_NO_WORKER}    no worker could start, or every worker was lost for good (status ERROR)
+  {EXIT_NO_WORKER}    no worker could start, every worker was lost for good, or the platform refused the
+       experiment at start or could not be reached (status ERROR)
   {EXIT_INTERRUPTED}  stopped by the user (Ctrl-C, SIGTERM, DELETE /experiment)
-On failure the last line on stderr says why."""
+On failure the last line on stderr says why (one line: the field or the cause, and the fix).
+--dry-run and --detach check what run checks and exit with the same status."""
 
 
 class UsageError(Exception):
@@ -96,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command in ("run", "resume"):
+            _web_options(args)  # a wrong --port is refused by every mode alike (also with --no-webui)
             if args.command == "resume":
                 args.config, args.experiment_id = _resumable(args.experiment_id)
                 args.dry_run = False
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return _trials(_experiment_dir(args.experiment))
         return _logs(_experiment_dir(args.experiment), args.trial_id, args.stderr, args.follow, args.replica,
                      args.trial_log)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, experiment_lock.ExperimentBusy) as exc:
         print(f"nni-manager: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
@@ -126,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dry_run(config_path: Path) -> int:
-    from nni_manager.service.hybrid import make_backend
+    from nni_manager.startup import preflight
 
-    config = load_config(config_path)
-    print(make_backend(config).render().text)
+    backend = preflight(load_config(config_path))  # what run checks before it creates anything
+    print(backend.render().text)
     return 0
 
 
@@ -183,12 +190,14 @@ def _list(show_all: bool) -> int:
     if not rows:
         print("no running experiment" + ("" if show_all else " (`nni-manager list --all` shows stopped ones)"))
         return 0
-    table = Table("ID", "Name", "Status", "Platform", "Started", "WebUI / directory", box=None)
+    table = Table("ID", "Name", "Status", "Platform", "Started", "WebUI / directory", *(["Why it ended"] if show_all
+                                                                                       else []), box=None)
     for e in rows:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.start_time / 1000)) if e.start_time else ""
         table.add_row(e.id, e.name, e.status + (" (running)" if e.running and e.status in ("DONE", "ERROR") else ""),
-                      e.platform, started, e.url or str(e.directory or ""))
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+                      e.platform, started, e.url or str(e.directory or ""),
+                      *([("" if e.running else e.reason)] if show_all else []))
+    Console(width=None if sys.stdout.isatty() else 1000).print(table)  # a pipe: one line per experiment
     return 0
 
 
@@ -243,10 +252,13 @@ def _detach(args: argparse.Namespace) -> int:
     import subprocess
 
     from nni_manager.service.nni_api import new_id
+    from nni_manager.startup import preflight
 
     config = load_config(args.config)  # a config error now, in this terminal
+    preflight(config)
     experiment_id = args.experiment_id or new_id(8)
     root = Path(config.experiment_working_directory).expanduser()
+    experiment_lock.check_free(root / experiment_id, experiment_id)  # refused here, before the log is touched
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = _private_dir(root / experiment_id) / DETACH_LOG
     argv = [sys.executable, "-m", "nni_manager", "run", str(args.config), "--experiment-id", experiment_id, "--plain",
@@ -255,32 +267,39 @@ def _detach(args: argparse.Namespace) -> int:
     if args.no_webui:
         argv.append("--no-webui")
     fd = _own_file(log_path)
-    start = os.fstat(fd).st_size  # a resumed experiment appends: only this run's lines count
+    offset = os.fstat(fd).st_size  # the log is appended to by every run of this id: read only this one's
+    log = os.fdopen(os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")  # still readable if a
+    # start-up refused in the child removes the experiment's directory (a config error leaves nothing)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
                                 close_fds=True)
     finally:
         os.close(fd)
-    deadline = time.monotonic() + 120
-    url = ""
-    while not url and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-        with log_path.open("rb") as log:
-            log.seek(start)
-            for line in log.read().decode(errors="replace").splitlines():
-                if line.startswith("WebUI: "):
-                    url = line.split(None, 1)[1].strip()
-        if args.no_webui and (root / experiment_id / "experiment.db").is_file():
-            break
-    if proc.poll() is not None and proc.returncode != 0:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        print(f"nni-manager: the experiment exited at once ({proc.returncode}): {tail[0]}", file=sys.stderr)
-        return proc.returncode
-    print(f"experiment {experiment_id} runs in the background (pid {proc.pid})")
+    with log:
+        deadline = time.monotonic() + _DETACH_START_S
+        url, started, lines = "", False, []
+        while not started and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = _read_from(log, offset)
+            url = next((line.split(None, 1)[1].strip() for line in lines if line.startswith("WebUI: ")), "")
+            started = STARTED_LINE.format(experiment_id) in lines
+        if not started and proc.poll() is not None:  # start-up failed: its one line and its status, as `run`
+            lines = _read_from(log, offset)
+            reason = next((line for line in reversed(lines) if line.startswith("nni-manager: ")), "")
+            print(reason or f"nni-manager: the experiment exited during start-up ({proc.returncode}); see {log_path}",
+                  file=sys.stderr)
+            return proc.returncode or EXIT_NO_WORKER
+    state = "runs" if started else "is still starting"
+    print(f"experiment {experiment_id} {state} in the background (pid {proc.pid})")
     if url:
         print(f"WebUI: {url}")
     print(f"output: {log_path}\nstop it with: nni-manager stop {experiment_id}")
     return 0
+
+
+def _read_from(log: BinaryIO, offset: int) -> list[str]:
+    log.seek(offset)
+    return log.read().decode(errors="replace").splitlines()
 
 
 def _web_arguments(parser: argparse.ArgumentParser) -> None:
@@ -300,7 +319,8 @@ def _web_options(args: argparse.Namespace):  # -> WebOptions
     from nni_manager.webui.runner import WebOptions
 
     if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port} is not a port number (0-65535)")
+        raise UsageError(f"--port {args.port} is not a port number (0-65535): pass e.g. --port 8080, or --port 0 "
+                         "for any free one")
     return WebOptions(port=args.port, bind=args.bind, url_prefix=args.url_prefix)
 
 
@@ -308,6 +328,7 @@ def _view(experiment_dir: Path, web) -> int:  # web: WebOptions
     from nni_manager.webui.runner import serve_stored
 
     _open_store(experiment_dir).close()  # a clear error for a directory without an experiment
+    experiment_lock.check_free(experiment_dir, experiment_dir.name)  # its manager serves it (and owns its entry)
     asyncio.run(serve_stored(experiment_dir, web))
     return 0
 
@@ -327,28 +348,45 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
          keep_serving: bool = False) -> int:
-    from nni_manager.backends.base import BackendError
     from nni_manager.dispatcher import DispatcherError
     from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError, TrialSummary
     from nni_manager.service.nni_api import new_id
+    from nni_manager.startup import preflight
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
 
     config = load_config(config_path)
+    preflight(config)  # as --dry-run and --detach: a config mistake creates nothing
     experiment_id = experiment_id or new_id(8)  # known before the run: the WebUI's manifest entry needs it
+    experiment_dir = Path(config.experiment_working_directory).expanduser() / experiment_id
+    created = not experiment_dir.exists()
     view: ExperimentView | None = None
 
     def on_event(kind: str, t: TrialSummary) -> None:
         if view is not None:
             view.event(kind, t)
 
-    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event)
+    def on_started() -> None:
+        if plain:
+            print(STARTED_LINE.format(experiment_id), flush=True)
+
+    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event, on_started=on_started)
+    # held until this process exits: before the WebUI registers, so a second manager touches nothing
+    experiment_lock.acquire(experiment_dir, experiment_id)
     view = ExperimentView(experiment, live=False if plain else None)
     _console_notices(config)
     webui: LiveWebUI | None = None
+    summarised = False
+
+    def summary() -> None:  # once: before "the WebUI stays until Ctrl-C", not after it
+        nonlocal summarised
+        if not summarised:
+            summarised = True
+            view.__exit__(None, None, None)  # the live table ends here; the summary follows it
+            print(final_summary(experiment.result()), flush=True)
 
     async def go() -> bool:
-        nonlocal webui
+        nonlocal webui, summarised
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -376,7 +414,8 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                     return False
                 except (DispatcherError, NoWorkerError) as exc:  # NNI keeps its WebUI up to show the error too
                     webui.finish("ERROR", str(exc))
-                    if keep_serving:
+                    if keep_serving and webui.server is not None:
+                        summary()
                         try:
                             await webui.serve_until_stopped("has failed")
                         except asyncio.CancelledError:  # stopped while showing the error: still the error
@@ -386,7 +425,12 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                     webui.finish("ERROR", str(exc))
                     raise
                 webui.finish("DONE")
-                reopened = keep_serving and await webui.serve_until_stopped("is done")
+                reopened = False
+                if keep_serving and webui.server is not None:
+                    summary()
+                    reopened = await webui.serve_until_stopped("is done")
+                    if reopened:
+                        summarised = False  # the run goes on: its summary comes again at its new end
         return True
 
     with view:
@@ -394,10 +438,20 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
             finished = asyncio.run(go())
         except (DispatcherError, NoWorkerError):  # trials cancelled: the summary and the reason follow
             finished = True
-        except BackendError as exc:  # the platform refused the start (RBAC, admission): its words, no traceback
-            print(f"nni-manager: {exc}", file=sys.stderr)
-            return EXIT_NO_WORKER
-    print(final_summary(experiment.result()), flush=True)
+        except ConfigError:  # found at start (e.g. the cluster's address): a new experiment leaves nothing
+            if created and not experiment.trials:
+                _forget(experiment_dir, experiment_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a platform that refused: one line; the traceback is in the log
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            log = experiment_dir / "log" / "nnimanager.log"
+            if not experiment.started:
+                print(f"nni-manager: the experiment could not start: {reason} (details: {log})", file=sys.stderr)
+                return EXIT_NO_WORKER
+            summary()
+            print(f"nni-manager: the experiment failed: {reason} (details: {log})", file=sys.stderr)
+            return EXIT_TUNER_FAILED
+    summary()
     if experiment.error:  # ERROR, never success, even when stopped while showing it
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
         return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
@@ -417,6 +471,18 @@ def _console_notices(config) -> None:  # config: ExperimentConfig
         log.addHandler(handler)
         if log.level == logging.NOTSET:
             log.setLevel(logging.WARNING)
+
+
+def _forget(experiment_dir: Path, experiment_id: str) -> None:
+    """Remove what a run refused at start created: its directory and its manifest entry."""
+    import shutil
+
+    from nni_manager.webui import manifest
+
+    experiment_lock.release(experiment_dir)
+    shutil.rmtree(experiment_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        manifest.update(lambda d: d.pop(experiment_id, None))
 
 
 def _open_store(experiment_dir: Path):  # -> Store

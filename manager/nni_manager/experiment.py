@@ -102,7 +102,7 @@ class Experiment:
 
     def __init__(self, config: ExperimentConfig, *, experiment_id: str | None = None,
                  on_event: Callable[[str, TrialSummary], None] | None = None,
-                 poll_interval: float = 0.5) -> None:
+                 poll_interval: float = 0.5, on_started: Callable[[], None] | None = None) -> None:
         check_algorithms(config)  # ConfigError before any work
         self.config = config
         self.optimize_mode = optimize_mode(config)
@@ -115,6 +115,8 @@ class Experiment:
         self.status = "INITIALIZED"
         self.error = ""
         self._on_event = on_event
+        self._on_started = on_started  # start-up is over: the platform and the dispatcher are up
+        self.started = False
         self._poll_interval = poll_interval
         self._queue: deque[str] = deque()  # parameter records waiting for a trial slot
         self._phase_requests: deque[tuple[str, int]] = deque()  # multi-phase: (trial id, parameter index)
@@ -143,6 +145,11 @@ class Experiment:
         handler = _log_file(self.experiment_dir, self.config.log_level, secret_values(self.config))
         try:
             await self._run(service, self.experiment_dir)
+        except (DispatcherError, NoWorkerError, asyncio.CancelledError):
+            raise
+        except Exception:  # the one-line reason goes to the user; the details stay in the log
+            log.exception("the experiment %s", "failed" if self.started else "could not start")
+            raise
         finally:
             logging.getLogger("nni_manager").removeHandler(handler)
             handler.close()
@@ -158,7 +165,9 @@ class Experiment:
                 history = await self._resume(ts)
                 self.dispatcher = make_dispatcher(self.config, experiment_dir, resume=bool(self._resumed))
                 await self.dispatcher.start(self, self.config.search_space or {}, history)
-                self.status = "RUNNING"
+                self.status, self.started = "RUNNING", True
+                if self._on_started is not None:
+                    self._on_started()
                 self.dispatcher.request_trials(self.config.trial_concurrency)
                 await self._loop(ts)
                 self.status = "DONE"
@@ -173,6 +182,7 @@ class Experiment:
                 await asyncio.shield(self._cancel_all(ts))
                 raise
             finally:
+                ts.end_state = self._end_state()
                 for task in list(self._tasks):
                     task.cancel()
                 if self.dispatcher is not None:
@@ -186,6 +196,16 @@ class Experiment:
                 best = trial
         return ExperimentResult(self.experiment_id or "", self.experiment_dir or Path(),
                                 self.optimize_mode, self.stop_reason, trials, best, self.error)
+
+    def _end_state(self) -> tuple[str, str]:
+        """NNI's final status and the reason, as `nni-manager list --all` shows them."""
+        if self.status == "DONE":
+            return "DONE", self.stop_reason or "done"
+        if self.status == "ERROR":
+            return "ERROR", f"{self.stop_reason}: {self.error}" if self.stop_reason else self.error
+        if self.stop_reason == "interrupted":
+            return "STOPPED", "stopped by the user (Ctrl-C, SIGTERM, `nni-manager stop` or the WebUI)"
+        return "ERROR", "the manager failed (see log/nnimanager.log)"
 
     def live_count(self) -> int:
         return len(self._live)

@@ -34,6 +34,7 @@ class ExperimentInfo:
     start_time: int | None = None  # epoch ms
     url: str = ""
     pid: int | None = None  # the nni-manager process serving it, while it runs
+    reason: str = ""  # why it ended (a clean finish, Ctrl-C, the tuner's crash, no worker), from its store
 
     @property
     def running(self) -> bool:
@@ -80,11 +81,15 @@ def list_all() -> list[ExperimentInfo]:
         directory = Path(log_dir).expanduser() / exp_id if log_dir else None
         pid = entry.get("pid") if entry.get("status") != "STOPPED" and _is_manager(entry.get("pid"), entry) else None
         urls = entry.get("webuiUrl") or []
+        directory = directory if directory and (directory / DB_NAME).is_file() else None
+        status, reason = str(entry.get("status", "")), ""
+        if directory is not None and pid is None:  # ended: the store says how (the manifest may predate it)
+            stored_status, reason = _ending(directory)
+            status = stored_status if stored_status in ("DONE", "ERROR", "STOPPED") else status
         found[exp_id] = ExperimentInfo(
-            exp_id, directory if directory and (directory / DB_NAME).is_file() else None,
-            str(entry.get("experimentName") or ""), str(entry.get("status", "")), str(entry.get("platform", "")),
+            exp_id, directory, str(entry.get("experimentName") or ""), status, str(entry.get("platform", "")),
             entry.get("startTime") if isinstance(entry.get("startTime"), int) else None,
-            str(urls[0]) if urls and pid else "", pid)
+            str(urls[0]) if urls and pid else "", pid, reason)
     root = DEFAULT_ROOT.expanduser()
     if root.is_dir():
         for db in sorted(root.glob(f"*/{DB_NAME}")):
@@ -107,10 +112,28 @@ def _from_store(directory: Path) -> ExperimentInfo:
     finally:
         store.close()
     config = row.get("config") or {}
-    status = str(row.get("status", ""))
+    status, reason = _ending(directory)
     return ExperimentInfo(directory.name, directory, str(config.get("experiment_name") or ""),
                           "STOPPED" if status == "RUNNING" else status,  # no live process registered it
-                          str((config.get("training_service") or {}).get("platform", "")), row.get("start_time"))
+                          str((config.get("training_service") or {}).get("platform", "")), row.get("start_time"),
+                          reason=reason or ("the manager died without cleaning up" if status == "RUNNING" else ""))
+
+
+def _ending(directory: Path) -> tuple[str, str]:
+    """(status, why it ended) as the experiment's store recorded them at its end."""
+    from nni_manager.store import Store
+
+    try:
+        store = Store.open_readonly(directory)
+    except Exception:  # noqa: BLE001 - a foreign or broken directory: nothing to say
+        return "", ""
+    try:
+        status = str((store.experiment() or {}).get("status", ""))
+        return status, store.setting("stop_reason") or ""
+    except Exception:  # noqa: BLE001
+        return "", ""
+    finally:
+        store.close()
 
 
 def stop(ref: str, timeout: float = 120.0) -> ExperimentInfo:

@@ -76,10 +76,14 @@ def test_dry_run_prints_the_objects_and_starts_nothing(tmp_path: Path) -> None:
     import yaml
 
     config = tmp_path / "tf.yml"
+    kubeconfig = tmp_path / "kubeconfig"  # run needs one, so --dry-run checks it too (read only by run)
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
     config.write_text(yaml.safe_dump({
         "trialConcurrency": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "tuner": {"name": "Random"},  # as run needs
         "trainingService": {
             "platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1", "nniManagerIp": "127.0.0.9",
+            "kubeConfig": str(kubeconfig),
             "worker": {"replicas": 2, "command": "python3 train.py", "cpuNumber": 1, "memorySize": "2gb",
                        "gpuNumber": 1, "dockerImage": "msranni/nni:latest"},
             "ps": {"replicas": 1, "command": "python3 ps.py", "cpuNumber": 1, "memorySize": 1024},

@@ -290,6 +290,10 @@ class Backend(abc.ABC, Generic[OptionsT]):
         return self.ships_code
 
     # ------------------------------------------------------------------ lifecycle
+    def preflight(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """Checks on this machine that need no network (a credentials file, a client SDK), run by
+        `run`, `--detach` and `--dry-run` before anything is created: raise ConfigError."""
+
     @abc.abstractmethod
     async def start(self, ctx: BackendContext) -> None:
         """Check credentials and start (or re-attach to) the agents. May return before they

@@ -164,6 +164,15 @@ class DlcBackend(RestJobBackend[DlcConfig]):
             raise RestError(f"PAI-DLC {action}: cannot reach {self.opts.endpoint} ({type(e).__name__}: {e})") from None
         return reply.body
 
+    def preflight(self) -> None:
+        try:
+            import alibabacloud_pai_dlc20201203.client  # noqa: F401 - what open() needs, imported once here
+            import alibabacloud_tea_openapi.models  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("trainingService.platform", f"dlc needs Alibaba Cloud's PAI-DLC SDK, which cannot be "
+                              f"imported ({e})", "`pip install 'nni-agent[dlc]'` (alibabacloud_pai_dlc20201203) "
+                              "next to nni-manager") from None
+
     async def open(self) -> None:
         from alibabacloud_pai_dlc20201203.client import Client
         from alibabacloud_pai_dlc20201203.models import ListJobsRequest

@@ -74,11 +74,19 @@ class ConfigSection:
         value = self.data.pop(found[0])
         return (_MISSING if value is None else value), self.at(found[0])
 
+    def missing(self, path: str, name: str, fix: str) -> ConfigError:
+        """The error for a required field that is absent: a misspelling of it left in the mapping
+        (`trialConcurency`) is named first, as the unknown field it is, with the right name."""
+        for key in self.data:
+            if difflib.get_close_matches(canonical_key(key), [canonical_key(name)], n=1, cutoff=0.8):
+                return ConfigError(self.at(str(key)), "unknown field", f"did you mean `{name}`?")
+        return ConfigError(path, "is required", fix)
+
     def str_(self, name: str, *aliases: str, required: bool = False) -> str | None:
         value, path = self.take(name, *aliases)
         if value is _MISSING:
             if required:
-                raise ConfigError(path, "is required", f"add `{name}: ...`")
+                raise self.missing(path, name, f"add `{name}: ...`")
             return None
         if isinstance(value, dict) and len(value) == 1 and next(iter(value.values())) is None:
             raise ConfigError(path, f"is `{{{next(iter(value))}}}`, a placeholder (YAML reads braces as a mapping)",
@@ -92,7 +100,7 @@ class ConfigSection:
         value, path = self.take(name, *aliases)
         if value is _MISSING:
             if required:
-                raise ConfigError(path, "is required", f"add `{name}: <integer >= {minimum}>`")
+                raise self.missing(path, name, f"add `{name}: <integer >= {minimum}>`")
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(path, f"must be an integer, got {_type_name(value)}",
@@ -143,7 +151,7 @@ class ConfigSection:
         value, path = self.take(name, *aliases)
         if value is _MISSING:
             if required:
-                raise ConfigError(path, "is required", fix or f"add `{name}: [...]`")
+                raise self.missing(path, name, fix or f"add `{name}: [...]`")
             return None
         if not isinstance(value, list) or (required and not value):
             raise ConfigError(path, f"must be a non-empty list, got {_type_name(value)}", fix or f"write `{name}: [...]`")
@@ -165,7 +173,7 @@ class ConfigSection:
         value, path = self.take(name, *aliases)
         if value is _MISSING:
             if required:
-                raise ConfigError(path, "is required", f"add `{name}: <number >= {minimum:g}>`")
+                raise self.missing(path, name, f"add `{name}: <number >= {minimum:g}>`")
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
             raise ConfigError(path, f"must be a number >= {minimum:g}, got {value!r}", f"write a number >= {minimum:g}")

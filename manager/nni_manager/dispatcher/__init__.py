@@ -42,8 +42,13 @@ def check_algorithms(config: ExperimentConfig) -> None:
         raise ConfigError("searchSpace", "is required to run an experiment",
                           "add `searchSpace:` inline or `searchSpaceFile: search_space.json`")
     if nni_available():
+        from nni_manager.dispatcher.algorithms import check_nni_algorithm
+
+        check_nni_algorithm(config.tuner, "advisor" if config.tuner.kind == "advisor" else "tuner")
+        if config.assessor is not None:
+            check_nni_algorithm(config.assessor, "assessor")
         return
-    from nni_manager.dispatcher.tuners import BUILTIN
+    from nni_manager.dispatcher.tuners import BUILTIN, make_tuner
 
     where = "advisor" if config.tuner.kind == "advisor" else "tuner"
     if config.tuner.class_name:
@@ -56,6 +61,7 @@ def check_algorithms(config: ExperimentConfig) -> None:
     if config.assessor is not None:
         raise ConfigError("assessor", "assessors run in NNI's dispatcher, and the `nni` package is not installed",
                           "`pip install nni` next to nni-manager, or remove the assessor")
+    make_tuner(config.tuner, config.search_space)  # its classArgs, before start
 
 
 def optimize_mode(config: ExperimentConfig) -> str:

@@ -217,6 +217,10 @@ class HybridBackend(ElasticBackend[Any, Any]):
         if part is not None:
             await part.agent_lost(agent_id)
 
+    def preflight(self) -> None:
+        for part in self.parts:
+            part.preflight()
+
     def render(self) -> DryRun:
         rendered = [p.render() for p in self.parts]
         text = "\n\n".join(f"[{r.platform}]\n{r.text}" for r in rendered)

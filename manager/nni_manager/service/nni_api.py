@@ -10,8 +10,10 @@ backend, run the placement loop, clean up). What the hub and the backend report 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import sys
 import secrets
 import string
 import time
@@ -21,7 +23,7 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
-from nni_manager import shared_storage
+from nni_manager import experiment_lock, shared_storage
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, redacted
 from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
@@ -38,6 +40,11 @@ from nni_manager.store import Store
 from nni_manager.types import TrialJobApplicationForm, TrialJobDetail, TrialJobStatus
 
 _ALNUM = string.ascii_letters + string.digits
+STOP_REASON = "stop_reason"  # the store's setting: why the experiment ended (shown by `nni-manager list --all`)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def new_id(length: int) -> str:
@@ -67,6 +74,10 @@ class TrainingService:
         self._run_task: asyncio.Task[None] | None = None
         self._background = Background()
         self._heap = HeapFreezer()
+        # how the run ended, as NNI names it (DONE / ERROR / STOPPED) and why: set by the experiment
+        # loop before clean-up, kept in the store for `nni-manager list --all`
+        self.end_state: tuple[str, str] | None = None
+        self._ours = False
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> TrainingService:
@@ -85,6 +96,15 @@ class TrainingService:
         try:
             await self._open()
         except BaseException:
+            if self._store is None:  # refused (or failed) before the store: nothing of ours to clean
+                experiment_lock.release(self.experiment_dir)
+                self._cleaned = True
+                raise
+            if self._store is not None and self._ours:  # `list --all` tells this failure apart from a stop
+                with contextlib.suppress(Exception):
+                    with self._store.transaction():
+                        self._store.set_experiment_status("ERROR")
+                        self._store.set_setting(STOP_REASON, f"could not start: {_one_line(sys.exc_info()[1])}")
             if self._hub is not None:
                 await self._backend.stop()  # whatever it started before failing
                 await self._hub.stop()
@@ -92,16 +112,19 @@ class TrainingService:
                 self._store.close()
             if self._storage_mounted:
                 await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
+            experiment_lock.release(self.experiment_dir)
             self._cleaned = True
             raise
 
     async def _open(self) -> None:
+        experiment_lock.acquire(self.experiment_dir, self.experiment_id)  # one manager per experiment
         self._store = store = Store.open(self.experiment_dir)
         if self.config.use_annotation:
             await asyncio.to_thread(expand_annotations, self.config, self.experiment_dir)
         with store.transaction():
             store.init_experiment(self.experiment_id, _redacted(dataclasses.asdict(self.config)), now_ms())
             store.set_experiment_status("RUNNING")
+        self._ours = True  # the store is this experiment's (a refused one is never written to)
         with heap.bulk():  # 100,000 trials after a long run
             trials = Trials(store, lambda t: self._background.notify(self._listeners.status, t), self._wake.set)
         storage = self.config.shared_storage
@@ -168,9 +191,12 @@ class TrainingService:
             await self._run_task
         await self._background.drain()
         await hub.stop()
+        status, reason = self.end_state or ("STOPPED", "the training service was cleaned up")
         with store.transaction():
-            store.set_experiment_status("STOPPED")
+            store.set_experiment_status(status)
+            store.set_setting(STOP_REASON, reason)
         store.close()
+        experiment_lock.release(self.experiment_dir)
         self._heap.release()
 
     async def _settle(self, timeout: float) -> None:

@@ -198,7 +198,10 @@ def connect(m: SshMachine) -> paramiko.SSHClient:
         via = f" via proxyCommand `{proxy_command_line(m)}`" if m.proxy_command else ""
         what = e.error if isinstance(e, paramiko.ProxyCommandFailure) else f"{type(e).__name__}: {e}"
         exited = _proxy_exit(sock)
-        raise SshError(f"{label}: cannot connect{via}: {exited or what}") from None
+        fix = (f"check the proxyCommand and that sshd runs on {m.host}:{m.port} behind it" if m.proxy_command else
+               f"is sshd running on {m.host} and listening on port {m.port}? Check host and port in machineList "
+               f"(try `ssh -p {m.port} {m.user}@{m.host}`)")
+        raise SshError(f"{label}: cannot connect{via}: {exited or what}; {fix}") from None
     if sock is None:
         # Our own TCP socket: send small SSH packets at once. With Nagle on, a write that
         # follows an unacknowledged one waits for the peer's delayed ACK (~40 ms a round trip).

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from nni_manager.backends.base import BackendError
 from nni_manager.backends.kubernetes import oidc
 from nni_manager.backends.kubernetes.config import KubeConfig
+from nni_manager.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,15 @@ class Credentials:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             return None
         return str(Path("~/.kube/config").expanduser())
+
+    def check_present(self) -> None:
+        """ConfigError when there is nothing to load: no kubeconfig file and not inside a cluster."""
+        source = self._source()
+        if source is not None and not any(Path(p).is_file() for p in source.split(os.pathsep)):
+            raise ConfigError("trainingService.kubeConfig", f"no kubeconfig: {source} does not exist, KUBECONFIG "
+                              "names no file, and this is not a pod in a cluster",
+                              "set `kubeConfig: /path/to/kubeconfig` (or KUBECONFIG), or run `kubectl config view` "
+                              "to check that your cluster's login wrote ~/.kube/config")
 
     def _files_state(self, source: str) -> tuple:
         out: list[tuple[str, int | None]] = []

@@ -29,7 +29,7 @@ from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
-from nni_manager.backends.kubernetes.client import KubeError, api_error, load_client, manager_ip_for
+from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
@@ -312,6 +312,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
 
     async def _cleanup_extra(self) -> None:
         """Delete what `_prepare` made (by the experiment's labels)."""
+
+    def preflight(self) -> None:
+        Credentials(self.kube).check_present()
 
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx

@@ -43,7 +43,7 @@ from nni_manager.backends.slurm import deps
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
-from nni_manager.config import ExperimentConfig
+from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.ssh.connection import (
     known_hosts_path,
     machine_label,
@@ -104,6 +104,11 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
 
     def shape(self) -> Shape:
         return Shape(roles=(Role("", replicas=self.opts.nodes),))
+
+    def preflight(self) -> None:
+        if not self.opts.login_node and not self.config.training_service.nni_manager_ip:  # as hub_setup.plan says
+            raise ConfigError("nniManagerIp", f"is required for platform {self.platform}",
+                              "set it to an address or DNS name of this machine that the workers can reach")
 
     async def manager_address(self) -> str | None:
         """With loginNode the hub needs no network address: only the SSH forward reaches it."""
@@ -254,8 +259,11 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         script = self.batch_script(probe, f"{self.prefix}test", base, "127.0.0.1:1", False)
         rc, out, err = await self.run("sbatch", "--test-only", stdin=script, cwd=base)
         if rc != 0:
-            raise SlurmError(f"Slurm refuses a trial's request ({self.request_words()}): "
-                             f"{_one_line(err or out) or f'sbatch --test-only exited {rc}'}")
+            words = _one_line(err or out) or f"sbatch --test-only exited {rc}"
+            if "contact slurm controller" in words or "establish a configuration source" in words:
+                raise SlurmError(f"Slurm's controller cannot be reached {host.where}: {words}; check that slurmctld "
+                                 "runs and that SLURM_CONF / slurm.conf names it (`scontrol ping` says), then run again")
+            raise SlurmError(f"Slurm refuses a trial's request ({self.request_words()}): {words}")
         if node:  # after a manager restart, running agents redial the relay
             env = next((e for e in self.ctx.environments() if e.members), None)
             if env is not None:
