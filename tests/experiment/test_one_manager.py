@@ -71,7 +71,7 @@ def test_second_manager_is_refused_and_touches_nothing(make_config, tmp_path: Pa
             time.sleep(0.3)
         before = _snapshot(directory)
         manager_pid = json.loads((home / "nni-experiments" / ".experiment").read_text())[exp_id]["pid"]
-        log_before = (tmp_path / "exps" / f"{exp_id}.log").read_bytes()
+        log_before = (directory / "detach.log").read_bytes()
 
         attempts = [("resume", exp_id), ("resume", exp_id, "--detach", "--port", "0"),
                     ("run", str(config), "--experiment-id", exp_id, "--no-webui"),
@@ -87,7 +87,7 @@ def test_second_manager_is_refused_and_touches_nothing(make_config, tmp_path: Pa
 
         assert _status(url) in ("RUNNING", "NO_MORE_TRIAL")  # the first manager still runs and serves
         assert _snapshot(directory) == before  # no trial rewritten, no metric lost or added
-        assert (tmp_path / "exps" / f"{exp_id}.log").read_bytes() == log_before  # nothing appended to its log
+        assert (directory / "detach.log").read_bytes() == log_before  # nothing appended to its log
         listed = cli(home, "list", cwd=tmp_path)
         assert exp_id in listed.stdout and url.rstrip("/") in listed.stdout, listed.stdout  # still listed
     finally:
