@@ -13,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PLATFORMS = ROOT / "docs" / "platforms"
 NOT_PLATFORMS = ("index", "shared-storage")  # an overview and a feature, not platforms
 PLACEHOLDERS = {"<application token>": "t0ken", "<job token>": "t0ken", "<subscription>": "sub", "<secret>": "s3cret"}
+# the login `kubectl` leaves in ~/.kube/config; the Kubernetes family's pages assume one (a dry run never dials it)
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t0ken}}]
+contexts: [{name: c, context: {cluster: c, user: u, namespace: default}}]
+current-context: c
+"""
 INCLUDE = re.compile(r'```yaml\n--8<-- "platforms/([\w-]+\.yml)"\n```')
 
 
@@ -40,6 +48,8 @@ def test_platform_page_config_passes_dry_run_as_pasted(page: Path, tmp_path: Pat
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_ed25519").write_text("key\n")  # the configs' sshKeyFile (not read by a dry run)
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text(KUBECONFIG)  # a user with a cluster has one (a dry run dials nothing)
     done = subprocess.run([sys.executable, "-m", "nni_manager", "run", "config.yml", "--dry-run"], cwd=tmp_path,
                           env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
