@@ -17,7 +17,7 @@ import yaml
 
 from nni_manager.metrics import metric_value
 from nni_manager.store import Store
-from tests.kube.test_pod_overrides import NON_ROOT_IMAGE, non_root_image  # noqa: F401 (a fixture)
+from tests.support.kube.nonroot import NON_ROOT_IMAGE, non_root_image  # noqa: F401 (a fixture)
 from tests.support.kube.emulator.admission import ENFORCE, GROUP_RANGE, UID_RANGE
 from tests.support.kube.policy import set_policy
 

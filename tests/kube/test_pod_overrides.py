@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import shutil
-import sysconfig
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +18,9 @@ from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.kube.harness import code_dir, config, ours, pod_json, pods_service
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.kube.nonroot import NON_ROOT_IMAGE, non_root_image  # noqa: F401 (a fixture)
 
 NON_ROOT = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
-NON_ROOT_IMAGE = "nni-test/non-root:3.11"
-
-
-@pytest.fixture
-def non_root_image() -> Iterator[str]:
-    """An emulated image whose Python uid 1000 can run: the system python3 with the test venv's
-    packages (the venv's own interpreter lives under /root, which only root may enter; pytest's
-    tmp_path is 0700 too). As in an image built with `USER 1000` over a system Python."""
-    d = Path(tempfile.mkdtemp(prefix="nni-nonroot-image-"))
-    os.chmod(d, 0o755)
-    site = sysconfig.get_paths()["purelib"]
-    for name in ("python3", "python"):
-        (d / name).write_text(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\n'
-                              'exec /usr/bin/python3 "$@"\n')
-        os.chmod(d / name, 0o755)
-    yield str(d)
-    shutil.rmtree(d, ignore_errors=True)
 NNI_EXAMPLE = Path(__file__).parents[1] / "experiment/nni_configs/examples/trials/mnist-pytorch"
 
 

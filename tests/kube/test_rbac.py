@@ -4,7 +4,6 @@ service account (the experiment grants it, or refuses with the objects to apply)
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,41 +12,13 @@ import yaml
 
 from nni_manager.backends.kubernetes.client import KubeError
 from nni_manager.service import create_training_service
-from tests.support.kube.harness import IMAGE, config, kubeconfig_with_token, ours, pods_service
+from tests.support.kube.harness import IMAGE, config, ours, pods_service
+from tests.support.kube.rbac_user import USER_TOKEN, bind_alice, doc_role, rbac_api  # noqa: F401
 from tests.support.manager.helpers import form, wait_status
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "default"
 FC = ("frameworkcontroller.microsoft.com", "v1")
-USER_TOKEN = "alice-token"
-
-
-def doc_role() -> dict[str, Any]:
-    """The Role exactly as docs/platforms/kubernetes.md ships it."""
-    text = (ROOT / "docs" / "platforms" / "kubernetes.md").read_text()
-    section = text[text.index("## Permissions (RBAC)"):]
-    block = re.search(r"```yaml\n(.*?)```", section, re.S)
-    assert block, "no yaml block under Permissions (RBAC)"
-    role = yaml.safe_load(block.group(1))
-    assert role["kind"] == "Role"
-    return role
-
-
-def rbac_api(kube: Any):
-    from kubernetes import client
-    return client.RbacAuthorizationV1Api(kube.api_client())
-
-
-def bind_alice(kube: Any, role: dict[str, Any]) -> Path:
-    """Apply `role` as the admin, bind it to user alice; alice's kubeconfig."""
-    api = rbac_api(kube)
-    api.create_namespaced_role(NS, role)
-    api.create_namespaced_role_binding(NS, {
-        "metadata": {"name": "alice"}, "subjects": [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}],
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}})
-    return kubeconfig_with_token(kube, kube.state_dir / "alice-kubeconfig", USER_TOKEN)
-
-
 def fc_service(**extra: Any) -> dict[str, Any]:
     return {"platform": "frameworkcontroller", "reuseMode": False, **extra,
             "taskRoles": [{"name": "worker", "taskNumber": 1, "command": "python3 trial.py", "cpuNumber": 0.5,

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.kube.test_rbac import USER_TOKEN, bind_alice, doc_role
+from tests.support.kube.rbac_user import USER_TOKEN, bind_alice, doc_role
 from tests.support.kube.policy import set_policy
 
 NS = "default"

@@ -18,7 +18,7 @@ import yaml
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
-from tests.support.security.platforms import PLATFORMS, SECRET
+from tests.support.security.platforms import ALGORITHM, PLATFORMS, SECRET, dry_run_env
 
 AGENT_ENV = {"WANDB_API_KEY": SECRET, "CUDA_HOME": "/opt/cuda-kept"}
 
@@ -28,9 +28,9 @@ def test_what_is_submitted_holds_no_secret_agent_env(platform: str, tmp_path: Pa
     config = tmp_path / f"{platform}.yml"
     config.write_text(yaml.safe_dump({
         "trialCommand": "python3 t.py", "trialCodeDirectory": str(tmp_path), "trialConcurrency": 1,
-        "trialGpuNumber": 0, "trainingService": {"platform": platform, "agentEnv": AGENT_ENV, **PLATFORMS[platform]}}))
+        **ALGORITHM, "trialGpuNumber": 0, "trainingService": {"platform": platform, "agentEnv": AGENT_ENV, **PLATFORMS[platform]}}))
     out = subprocess.run([sys.executable, "-m", "nni_manager", "run", "--dry-run", str(config)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dry_run_env(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "/opt/cuda-kept" in out.stdout  # the other variables are still submitted: the search means something
     assert SECRET not in out.stdout and SECRET not in out.stderr

@@ -183,11 +183,13 @@ def test_the_slurm_relays_bound_follows_its_limit_file(tmp_path: Path) -> None:
         port = int(port_file.read_text())
         for _ in range(2):  # no limit file yet: the bound given at start
             clients.append(socket.create_connection(("127.0.0.1", port)))
+            clients[-1].sendall(b"x")  # a connection is piped once it has spoken (an agent's ClientHello)
         asyncio.run(until(lambda: upstream.accepted == 2, 30, "two piped connections"))
         assert refused(port), "a third connection was kept although the relay pipes at most two"
         limit.write_text("4\n")
         for _ in range(2):
             clients.append(socket.create_connection(("127.0.0.1", port)))
+            clients[-1].sendall(b"x")
         asyncio.run(until(lambda: upstream.accepted == 4, 30, "four piped connections once the limit is four"))
         assert refused(port), "a fifth connection was kept although the limit file says four"
         assert upstream.accepted == 4

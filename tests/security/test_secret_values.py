@@ -15,7 +15,7 @@ import yaml
 
 from nni_manager.config import REDACTED, ExperimentConfig, TrainingServiceConfig, is_secret_entry, redacted, secret_values
 from nni_manager.service import create_training_service
-from tests.support.security.platforms import PLATFORMS
+from tests.support.security.platforms import ALGORITHM, PLATFORMS, dry_run_env
 from tests.support.manager.helpers import form, wait_status
 
 PW = "pw-" + hashlib.sha256(b"by value").hexdigest()[:12]
@@ -58,9 +58,9 @@ def test_what_is_submitted_holds_no_secret_by_value(platform: str, tmp_path: Pat
     env = {**SECRET_ENV, **VISIBLE_ENV}
     config.write_text(yaml.safe_dump({
         "trialCommand": "python3 t.py", "trialCodeDirectory": str(tmp_path), "trialConcurrency": 1,
-        "trialGpuNumber": 0, "trainingService": {"platform": platform, "agentEnv": env, **PLATFORMS[platform]}}))
+        **ALGORITHM, "trialGpuNumber": 0, "trainingService": {"platform": platform, "agentEnv": env, **PLATFORMS[platform]}}))
     out = subprocess.run([sys.executable, "-m", "nni_manager", "run", "--dry-run", str(config)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dry_run_env(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "TOKENIZERS_PARALLELISM" in out.stdout  # the visible variables are still submitted
     assert PW not in out.stdout and PW not in out.stderr, [line for line in out.stdout.splitlines() if PW in line]

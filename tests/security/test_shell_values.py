@@ -15,6 +15,7 @@ import yaml
 from nni_manager.backends.remote.bootstrap import parse_probe, probe_command
 from nni_manager.backends.rest_jobs import agent_boot
 from nni_manager.config import ConfigError
+from tests.support.security.platforms import ALGORITHM, dry_run_env
 from nni_manager.loader import load_config
 
 HOSTILE = ["a\nb", "a'b\"c", "$(touch PWNED)", "`touch PWNED`", "x; touch PWNED"]
@@ -23,13 +24,13 @@ HOSTILE = ["a\nb", "a'b\"c", "$(touch PWNED)", "`touch PWNED`", "x; touch PWNED"
 def _config(tmp: Path, ts: dict) -> Path:
     path = tmp / "config.yml"
     path.write_text(yaml.safe_dump({"trialCommand": "python3 t.py", "trialCodeDirectory": str(tmp),
-                                    "trialConcurrency": 1, "trainingService": ts}))
+                                    "trialConcurrency": 1, "trainingService": ts, **ALGORITHM}))
     return path
 
 
 def _dry_run(config: Path) -> str:
     out = subprocess.run([sys.executable, "-m", "nni_manager", "run", "--dry-run", str(config)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dry_run_env(config.parent))
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -56,7 +57,7 @@ def test_sbatch_option_with_a_newline_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_agent_env_values_reach_the_batch_script_quoted(value: str, tmp_path: Path) -> None:
-    script = _dry_run(_config(tmp_path, {"platform": "slurm", "partition": "p", "agentEnv": {"HOSTILE_VALUE": value}}))
+    script = _dry_run(_config(tmp_path, {"platform": "slurm", "partition": "p", "nniManagerIp": "127.0.0.9", "agentEnv": {"HOSTILE_VALUE": value}}))
     exports = [line for line in _script_lines(script) if line.startswith("export HOSTILE_VALUE=")]
     assert len(exports) == 1, script
     out = subprocess.run(["sh", "-c", exports[0] + '\nprintf %s "$HOSTILE_VALUE"'], cwd=tmp_path,

@@ -308,7 +308,7 @@ def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azuri
     from azure.storage.blob import ContainerClient
 
     from nni_manager.backends import aml_code
-    from nni_manager.config import load_config
+    from nni_manager.loader import load_config
     from nni_manager.service import create_training_service
     from tests.support.aml.datastore import code_asset_aml, new_container
     from tests.support.aml.experiments import config_dict, run
