@@ -20,7 +20,6 @@ import asyncio
 import atexit
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -558,12 +557,8 @@ def _serving(pid: int, experiment_id: str | None) -> bool:
     """Whether process `pid` still serves `experiment_id` (alive, and its entry not STOPPED)."""
     from nni_manager.webui import manifest
 
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not manifest.alive(pid):
         return False
-    except PermissionError:
-        return True
     entry = manifest.read().get(experiment_id or "")
     return not isinstance(entry, dict) or entry.get("status") != "STOPPED"
 

@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.dry_run import KUBECONFIG
+
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORMS = ROOT / "docs" / "platforms"
 NOT_PLATFORMS = ("index", "shared-storage")  # an overview and a feature, not platforms
 PLACEHOLDERS = {"<application token>": "t0ken", "<job token>": "t0ken", "<subscription>": "sub", "<secret>": "s3cret"}
-# the login `kubectl` leaves in ~/.kube/config; the Kubernetes family's pages assume one (a dry run never dials it)
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t0ken}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: default}}]
-current-context: c
-"""
 INCLUDE = re.compile(r'```yaml\n--8<-- "platforms/([\w-]+\.yml)"\n```')
 
 

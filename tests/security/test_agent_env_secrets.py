@@ -18,7 +18,8 @@ import yaml
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
-from tests.support.security.platforms import ALGORITHM, PLATFORMS, SECRET, dry_run_env
+from tests.support.dry_run import ALGORITHM, dry_run_env
+from tests.support.security.platforms import PLATFORMS, SECRET
 
 AGENT_ENV = {"WANDB_API_KEY": SECRET, "CUDA_HOME": "/opt/cuda-kept"}
 

@@ -15,7 +15,8 @@ import yaml
 
 from nni_manager.config import REDACTED, ExperimentConfig, TrainingServiceConfig, is_secret_entry, redacted, secret_values
 from nni_manager.service import create_training_service
-from tests.support.security.platforms import ALGORITHM, PLATFORMS, dry_run_env
+from tests.support.dry_run import ALGORITHM, dry_run_env
+from tests.support.security.platforms import PLATFORMS
 from tests.support.manager.helpers import form, wait_status
 
 PW = "pw-" + hashlib.sha256(b"by value").hexdigest()[:12]

@@ -15,7 +15,7 @@ import yaml
 from nni_manager.backends.remote.bootstrap import parse_probe, probe_command
 from nni_manager.backends.rest_jobs import agent_boot
 from nni_manager.config import ConfigError
-from tests.support.security.platforms import ALGORITHM, dry_run_env
+from tests.support.dry_run import ALGORITHM, dry_run_env
 from nni_manager.loader import load_config
 
 HOSTILE = ["a\nb", "a'b\"c", "$(touch PWNED)", "`touch PWNED`", "x; touch PWNED"]

@@ -120,18 +120,19 @@ def experiments_info(path: Path | None = None) -> list[dict[str, Any]]:
             if not isinstance(entry, dict) or entry.get("status") == "STOPPED":
                 continue
             pid = entry.get("pid")
-            if isinstance(pid, int) and not _alive(pid):
+            if isinstance(pid, int) and not alive(pid):
                 entry["status"] = "STOPPED"
                 entry.pop("port", None)
                 stale.append(key)
     data = read(path)
     if any(isinstance(e, dict) and e.get("status") != "STOPPED" and isinstance(e.get("pid"), int)
-           and not _alive(e["pid"]) for e in data.values()):
+           and not alive(e["pid"]) for e in data.values()):
         data = update(change, path)
     return [e for e in data.values() if isinstance(e, dict)]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -233,7 +233,7 @@ def _register(result: Exported, stored: dict[str, Any], start: int, end: int,
     def change(d: dict[str, Any]) -> None:
         entry = d.get(result.experiment_id)
         if isinstance(entry, dict) and entry.get("status") != "STOPPED" and isinstance(entry.get("pid"), int) \
-                and manifest._alive(entry["pid"]):
+                and manifest.alive(entry["pid"]):
             return
         new: dict[str, Any] = {"id": result.experiment_id, "startTime": start, "endTime": end,
                "status": "STOPPED", "platform": "local", "experimentName": name, "tag": [], "pid": None,

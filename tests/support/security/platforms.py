@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 SECRET = "s3cr3t-agentenv-" + hashlib.sha256(b"nni-agent").hexdigest()[:12]
 PLATFORMS = {
@@ -31,21 +29,3 @@ PLATFORMS = {
             "nniManagerIp": "127.0.0.9"},
     "adl": {"image": "python:3.11", "nniManagerIp": "127.0.0.9"},
 }
-
-# What a dry run needs besides the platform (it checks what `run` checks): a tuner, a search space, and
-# for the Kubernetes family the kubeconfig a user with a cluster has (a dry run never dials it).
-ALGORITHM = {"tuner": {"name": "Random"}, "searchSpace": {"x": {"_type": "choice", "_value": [1]}}}
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t0ken}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: default}}]
-current-context: c
-"""
-
-
-def dry_run_env(tmp_path: Path) -> dict[str, str]:
-    """This process's environment plus KUBECONFIG naming a kubeconfig written under `tmp_path`."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    return {**os.environ, "KUBECONFIG": str(path)}
