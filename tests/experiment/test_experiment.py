@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -96,6 +97,37 @@ def test_cancel_stops_trials_user_canceled(make_config) -> None:
     statuses = {t.status for t in experiment.trials.values()}
     assert statuses == {TrialJobStatus.USER_CANCELED} and len(experiment.trials) == 2
     assert experiment.result().stop_reason == "interrupted"
+    assert processes_under(config.trial_code_directory) == []
+
+
+def test_a_stop_during_the_clean_up_keeps_the_done_record(make_config) -> None:
+    """A SIGTERM (`nni-manager stop`) that lands after the experiment is DONE but while it still
+    cleans up must not cut the clean-up short: the store still says DONE, and why."""
+    config = load_config(make_config(maxTrialNumber=2, trialConcurrency=2))
+    experiment = Experiment(config, poll_interval=0.2)
+    cancels = 0
+
+    async def main() -> None:
+        nonlocal cancels
+        task = asyncio.create_task(experiment.run())
+        while experiment.status != "DONE" and not task.done():
+            await asyncio.sleep(0.005)
+        while not task.done():  # keep asking it to stop while it cleans up
+            task.cancel()
+            cancels += 1
+            await asyncio.sleep(0.01)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert cancels > 0  # the stop requests did arrive during the clean-up
+    store = Store.open_readonly(experiment.experiment_dir)
+    try:
+        assert store.experiment()["status"] == "DONE"
+        assert store.setting("stop_reason") == "maxTrialNumber (2) reached"
+    finally:
+        store.close()
+    assert all(t.status == TrialJobStatus.SUCCEEDED for t in experiment.trials.values())
     assert processes_under(config.trial_code_directory) == []
 
 

@@ -164,10 +164,24 @@ class TrainingService:
             self._heap.grown_to(len(core.trials.by_id))
 
     async def clean_up(self) -> None:
-        """Stop every trial and agent; nothing keeps running afterwards."""
+        """Stop every trial and agent; nothing keeps running afterwards. A stop request (SIGTERM,
+        Ctrl-C) that arrives meanwhile does not cut it short: the experiment's end is recorded
+        first (a DONE experiment stopped while it cleans up stays DONE), then it is re-raised."""
         if self._cleaned or not self._started:
             return
         self._cleaned = True
+        steps = asyncio.ensure_future(self._clean_up_steps())
+        cancelled = False
+        while not steps.done():
+            try:
+                await asyncio.shield(steps)
+            except asyncio.CancelledError:
+                cancelled = True
+        steps.result()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _clean_up_steps(self) -> None:
         core, hub, store = self.core, self._hub, self._store
         assert hub is not None and store is not None
         core.stopping = True
