@@ -295,23 +295,27 @@ def test_kubernetes_configmaps_replaced_by_a_configmap_only_account_never_run(
     assert deps and all(c.immutable for c in deps)  # hers were replaced by the manager's own
 
 
-def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azurite, base: Path,  # noqa: F811
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Someone else in the workspace creates the code version `nni-agent:<hash>` first (the hash is
-    computable from the public agent and wheels), naming a folder of her wheels. The manager finds
-    the version and uploads nothing; each job's boot step checks the wheel against the digest in
-    the job's own command and refuses it in one line naming it. Her code never runs."""
+def test_aml_code_version_planted_by_another_identity_is_refused_and_never_runs(
+        aml_factory, azurite, base: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Mallory, another member of the workspace (her own Azure identity), creates the code version
+    `nni-agent:<hash>` first (the hash is computable from the public agent and wheels), naming a
+    folder of her wheels. The manager compares the version with what it ships, refuses it in one
+    console line naming it and the fix, and creates its own under the next name; the trial
+    SUCCEEDS with the manager's code, and a second experiment reuses that version. Her code never
+    runs. (Before: the manager took the version by its name, and every job failed at its boot step.)"""
     import ssl
     import urllib.request
 
-    from azure.identity import DefaultAzureCredential
+    from azure.identity import AzureCliCredential
     from azure.storage.blob import ContainerClient
 
+    from nni_manager import cli, notices
     from nni_manager.backends import aml_code
     from nni_manager.loader import load_config
     from nni_manager.service import create_training_service
     from tests.support.aml.datastore import code_asset_aml, new_container
-    from tests.support.aml.experiments import config_dict, run
+    from tests.support.aml.experiments import config_dict, ours, run
     from tests.support.images import SLIM_IMAGE
     from tests.support.manager.helpers import form, wait_status
     from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY
@@ -320,8 +324,10 @@ def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azuri
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
     monkeypatch.setenv(agent_deps.DOWNLOAD_ENV, "0")
+    monkeypatch.setattr(notices, "_said", set())
     container = new_container(azurite)
-    aml = code_asset_aml(aml_factory, azurite, monkeypatch, container)
+    aml = code_asset_aml(aml_factory, azurite, monkeypatch, container,
+                         principals={"default": ["Contributor"], "mallory": ["Contributor"]})
     files = aml_code.gather(base / "mallory-wheel", WHEELHOUSE)  # what the victim's manager will name
     marker = base / "planted-ran"
     planted = planted_wheel(base / "planted.whl", marker).read_bytes()
@@ -330,34 +336,104 @@ def test_aml_code_version_planted_in_the_workspace_never_runs(aml_factory, azuri
                                                          "account_key": AZURITE_KEY}) as cc:
         for name, _ in files.files:
             cc.upload_blob(f"{folder}/{name}", planted)
+    with monkeypatch.context() as m:  # Mallory's own login
+        m.setenv("AZURE_CONFIG_DIR", aml.config_dir("mallory"))
+        token = AzureCliCredential().get_token("https://management.azure.com/.default").token
     ds = f"{aml.url}{aml.workspace_path}/datastores/workspaceblobstore?api-version=2024-04-01"
-    token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
     ctx = ssl.create_default_context(cafile=aml.ca_file)
     with urllib.request.urlopen(urllib.request.Request(ds, headers={"Authorization": f"Bearer {token}"}),
                                 context=ctx, timeout=30) as r:
         props = json.loads(r.read())["properties"]
     canonical = f"{props.get('protocol') or 'https'}://{AZURITE_ACCOUNT}.blob.{props.get('endpoint') or 'core.windows.net'}"
+    version = f"{aml.url}{aml.workspace_path}/codes/nni-agent/versions/{files.digest}?api-version=2024-04-01"
     put = urllib.request.Request(
-        f"{aml.url}{aml.workspace_path}/codes/nni-agent/versions/{files.digest}?api-version=2024-04-01", method="PUT",
-        data=json.dumps({"properties": {"codeUri": f"{canonical}/{container}/{folder}"}}).encode(),
+        version, method="PUT", data=json.dumps({"properties": {"codeUri": f"{canonical}/{container}/{folder}"}}).encode(),
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(put, context=ctx, timeout=30) as r:
         assert r.status in (200, 201)
+        assert json.loads(r.read())["systemData"]["createdBy"] == "mallory@contoso.example"
     cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite),
                        "agentWheelhouse": str(WHEELHOUSE)})
+    cli._console_notices(cfg)  # as `nni-manager run` does
 
     async def experiment() -> str:
         async with create_training_service(cfg) as ts:
             t = await ts.submit_trial_job(form(0))
             d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
-            return f"{d.status.value} {d.message}"
+            assert d.status.value == "SUCCEEDED", d.message
+            return ts.experiment_id
 
-    result = run(experiment())
+    try:
+        first = run(experiment())
+        second = run(experiment())
+    finally:
+        for h in [h for h in notices.log.handlers if getattr(h, "nni_console", False)]:
+            notices.log.removeHandler(h)
     assert not marker.exists(), marker.read_text()
-    assert result.startswith("FAILED "), result  # AML shows the job's log on its page, not in the job
-    logs = [p.read_text() for p in (aml.state / "tasks").glob("*/stderr") if p.read_text().strip()]
-    assert logs
-    for text in logs:  # every environment tried: the boot step's one line naming the wheel
-        lines = text.splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"nni-agent: the shipped file {files.agent_wheel} ("), lines
-        assert "is not the one the manager shipped" in lines[0], lines
+    said = [line for line in capsys.readouterr().err.splitlines() if "nni-agent:" in line]
+    assert len(said) == 1, said  # one line, once, on the console
+    assert f"the code version nni-agent:{files.digest} " in said[0] and folder in said[0], said
+    assert "Fix: find out who created it and delete it" in said[0], said
+    code_ids = {aml.job(j["name"])["codeId"] for j in ours(aml, first) + ours(aml, second)}
+    assert code_ids == {f"{aml.workspace_path}/codes/nni-agent/versions/{files.digest}-2"}, code_ids
+    puts = [r for r in aml.requests() if r.get("kind") == "codes.versions.put"]
+    assert len(puts) == 2, puts  # hers, and the manager's once: the second experiment reused its own
+
+
+def test_aml_code_asset_files_changed_in_the_datastore_are_uploaded_again_and_never_run(
+        aml_factory, azurite, base: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The manager's own code version exists, but someone who may write the datastore's container
+    (its account key) replaced the agent wheel under the version's folder. The next experiment
+    reads the folder back, finds the file is not what it uploaded, says so once on the console and
+    uploads its own again: the trial SUCCEEDS with the manager's code, and hers never runs.
+    (Before: the version was reused by its name and every job failed at its boot step.)"""
+    from azure.storage.blob import ContainerClient
+
+    from nni_manager import cli, notices
+    from nni_manager.loader import load_config
+    from nni_manager.service import create_training_service
+    from tests.support.aml.datastore import code_asset_aml, new_container
+    from tests.support.aml.experiments import config_dict, ours, run
+    from tests.support.images import SLIM_IMAGE
+    from tests.support.manager.helpers import form, wait_status
+    from tests.support.storage.fixtures import AZURITE_ACCOUNT, AZURITE_KEY
+
+    if not any(WHEELHOUSE.glob("grpcio-*cp311*.whl")):
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    monkeypatch.setenv(agent_deps.CACHE_ENV, str(base / "wheel-cache"))
+    monkeypatch.setenv(agent_deps.DOWNLOAD_ENV, "0")
+    monkeypatch.setattr(notices, "_said", set())
+    container = new_container(azurite)
+    aml = code_asset_aml(aml_factory, azurite, monkeypatch, container)
+    cfg = load_config({**config_dict(aml, base, dockerImage=SLIM_IMAGE, blobEndpoint=azurite),
+                       "agentWheelhouse": str(WHEELHOUSE)})
+    cli._console_notices(cfg)  # as `nni-manager run` does
+
+    async def experiment() -> str:
+        async with create_training_service(cfg) as ts:
+            t = await ts.submit_trial_job(form(0))
+            d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
+            assert d.status.value == "SUCCEEDED", d.message
+            return ts.experiment_id
+
+    marker = base / "planted-ran"
+    planted = planted_wheel(base / "planted.whl", marker).read_bytes()
+    try:
+        first = run(experiment())
+        with ContainerClient(azurite, container, credential={"account_name": AZURITE_ACCOUNT,
+                                                             "account_key": AZURITE_KEY}) as cc:
+            wheel = next(b.name for b in cc.list_blobs() if "/nni_agent-" in b.name and "/deps/" not in b.name)
+            cc.upload_blob(wheel, planted, overwrite=True)
+        second = run(experiment())
+    finally:
+        for h in [h for h in notices.log.handlers if getattr(h, "nni_console", False)]:
+            notices.log.removeHandler(h)
+    assert not marker.exists(), marker.read_text()
+    said = [line for line in capsys.readouterr().err.splitlines() if "code asset" in line]
+    assert len(said) == 1, said
+    assert wheel in said[0] and "were not what nni-manager uploaded" in said[0] and "Fix: " in said[0], said
+    with ContainerClient(azurite, container, credential={"account_name": AZURITE_ACCOUNT,
+                                                         "account_key": AZURITE_KEY}) as cc:
+        assert cc.download_blob(wheel).readall() != planted  # the manager's own again
+    assert len({aml.job(j["name"])["codeId"] for j in ours(aml, first) + ours(aml, second)}) == 1

@@ -18,14 +18,15 @@ def new_container(endpoint: str) -> str:
     return name
 
 
-def code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any, container: str = "") -> Any:
-    """An emulated workspace whose default datastore is Azurite (account key), its variables set."""
+def code_asset_aml(aml_factory: Any, azurite: str, monkeypatch: Any, container: str = "", **emulator: Any) -> Any:
+    """An emulated workspace whose default datastore is Azurite (account key), its variables set
+    (logged in as its 'default' principal); `emulator`: more of start_aml's options (principals)."""
     from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
 
     container = container or new_container(azurite)
     aml = aml_factory(datastore={"name": "workspaceblobstore", "accountName": AZURITE_ACCOUNT,
                                  "containerName": container, "blobEndpoint": azurite, "secretsType": "AccountKey",
-                                 "key": AZURITE_KEY, "sasToken": ""})
+                                 "key": AZURITE_KEY, "sasToken": ""}, **emulator)
     for var in AZURE_IDENTITY_VARS:
         monkeypatch.delenv(var, raising=False)
     for k, v in aml.env().items():
