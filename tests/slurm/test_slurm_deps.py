@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.slurm import deps
 from nni_manager.backends.slurm.hosts import LocalHost
@@ -193,6 +194,7 @@ def test_too_old_grpcio_with_nothing_to_ship_fails_with_the_boot_steps_line(
             assert "nni-agent: Python " in d.message and "of the compute node cannot run the agent: grpcio 1.30.0 " \
                 "is older than 1.49.1" in d.message, d.message
             assert f"fix: {python} -m pip install 'grpcio>=1.49.1,<2'" in d.message, d.message
+            assert notices.DEPS_POINTER in d.message, d.message  # the console says how to ship them
             return ts.experiment_id
 
     exp = run(main())

@@ -36,6 +36,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from nni_manager import notices
 from nni_manager.backends.agent_wheel import agent_requirements
 from nni_manager.backends.base import BackendError
 
@@ -67,6 +68,11 @@ class WorkerPython:
         major, minor = str(report["version"]).split(".")[:2]
         m = re.fullmatch(r"glibc (\d+)\.(\d+).*", str(report.get("libc", "")))
         return cls((int(major), int(minor)), str(report["machine"]), (int(m[1]), int(m[2])) if m else None)
+
+    def describe(self) -> str:
+        """The worker's Python in words, where the user knows no better name for it."""
+        libc = "glibc %d.%d" % self.glibc if self.glibc else "no glibc"
+        return f"workers with Python {self.version[0]}.{self.version[1]} on {self.machine} ({libc})"
 
     @property
     def key(self) -> str:
@@ -115,11 +121,23 @@ def cache_dir() -> Path:
 
 
 def resolve(worker: WorkerPython, wheelhouse: Path | None = None, *, requirements: Sequence[str] | None = None,
-            allow_download: bool = True, cache: Path | None = None) -> Wheels:
+            allow_download: bool = True, cache: Path | None = None, where: str = "") -> Wheels:
     """Wheels for every requirement of the agent (and theirs) that `worker` can use.
 
     Tries the cache and `wheelhouse` first; downloads (one `pip download` into the cache) only
-    for what they lack. Raises DependencyError naming the requirements no source has."""
+    for what they lack. Raises DependencyError naming the requirements no source has, and says
+    so once on the console (`where`: the worker as the user knows it, e.g. "the image X"), since
+    that worker's agents then fail at their boot step: every backend that ships dependencies
+    comes through here, so none has to remember to say it."""
+    try:
+        return _resolve(worker, wheelhouse, requirements=requirements, allow_download=allow_download, cache=cache)
+    except DependencyError as e:
+        notices.deps_unshipped(where or worker.describe(), str(e))
+        raise
+
+
+def _resolve(worker: WorkerPython, wheelhouse: Path | None = None, *, requirements: Sequence[str] | None = None,
+             allow_download: bool = True, cache: Path | None = None) -> Wheels:
     reqs = [Requirement(r) for r in (requirements or agent_requirements())]
     cache = cache or cache_dir() / worker.key
     sources = [d for d in (cache, wheelhouse) if d is not None]
@@ -270,20 +288,31 @@ def per_python_layout(per_python: dict[str, Wheels]) -> list[tuple[str, Path]]:
 
 
 def resolve_for_pythons(wheelhouse: Path | None = None, *, machine: str = "x86_64", glibc: tuple[int, int] = (2, 17),
-                        versions: Sequence[tuple[int, int]] = SHIP_PYTHONS) -> dict[str, Wheels]:
+                        versions: Sequence[tuple[int, int]] = SHIP_PYTHONS, where: str = "") -> dict[str, Wheels]:
     """`cp311` -> the wheels for that CPython, for each version some source provides (cache,
     `wheelhouse`, one `pip download` each); versions none provides are left out (their images
-    then get the boot step's one line naming what is missing)."""
+    then get the boot step's one line naming what is missing). When none provides any, that is
+    said once on the console (`where`: the jobs' image), with the fix for the manager's own
+    Python's version (the likeliest image Python; any listed version works the same way)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    errors: dict[tuple[int, int], str] = {}
 
     def one(version: tuple[int, int]) -> Wheels | None:
         worker = WorkerPython(version, machine, glibc)
         try:
-            return resolve(worker, wheelhouse)
+            return _resolve(worker, wheelhouse)
         except DependencyError as e:
             log.debug("no dependency wheels for %s: %s", worker.key, e)
+            errors[version] = str(e)
             return None
 
     with ThreadPoolExecutor(max_workers=4) as pool:  # each may be one `pip download`
         found = list(pool.map(one, versions))
+    if versions and not any(found):
+        mine = (sys.version_info[0], sys.version_info[1])
+        example = errors.get(mine) or errors[max(errors)]
+        shown = f"{versions[0][0]}.{versions[0][1]} to {versions[-1][0]}.{versions[-1][1]}"
+        notices.deps_unshipped(where or f"jobs' images on {machine}",
+                               f"no source has them for any CPython {shown}; for example, {example}")
     return {f"cp{v[0]}{v[1]}": w for v, w in zip(versions, found) if w is not None}

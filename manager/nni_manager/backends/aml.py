@@ -223,7 +223,8 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         await self._call("PUT", self.environment_id[len(self.workspace):], json={"properties": {
             "image": o.docker_image, "description": "nni-agent environments (nni-manager)"}})
         assert self.ctx is not None
-        gather = partial(aml_code.gather, self.ctx.experiment_dir / "agent-wheel", self.config.agent_wheelhouse)
+        gather = partial(aml_code.gather, self.ctx.experiment_dir / "agent-wheel", self.config.agent_wheelhouse,
+                         f"AML jobs of the image {o.docker_image}")
         self.code = await aml_code.ensure(self.client, self.workspace, API_VERSION, gather, o.blob_endpoint,
                                            identity=self._credential)
         if self.code is not None:

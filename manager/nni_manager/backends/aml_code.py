@@ -81,11 +81,12 @@ class CodeFiles:
         return tuple(out)
 
 
-def gather(wheel_dir: Path, wheelhouse: Path | None) -> CodeFiles:
-    """The agent wheel and the dependency wheels for each CPython (blocking: builds, resolves, hashes)."""
+def gather(wheel_dir: Path, wheelhouse: Path | None, where: str = "") -> CodeFiles:
+    """The agent wheel and the dependency wheels for each CPython (blocking: builds, resolves, hashes);
+    none for any: said on the console (`where`: the jobs' image)."""
     wheel = build_agent_wheel(wheel_dir)
     files = [(wheel.path.name, wheel.path)]
-    files += [(f"deps/{rel}", f) for rel, f in agent_deps.per_python_layout(agent_deps.resolve_for_pythons(wheelhouse))]
+    files += [(f"deps/{rel}", f) for rel, f in agent_deps.per_python_layout(agent_deps.resolve_for_pythons(wheelhouse, where=where))]
     content = hashlib.sha256()
     for name, path in files:
         content.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())

@@ -125,7 +125,7 @@ class Core:
         agent = self.agents.by_id.get(agent_id)
         if agent is None:
             return
-        reason = notices.explain_agent_failure(reason)
+        reason = notices.explain_agent_failure(reason, started=agent.host is not None)
         self._explain_signalled(agent_id, reason)
         env = self.agents.env_of(agent_id)
         if env is not None and self.elastic.agent_ended(env, agent_id):

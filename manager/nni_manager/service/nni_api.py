@@ -23,7 +23,7 @@ from typing import Any
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
-from nni_manager import experiment_lock, shared_storage
+from nni_manager import experiment_lock, notices, shared_storage
 from nni_manager.bundle import pack
 from nni_manager.config import ExperimentConfig, redacted
 from nni_manager.errors import ClusterMetadataNotFoundError, TrialExistsError
@@ -146,6 +146,7 @@ class TrainingService:
         self._files = TrialFiles(core)
         await hub.start()
         hub_setup.remember(store, hub)
+        notices.new_experiment()  # its console notices (nni_manager.notices) are said once each
         await self._backend.start(core)
         self._heap.grown_to(len(trials.by_id))
         self._wake.set()

@@ -19,13 +19,13 @@ import dataclasses
 import json
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
 from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
-from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
 from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
@@ -591,9 +591,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 continue
             worker = deps.worker_python(report)
             try:
-                wheels = await asyncio.to_thread(agent_deps.resolve, worker, self.config.agent_wheelhouse)
-            except agent_deps.DependencyError as e:  # its pods then fail with the boot step's one line
-                notices.deps_unshipped(f"the image {image}", str(e))
+                wheels = await asyncio.to_thread(partial(agent_deps.resolve, worker, self.config.agent_wheelhouse,
+                                                         where=f"the image {image}"))
+            except agent_deps.DependencyError:  # said on the console; its pods fail with the boot step's line
                 continue
             shipped, uploaded = await deps.ship(core, self.namespace, wheels, worker.key)
             self._deps[image] = shipped

@@ -98,7 +98,7 @@ def _same_files(directory: Path, want: dict[str, str]) -> bool:
     return got == want
 
 
-def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) -> Shipped:
+def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path, where: str = "") -> Shipped:
     """The agent wheel and the dependency wheels for every CPython the sources provide, under
     `<local>/nni-agent/` (0700), named for their content, so every experiment after the first copies
     nothing. PAI runs nothing cheaper than a job to learn an image's Python, so each Python's
@@ -123,7 +123,7 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path) 
         shutil.copyfile(wheel.path, tmp)
         os.replace(tmp, target)
         copied += target.stat().st_size
-    per_python = agent_deps.resolve_for_pythons(wheelhouse)
+    per_python = agent_deps.resolve_for_pythons(wheelhouse, where=where)  # none: said on the console
     if not per_python:
         return Shipped(f"nni-agent/{target.name}", "", (), copied, ((target.name, wheel_sha),))
     digests = agent_deps.per_python_digests(per_python)
@@ -200,7 +200,8 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         if o.local_storage_mount_point is not None and o.container_storage_mount_point:
             assert self.ctx is not None
             shipped = await asyncio.to_thread(ship_through_storage, self.ctx.experiment_dir / "agent-wheel",
-                                              self.config.agent_wheelhouse, o.local_storage_mount_point)
+                                              self.config.agent_wheelhouse, o.local_storage_mount_point,
+                                              f"OpenPAI jobs of the image {o.docker_image}")
             inside = o.container_storage_mount_point.rstrip("/")
             self._wheel_path = f"{inside}/{shipped.wheel}"
             self._deps_path = f"{inside}/{shipped.deps}" if shipped.deps else ""

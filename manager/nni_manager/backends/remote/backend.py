@@ -82,7 +82,7 @@ class _Machine:
         files = AgentLaunch(self.experiment_id, self.spec.agent_id, wheel.tag, "", "", None, 0, 0)
         found = bootstrap.probe(self.client, self.machine.python_path, wheel.tag, files)
         if not found.installed:
-            bootstrap.install(self.client, found, wheel, self.options.wheelhouse)
+            bootstrap.install(self.client, found, wheel, self.options.wheelhouse, f"{found.python} on {self.label}")
         port = found.running_port if found.running_pid is not None else None
         self.launch = AgentLaunch(
             self.experiment_id, self.spec.agent_id, wheel.tag, found.python or "", found.python_version,

@@ -166,7 +166,8 @@ def probe(client: paramiko.SSHClient, python_dir: str | None, tag: str, launch_f
 
 # ------------------------------------------------------------------------------ install
 
-def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel, wheelhouse: Path | None = None) -> None:
+def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel, wheelhouse: Path | None = None,
+            where: str = "") -> None:
     """Upload the wheel by SFTP, unpack it, check the dependencies; add missing ones with the
     worker's pip, else ship wheels the manager resolves for the worker's Python (agent_deps)."""
     target = f"{found.home}/.nni-agent/{wheel.tag}"
@@ -184,7 +185,7 @@ def install(client: paramiko.SSHClient, found: Probe, wheel: AgentWheel, wheelho
     shipped = ""
     if not result["ok"] and "python" not in result["missing"]:
         try:
-            shipped = ship_dependencies(client, found, target, reqs, result, wheelhouse)
+            shipped = ship_dependencies(client, found, target, reqs, result, wheelhouse, where)
         except agent_deps.DependencyError as e:
             shipped = f" (and the manager has no wheels for it: {e})"
         else:
@@ -225,10 +226,12 @@ def worker_python(report: dict[str, Any]) -> agent_deps.WorkerPython:
 
 
 def ship_dependencies(client: paramiko.SSHClient, found: Probe, target: str, reqs: dict[str, str],
-                      report: dict[str, Any], wheelhouse: Path | None) -> str:
+                      report: dict[str, Any], wheelhouse: Path | None, where: str = "") -> str:
     """Resolve wheels for the worker's Python and upload them by SFTP into a fresh directory
-    under `target`; returns its name (worker_install.py unpacks it into deps-<pyver>)."""
-    wheels = agent_deps.resolve(worker_python(report), wheelhouse, requirements=sorted(set(reqs.values())))
+    under `target`; returns its name (worker_install.py unpacks it into deps-<pyver>). No wheels:
+    DependencyError, said on the console (`where`: the machine's Python)."""
+    wheels = agent_deps.resolve(worker_python(report), wheelhouse, requirements=sorted(set(reqs.values())),
+                                where=where or f"{found.python}")
     name = f".wheels-{secrets.token_hex(4)}"
     try:
         with client.open_sftp() as sftp:

@@ -30,11 +30,11 @@ import hashlib
 import json
 import logging
 import secrets
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import boot_source
 from nni_manager.backends.slurm.hosts import SlurmHost
@@ -122,9 +122,10 @@ async def ship(host: SlurmHost, python: str, root: str, wheelhouse: Path | None)
         return None
     worker = agent_deps.WorkerPython.from_report(report)
     try:
-        wheels = await asyncio.to_thread(agent_deps.resolve, worker, wheelhouse)
-    except agent_deps.DependencyError as e:
-        notices.deps_unshipped(f"{python} {host.where}", f"{'; '.join(report.get('problems') or [])}. {e}")
+        wheels = await asyncio.to_thread(partial(
+            agent_deps.resolve, worker, wheelhouse,
+            where=f"{python} {host.where} ({'; '.join(report.get('problems') or [])})"))
+    except agent_deps.DependencyError:  # said on the console; the job's boot step fails with its one line
         return None
     digests = await asyncio.to_thread(agent_deps.digests, wheels.files)
     top = f"{root}/{DEPS_DIR}"
