@@ -99,6 +99,38 @@ def test_remote_says_it_once_and_the_trial_points_there(
     assert messages and all(notices.DEPS_POINTER in m for m in messages), messages
 
 
+def test_hybrid_remote_part_says_it_once_while_the_local_part_runs_the_trials(
+        plain_sshd: Any, bare_python: Path, short_dir: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Hybrid mode: its remote part (a bare Python, nothing to ship) says it on the console once,
+    as the remote platform does alone; the local part runs the trials."""
+    import sys
+
+    from nni_manager.backends.agent_wheel import build_agent_wheel
+    from nni_manager.backends.remote.config import RemoteConfig
+    from nni_manager.config import TrainingServiceConfig
+    from nni_manager.config.hybrid import HybridOptions
+
+    tag = build_agent_wheel(short_dir / "wheel").tag
+    version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    shutil.rmtree(Path.home() / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
+    code = short_dir / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    machine = dataclasses.replace(plain_sshd.machine, python_path=str(bare_python))
+    cfg = ExperimentConfig(
+        trial_command=f"{sys.executable} trial.py", trial_code_directory=code, trial_concurrency=2,
+        experiment_working_directory=short_dir / "exps",
+        training_service=TrainingServiceConfig(platform="hybrid", options=HybridOptions([
+            TrainingServiceConfig(platform="local"),
+            TrainingServiceConfig(platform="remote", options=RemoteConfig([machine])),
+        ])))
+    messages = _messages(cfg, trials=3)
+    _said_once(capsys, str(bare_python))
+    assert messages == [""] * 3, messages  # SUCCEEDED on the local part
+
+
 def test_openpai_says_it_once_and_the_trial_points_there(
         pai_factory: Any, short_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     from tests.support.images import slim_python_dir
