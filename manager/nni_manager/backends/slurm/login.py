@@ -26,6 +26,7 @@ from typing import Sequence
 
 import paramiko
 
+from nni_manager.hub.relay_token import relay_digest
 from nni_manager.backends.base import BackendError
 from nni_manager.backends.slurm.config import LoginNode
 from nni_manager.backends.slurm.hosts import COMMAND_TIMEOUT, LOG_TAIL, command_line
@@ -54,8 +55,10 @@ def relay_connections(max_agents: int) -> int:
 class LoginNodeHost:
     """One SSH connection to the login node, re-opened (with its forward) when it drops."""
 
-    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128) -> None:
+    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128,
+                 relay_token: str = "") -> None:
         self.node = node
+        self.relay_token = relay_token  # the agents prove it to the relay, which knows only its sha256
         self.experiment_id = experiment_id
         self.orphan_timeout = orphan_timeout
         self.relay_connections = relay_connections(max_agents)
@@ -251,7 +254,8 @@ class LoginNodeHost:
         node = self.node
         start = " ".join([
             shlex.quote(node.python), q(RELAY), shlex.quote(node.relay_address), '"$port"', q("relay.target"),
-            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections), q("relay.limit")])
+            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections), q("relay.limit"),
+            relay_digest(self.relay_token)])
         return "\n".join([
             "umask 077",
             f"cd {q('')} || exit 1",
