@@ -376,7 +376,9 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
 
     async def forget(self, job: Job) -> None:
         if self._host is not None:
-            await self._host.remove([f"{self.job_dir(job.name)}/{agent_id}.token" for agent_id in job.members])
+            job_dir = self.job_dir(job.name)
+            await self._host.remove([f"{job_dir}/{agent_id}.token" for agent_id in job.members]
+                                    + [f"{job_dir}/{RELAY_TOKEN_FILE}"])
 
     async def _dial_address(self, hub: str) -> str:
         """What the agents dial: the hub itself, or (loginNode) the relay in front of it."""
