@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from nni_manager.backends.kubernetes import tunnel
@@ -55,6 +57,12 @@ def test_a_flood_from_another_pod_does_not_stop_a_new_agent_s_trial(kube_factory
             first = await ts.submit_trial_job(form(0, x=1, steps=1))
             done = await wait_status(ts, first.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=120)
             assert done.status.value == "SUCCEEDED", done.message
+            # the relay's program: immutable, named for its content (the pod checks its sha256 besides)
+            program = tunnel.program_config_map_name(ts.experiment_id)
+            assert kube.core().read_namespaced_config_map(program, NS).immutable is True
+            with pytest.raises(ApiException) as refused:
+                kube.core().patch_namespaced_config_map(program, NS, {"data": {tunnel.RELAY_FILE: "print('planted')"}})
+            assert refused.value.status == 422, refused.value
             service = kube.core().read_namespaced_service(tunnel.relay_name(ts.experiment_id), NS)
             target = tunnel.advertise(service.spec.cluster_ip)
             flood = f"cd {REPO} && exec {sys.executable} -m tests.support.security.flood {target} - 400 25 16"
@@ -72,3 +80,33 @@ def test_a_flood_from_another_pod_does_not_stop_a_new_agent_s_trial(kube_factory
             assert ts._backend._tunnel.paired - paired <= 4, (ts._backend._tunnel.paired - paired, counts)
 
     asyncio.run(asyncio.wait_for(main(), 400))
+
+
+def test_the_relay_pod_runs_only_the_program_its_command_names(tmp_path: Path) -> None:
+    """The relay pod's command as the manager writes it, run as a real process: a program someone put
+    in the ConfigMap's place (deleted and made again under the name) is refused in one line and never
+    runs; the shipped one runs."""
+    pod = tunnel.relay_objects("ExpRelay", NS, "python:3.11-slim", "0" * 64)[1]
+    command = pod["spec"]["containers"][0]["command"]
+    path = command.index(f"/nni-relay/{tunnel.RELAY_FILE}")
+    marker = tmp_path / "ran"
+    planted = tmp_path / tunnel.RELAY_FILE
+    planted.write_text(f"open({str(marker)!r}, 'w').write('planted code ran')\n")
+    out = subprocess.run([sys.executable, *command[1:path], str(planted), *command[path + 1:]],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and not marker.exists(), out
+    assert out.stderr.strip().count("\n") == 0 and "not the program the manager shipped" in out.stderr, out.stderr
+    shipped = tmp_path / "shipped.py"
+    shipped.write_text(tunnel.relay_program().replace("\nif __name__ == \"__main__\":",
+                                                      f"\nopen({str(marker)!r}, 'w').write('ran')\nif False:"))
+    out = subprocess.run([sys.executable, *command[1:path], str(shipped), *command[path + 1:]],
+                         capture_output=True, text=True, timeout=60)
+    assert not marker.exists() and "not the program the manager shipped" in out.stderr  # edited: refused too
+    real = subprocess.Popen([sys.executable, *command[1:path], str(Path(tunnel.__file__).with_name(tunnel.RELAY_FILE)),
+                             "0", "0", "0" * 64, "127.0.0.1"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert real.stderr is not None
+        assert real.stderr.readline().startswith("relay: agents on port"), "the shipped program did not run"
+    finally:
+        real.kill()
+        real.wait(10)
