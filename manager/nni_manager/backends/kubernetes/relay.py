@@ -41,7 +41,7 @@ CONNECT = b"CONNECT "
 def proven(head, token_sha256):
     """Whether an HTTP CONNECT head carries the relay token (Proxy-Authorization: Basic nni:<token>)."""
     lines = head.split(b"\r\n")
-    if len(head) > HEAD_MAX or not lines[0].startswith(b"CONNECT "):
+    if len(head) > HEAD_MAX or not lines[0].startswith(CONNECT):
         return False
     presented = b""
     for line in lines[1:]:
@@ -82,7 +82,7 @@ class Relay:
     def __init__(self, arrived, token_sha256):
         self.token_sha256 = token_sha256
         self.idle = []  # [(reader, writer, watcher task)]
-        self.waiting = []  # agent connections not paired yet, oldest first (their writers)
+        self.waiting = []  # connections not proven yet, oldest first (their writers)
         self.arrived = arrived  # asyncio.Event (made in the running loop), set whenever a back connection arrives
 
     async def back(self, reader, writer):

@@ -87,7 +87,7 @@ def proven(head):
     """Whether an HTTP CONNECT head carries the relay token (Proxy-Authorization: Basic nni:<token>);
     the same check as the Kubernetes hub relay's (nni_manager/backends/kubernetes/relay.py)."""
     lines = head.split(b"\r\n")
-    if len(head) > HEAD_MAX or not lines[0].startswith(b"CONNECT "):
+    if len(head) > HEAD_MAX or not lines[0].startswith(CONNECT):
         return False
     presented = b""
     for line in lines[1:]:
