@@ -3,8 +3,9 @@ cluster says about their pods into trial messages, re-attaching, cleanup.
 
 A platform subclass only says what one environment's main object is (`main_object`) and how
 its pods are named (`pod_names`); everything else lives here. Per environment we create:
-- a Secret `<object>-nni` holding `ca.crt` and one token file per member (named for its pod),
-  mounted read-only: tokens never appear in a pod spec, argv or log;
+- a Secret `<object>-nni` holding `ca.crt`, one token file per member (named for its pod) and,
+  with the hub tunnel, `relay.token` (what the agents prove to the hub relay), mounted read-only:
+  tokens never appear in a pod spec, argv or log;
 - the main object (Pod / TFJob / PyTorchJob / Framework), whose pods run `nni-agent`.
 Once per experiment: a ConfigMap with the manager's own agent wheel, and the image pull
 Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app`, `expId`
