@@ -110,3 +110,42 @@ def test_the_relay_pod_runs_only_the_program_its_command_names(tmp_path: Path) -
     finally:
         real.kill()
         real.wait(10)
+
+
+def test_a_relay_program_planted_under_its_configmap_s_name_never_runs(kube_factory: Any,  # noqa: F811
+                                                                       short_dir: Path) -> None:
+    """Someone who may edit ConfigMaps deletes the relay's program and makes a ConfigMap of their own
+    under its name; the relay pod goes (evicted, its node drained). The manager makes the pod again,
+    and first the program: the planted one is replaced, never run, and trials go on through the relay."""
+    kube = kube_factory(pod_network="bridged")
+    cfg = config(kube, short_dir, pods_service(reuseMode=False), trialConcurrency=1, nniManagerIp=None)
+
+    async def main() -> None:
+        async with create_training_service(cfg) as ts:
+            first = await ts.submit_trial_job(form(0, x=1, steps=1))
+            done = await wait_status(ts, first.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=120)
+            assert done.status.value == "SUCCEEDED", done.message
+            core, name = kube.core(), tunnel.program_config_map_name(ts.experiment_id)
+            core.delete_namespaced_config_map(name, NS)
+            core.create_namespaced_config_map(NS, {"metadata": {"name": name}, "data": {
+                tunnel.RELAY_FILE: "import sys, time\nsys.stderr.write('planted code ran\\n')\ntime.sleep(3600)\n"}})
+            relay = tunnel.relay_name(ts.experiment_id)
+            uid = core.read_namespaced_pod(relay, NS).metadata.uid
+            core.delete_namespaced_pod(relay, NS, grace_period_seconds=0)
+
+            def remade() -> bool:
+                try:
+                    pod = core.read_namespaced_pod(relay, NS)
+                except ApiException:
+                    return False
+                return pod.metadata.uid != uid and pod.status.phase == "Running"
+
+            await until(remade, 120, "the relay pod made again")
+            job = await ts.submit_trial_job(form(1, x=2, steps=1))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=120)
+            assert done.status.value == "SUCCEEDED", done.message
+            assert "planted code ran" not in core.read_namespaced_pod_log(relay, NS)
+            program = core.read_namespaced_config_map(name, NS)
+            assert program.immutable is True and program.data == {tunnel.RELAY_FILE: tunnel.relay_program()}
+
+    asyncio.run(asyncio.wait_for(main(), 400))

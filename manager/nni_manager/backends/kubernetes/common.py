@@ -229,14 +229,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         Service's cluster IP."""
         core, _ = await self._client()
         ns = self.namespace
-        config_map, pod, service = self._relay_objects(experiment_id)
+        _, pod, service = self._relay_objects(experiment_id)
         name = pod["metadata"]["name"]
-        try:  # immutable and named for its content: one already there is kept only when it holds it
-            await deps.ensure_config_map(core, ns, config_map["metadata"]["name"], config_map)
-        except agent_deps.DependencyError as e:
-            raise KubeError(str(e)) from None
-        except Exception as e:
-            raise api_error(e, f"creating the hub relay's ConfigMap {config_map['metadata']['name']}") from None
         await self._ensure_relay_pod(pod)
         try:
             created = await core.create_namespaced_service(ns, service, field_validation="Strict")
@@ -248,6 +242,20 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         if not cluster_ip or cluster_ip == "None":
             raise KubeError(f"the hub relay's Service {name} got no cluster IP; delete it and start again")
         return cluster_ip
+
+    async def _ensure_relay_program(self) -> None:
+        """The relay program's ConfigMap, before every relay pod: immutable and named for its content,
+        one already there is kept only when it holds the program (one someone planted or made again
+        under the name is replaced; the pod checks the program's sha256 besides)."""
+        core, _ = await self._client()
+        config_map = self._relay_objects(self.experiment_id)[0]
+        name = config_map["metadata"]["name"]
+        try:
+            await deps.ensure_config_map(core, self.namespace, name, config_map)
+        except agent_deps.DependencyError as e:
+            raise KubeError(str(e)) from None
+        except Exception as e:
+            raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
 
     async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
         core, _ = await self._client()
@@ -275,6 +283,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 await asyncio.sleep(0.1)
             existing = None
         if existing is None:
+            await self._ensure_relay_program()
             try:
                 await core.create_namespaced_pod(ns, pod, field_validation="Strict")
             except Exception as e:
