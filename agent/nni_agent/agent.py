@@ -36,6 +36,7 @@ class AgentOptions:
     server_name: str | None = None  # the name the manager's certificate must carry, if not the dialled host
     single_trial: bool = False  # run one trial, then exit with its outcome
     token_file: Path | None = None  # where the token came from: a session token from enrolment replaces it
+    relay_token: str | None = None  # the manager is behind a relay: prove this to it before anything else
     spool_memory_limit: int = 64 << 20
     timing: Timing | None = None
 
@@ -85,6 +86,7 @@ async def run_agent(options: AgentOptions) -> int:
         root_certificates=options.root_certificates,
         server_name=options.server_name,
         token_file=options.token_file,
+        relay_token=options.relay_token,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, functools.partial(connection.stop, f"agent received {signal.Signals(sig).name}",

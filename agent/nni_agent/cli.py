@@ -5,12 +5,14 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from nni_agent import __version__
 
 TOKEN_ENV = "NNI_AGENT_TOKEN"
+_RELAY_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")  # it travels in a URL's userinfo
 
 EPILOG = f"""
 The agent dials the manager and keeps one gRPC stream open; the manager never needs a
@@ -60,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-id", required=True, help="this agent's id, as registered with the manager")
     parser.add_argument("--token-file", type=Path, metavar="PATH",
                         help=f"read the token from this file (mode 0600) instead of ${TOKEN_ENV}")
+    parser.add_argument("--relay-token-file", type=Path, metavar="PATH",
+                        help="the manager is behind a relay (a cluster's hub relay, a Slurm login node's): "
+                             "prove to it with the experiment's relay token in this file that this is one of "
+                             "the experiment's agents (an HTTP CONNECT preface; the relay drops anyone else)")
     parser.add_argument("--work-dir", type=Path, default=Path("~/nni-experiments/agent"),
                         help="directory for trial directories, code bundles and the record spool "
                              "(default: %(default)s)")
@@ -107,6 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nni_agent.agent import AgentOptions, run_agent  # after logging is set up
 
+    relay_token = None
+    if args.relay_token_file is not None:
+        try:
+            relay_token = args.relay_token_file.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"nni-agent: cannot read --relay-token-file {args.relay_token_file}: {exc.strerror}") from None
+        if not relay_token or not _RELAY_TOKEN.fullmatch(relay_token):
+            raise SystemExit(f"nni-agent: --relay-token-file {args.relay_token_file} holds no relay token "
+                             "(letters, digits, '-' and '_'): the manager writes it; start the agent again")
     root_certificates = None
     if args.ca_file is not None:
         try:
@@ -117,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                            work_dir=args.work_dir, orphan_timeout=args.orphan_timeout,
                            tls=args.tls or root_certificates is not None, root_certificates=root_certificates,
                            server_name=args.server_name, single_trial=args.single_trial,
-                           token_file=args.token_file)
+                           token_file=args.token_file, relay_token=relay_token)
     return asyncio.run(run_agent(options))
 
 

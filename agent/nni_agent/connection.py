@@ -10,15 +10,22 @@ only on a channel whose hub certificate verified: whoever else answers on the hu
 local user on a freed tunnel port) fails the handshake, gets no token and no obedience, and the
 agent keeps redialling (the cause logged once). Over a Unix socket the directory's permissions
 authenticate the hub.
+
+Behind a relay (`relay_token`: a cluster's hub relay, a Slurm login node's), every connection
+opens with an HTTP CONNECT whose Proxy-Authorization carries the experiment's relay token: the
+relay pipes only connections that prove it, so a party without the experiment's secret cannot hold
+what real agents need. gRPC writes the CONNECT itself (its `grpc.http_proxy` option, the relay as
+the proxy); TLS to the hub then runs inside, end to end as before.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +101,7 @@ class Connection:
         root_certificates: bytes | None = None,
         server_name: str | None = None,
         token_file: Path | None = None,
+        relay_token: str | None = None,
     ) -> None:
         self.target = target
         self._dialled = target  # the address of the latest dial (for "@file" targets)
@@ -110,6 +118,7 @@ class Connection:
         self.timing = timing or Timing()
         self._credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates) if tls else None
         self._options = CHANNEL_OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
+        self._relay_token = relay_token
         self.connected = asyncio.Event()
         self.sessions = 0  # how many streams were established (tests, logs)
         self._control: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
@@ -195,12 +204,19 @@ class Connection:
             raise LinkLost(f"{path} holds no manager address")
         return target
 
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        options = self._options
+        if self._relay_token is not None and not target.startswith("unix:"):
+            options = [o for o in options if o[0] != "grpc.enable_http_proxy"] + [
+                ("grpc.enable_http_proxy", 1), ("grpc.http_proxy", f"http://nni:{self._relay_token}@{target}")]
+        with _relay_not_bypassed(self._relay_token is not None):
+            if self._credentials is not None:
+                return grpc.aio.secure_channel(target, self._credentials, options=options)
+            return grpc.aio.insecure_channel(target, options=options)
+
     async def _session(self) -> None:
         target = self._dialled = self._resolve_target()
-        if self._credentials is not None:
-            channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
-        else:
-            channel = grpc.aio.insecure_channel(target, options=self._options)
+        channel = self._channel(target)
         async with channel:
             call = channel.stream_stream(
                 CONNECT_METHOD, request_serializer=_serialize, response_deserializer=pb.ManagerMessage.FromString
@@ -380,6 +396,26 @@ class Connection:
             await asyncio.wait_for(self._done.wait(), timeout=seconds)
         except asyncio.TimeoutError:
             pass
+
+
+@contextlib.contextmanager
+def _relay_not_bypassed(active: bool) -> Iterator[None]:
+    """gRPC skips its proxy (here: the relay's CONNECT) for a target `no_grpc_proxy`/`no_proxy`
+    names (a cluster's `NO_PROXY=10.0.0.0/8,.svc` does), and reads them when the channel is made:
+    for that moment only, `no_grpc_proxy` (which wins over `no_proxy`) names nothing. Trials, which
+    inherit this process's environment, never see the change (no await runs in between)."""
+    if not active:
+        yield
+        return
+    saved = os.environ.get("no_grpc_proxy")
+    os.environ["no_grpc_proxy"] = "nni-agent.invalid"  # not dialed
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["no_grpc_proxy"]
+        else:
+            os.environ["no_grpc_proxy"] = saved
 
 
 def _brief(exc: BaseException) -> str:

@@ -69,7 +69,9 @@ def test_trials_succeed_through_the_tunnel_with_a_loopback_api_server(kube_facto
             assert _manager_arg(kube, f"nniexp{ts.experiment_id.lower()}") == hub.public_address
             assert backend._tunnel.paired >= 1
             objs = _relay_objects(kube, ts.experiment_id)
-            assert objs == {k: [tunnel.relay_name(ts.experiment_id)] for k in objs}
+            name = tunnel.relay_name(ts.experiment_id)
+            assert objs == {"pods": [name], "services": [name],
+                            "configmaps": [tunnel.program_config_map_name(ts.experiment_id)]}
             await asyncio.sleep(0.5)
             for j in jobs:
                 got = [json.loads(m) for m in metrics[j.id]]

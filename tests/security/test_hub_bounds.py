@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -20,7 +19,7 @@ from tests.support.security.hubkit import bounded_hub as _bounded_hub
 from tests.support.security.hubkit import first_answer as _first_answer
 from tests.support.security.hubkit import hello as _hello
 from tests.support.security.hubkit import open_stream as _open
-from tests.support.security.hubkit import slurm_relay_script as _relay_script
+from tests.support.security.hubkit import relay_connect, slurm_relay_argv
 
 
 async def _say_hello(address: str, token: str, padding: int = 0) -> tuple[str, str]:
@@ -102,9 +101,9 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 
 def _speaking(port: int) -> socket.socket:
-    """A connection that speaks at once, as an agent does (its TLS ClientHello): the relay pipes it."""
+    """A connection that proves at once, as an agent does (its CONNECT with the relay token): the relay pipes it."""
     conn = socket.create_connection(("127.0.0.1", port))
-    conn.sendall(b"\x16")
+    conn.sendall(relay_connect())
     return conn
 
 
@@ -112,8 +111,8 @@ def test_the_slurm_relay_pipes_a_bounded_number_of_connections(tmp_path: Path) -
     upstream = _Upstream()
     target, port_file = tmp_path / "relay.target", tmp_path / "relay.port"
     target.write_text(f"127.0.0.1:{upstream.port}\n")
-    relay = subprocess.Popen([sys.executable, str(_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
-                              "600", "3"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    relay = subprocess.Popen(slurm_relay_argv(target, port_file, 3), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
     clients: list[socket.socket] = []
 
     async def wait(cond, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -162,8 +161,8 @@ def test_the_slurm_relays_bound_follows_its_limit_file(tmp_path: Path) -> None:
     upstream = _Upstream()
     target, port_file, limit = tmp_path / "relay.target", tmp_path / "relay.port", tmp_path / "relay.limit"
     target.write_text(f"127.0.0.1:{upstream.port}\n")
-    relay = subprocess.Popen([sys.executable, str(_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
-                              "600", "2", str(limit)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    relay = subprocess.Popen(slurm_relay_argv(target, port_file, 2, limit), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
     clients: list[socket.socket] = []
 
     def refused(port: int) -> bool:
@@ -182,14 +181,12 @@ def test_the_slurm_relays_bound_follows_its_limit_file(tmp_path: Path) -> None:
         asyncio.run(until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the relay's port"))
         port = int(port_file.read_text())
         for _ in range(2):  # no limit file yet: the bound given at start
-            clients.append(socket.create_connection(("127.0.0.1", port)))
-            clients[-1].sendall(b"x")  # a connection is piped once it has spoken (an agent's ClientHello)
+            clients.append(_speaking(port))  # a connection is piped once it has proved the relay token
         asyncio.run(until(lambda: upstream.accepted == 2, 30, "two piped connections"))
         assert refused(port), "a third connection was kept although the relay pipes at most two"
         limit.write_text("4\n")
         for _ in range(2):
-            clients.append(socket.create_connection(("127.0.0.1", port)))
-            clients[-1].sendall(b"x")
+            clients.append(_speaking(port))
         asyncio.run(until(lambda: upstream.accepted == 4, 30, "four piped connections once the limit is four"))
         assert refused(port), "a fifth connection was kept although the limit file says four"
         assert upstream.accepted == 4

@@ -29,8 +29,9 @@ from nni_manager.backends.kubernetes import relay as relay_module
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.support.security.hubkit import (CHANNEL_OPTIONS, Upstream, bounded_hub, first_answer, hello, open_stream,
-                                          slurm_relay_script)
+from nni_manager.hub.relay_token import relay_digest
+from tests.support.security.hubkit import (CHANNEL_OPTIONS, RELAY_TOKEN, Upstream, bounded_hub, first_answer, hello,
+                                          open_stream, relay_connect, slurm_relay_argv)
 from tests.support.chaos.backend import RelayedBackend
 from tests.support.chaos.relay import ChaosRelay
 from tests.support.manager.helpers import form, register_backend, until
@@ -133,37 +134,73 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_idle_connections_to_the_kubernetes_relay_never_take_the_manager_s_streams(tmp_path: Path) -> None:
+# what parties without the experiment's relay token send: an agent's TLS ClientHello, an HTTP/2 preface
+# (a raw gRPC client), a CONNECT with no proof, one with a wrong token, one with the token's sha256 (which
+# a pod spec or a login node's process list shows), and one with a proof but past HEAD_MAX
+GARBAGE = [
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    b"CONNECT 10.96.0.10:4000 HTTP/1.1\r\nHost: 10.96.0.10:4000\r\n\r\n",  # not dialed
+    relay_connect("not-the-experiment-s-relay-token"),
+    relay_connect(relay_digest(RELAY_TOKEN)),
+    relay_connect().replace(b"\r\n\r\n", b"\r\nX-Pad: " + b"x" * 5000 + b"\r\n\r\n"),
+]
+
+
+def _closed_by_relay(s: socket.socket) -> bool:
+    """Whether the relay closed the connection (it sends nothing before it pairs one)."""
+    s.settimeout(30)
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _connect(port: int, sockets: list[socket.socket]) -> socket.socket:
+    for _ in range(300):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sockets.append(s)
+            return s
+        except ConnectionRefusedError:
+            time.sleep(0.05)  # the relay is starting
+    raise AssertionError(f"the relay does not listen on {port}")
+
+
+def test_only_a_connection_proving_the_relay_token_takes_the_kubernetes_relay_s_stream(tmp_path: Path) -> None:
     """The relay program as it runs in the relay pod (a real process, real sockets): 400 connections
-    that never speak, then an agent that does; the manager's one idle stream carries the agent."""
+    that never speak and senders of everything but the proof are dropped, none taking the manager's
+    one idle stream; then an agent that proves the token gets it, and its "200"."""
     agent_port, back_port = _free_port(), _free_port()
-    relay = subprocess.Popen([sys.executable, relay_module.__file__, str(agent_port), str(back_port), "127.0.0.1"],
-                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    relay = subprocess.Popen([sys.executable, relay_module.__file__, str(agent_port), str(back_port),
+                              relay_digest(RELAY_TOKEN), "127.0.0.1"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sockets: list[socket.socket] = []
     try:
-        def connect(port: int) -> socket.socket:
-            for _ in range(300):
-                try:
-                    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-                    sockets.append(s)
-                    return s
-                except ConnectionRefusedError:
-                    time.sleep(0.05)  # the relay is starting
-            raise AssertionError(f"the relay does not listen on {port}")
-
-        back = connect(back_port)  # the manager's idle port-forward stream
+        back = _connect(back_port, sockets)  # the manager's idle port-forward stream
         for _ in range(400):
-            connect(agent_port)  # another pod's silent connections
-        time.sleep(0.5)
-        agent = connect(agent_port)
+            _connect(agent_port, sockets)  # another pod's silent connections
+        for garbage in GARBAGE:
+            s = _connect(agent_port, sockets)
+            s.sendall(garbage)
+            assert _closed_by_relay(s), f"the relay kept a connection that sent {garbage[:40]!r}"
+        agent = _connect(agent_port, sockets)
+        agent.sendall(relay_connect())
+        agent.settimeout(30)
+        answer = b""
+        while not answer.endswith(b"\r\n\r\n"):
+            chunk = agent.recv(100)
+            assert chunk, f"the relay closed the agent's connection after {answer!r}"
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        back.settimeout(30)
+        assert back.recv(100) == b"\x01"  # the signal, for the agent: nothing of the garbage came first
         agent.sendall(b"\x16agent's ClientHello")
         got = b""
-        back.settimeout(30)
         while len(got) < 20:
             chunk = back.recv(100)
             assert chunk, f"the stream closed after {got!r}"
             got += chunk
-        assert got == b"\x01\x16agent's ClientHello", got
+        assert got == b"\x16agent's ClientHello", got
     finally:
         for s in sockets:
             s.close()
@@ -171,28 +208,34 @@ def test_idle_connections_to_the_kubernetes_relay_never_take_the_manager_s_strea
         relay.wait(10)
 
 
-def test_silent_connections_to_the_slurm_relay_give_way_to_an_agent(tmp_path: Path) -> None:
+def test_only_a_connection_proving_the_relay_token_is_piped_by_the_slurm_relay(tmp_path: Path) -> None:
     """The login-node relay as it runs there (a real process): with every place held by connections
-    that never speak, an agent that speaks takes the oldest one's place and is piped."""
+    that never speak, senders of everything but the proof are dropped and never piped, and an agent
+    that proves the token takes the oldest silent one's place and is piped."""
     upstream = Upstream()
     target, port_file = tmp_path / "relay.target", tmp_path / "relay.port"
     target.write_text(f"127.0.0.1:{upstream.port}\n")
-    relay = subprocess.Popen([sys.executable, str(slurm_relay_script()), "127.0.0.1", "0", str(target), str(port_file),
-                              "600", "3"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    relay = subprocess.Popen(slurm_relay_argv(target, port_file, 3), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
     held: list[socket.socket] = []
     try:
         asyncio.run(until(lambda: port_file.exists() and port_file.read_text().strip(), 30, "the relay's port"))
         port = int(port_file.read_text())
-        held += [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # silent, every place
+        silent = [_connect(port, held) for _ in range(3)]  # every place
+        for garbage in GARBAGE:  # each takes the oldest silent one's place, then is dropped itself
+            s = _connect(port, held)
+            s.sendall(garbage)
+            assert _closed_by_relay(s), f"the relay kept a connection that sent {garbage[:40]!r}"
         time.sleep(0.5)
-        agent = socket.create_connection(("127.0.0.1", port))
-        held.append(agent)
-        agent.sendall(b"\x16agent's ClientHello")
+        assert upstream.accepted == 0, upstream.accepted  # nothing without the proof was piped
+        agent = _connect(port, held)
+        agent.sendall(relay_connect())
+        agent.settimeout(30)
+        assert agent.recv(100).startswith(b"HTTP/1.1 200 ")
         asyncio.run(until(lambda: upstream.accepted >= 1, 30, "the agent piped to the manager"))
         time.sleep(0.5)
-        assert upstream.accepted == 1, upstream.accepted  # the silent ones were never piped
-        held[0].settimeout(30)
-        assert held[0].recv(1) == b"", "the oldest silent connection was kept"
+        assert upstream.accepted == 1, upstream.accepted
+        assert any(_closed_by_relay(s) for s in silent), "no silent connection gave its place"
     finally:
         for s in held:
             s.close()

@@ -59,6 +59,7 @@ class AgentCommand:
     manager: str = ""  # --manager HOST:PORT or unix:PATH
     manager_file: str = ""  # --manager-file: the address, re-read before every redial
     token_file: str = ""  # empty: the token comes in NNI_AGENT_TOKEN
+    relay_token_file: str = ""  # --relay-token-file: the hub is behind a relay that wants the relay token
     work_dir: str = ""
     orphan_timeout: float = 0.0
     ca_file: str = ""  # --ca-file: TLS, trusting only this CA
@@ -89,6 +90,8 @@ class AgentCommand:
         args += ["--agent-id", self.agent_id]
         if self.token_file:
             args += ["--token-file", self.token_file]
+        if self.relay_token_file:
+            args += ["--relay-token-file", self.relay_token_file]
         if self.work_dir:
             args += ["--work-dir", self.work_dir]
         if self.tls:

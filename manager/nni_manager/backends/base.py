@@ -323,9 +323,10 @@ class Backend(abc.ABC, Generic[OptionsT]):
         set (clusters: the one this machine uses to reach the API server); None: must be set."""
         return None
 
-    async def hub_route(self, experiment_id: str) -> HubRoute | None:
+    async def hub_route(self, experiment_id: str, experiment_dir: Path) -> HubRoute | None:
         """Network hubs reached through a relay of the backend's own (Kubernetes' tunnel through
-        the API server): where the hub listens and what agents dial; None: `nniManagerIp`."""
+        the API server): where the hub listens and what agents dial; None: `nniManagerIp`. The relay
+        lets through only agents that prove `hub.relay_token.relay_token(experiment_dir)`."""
         return None
 
     def hub_names(self) -> list[str]:

@@ -77,7 +77,7 @@ async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experi
     if not ts.hub_tls:
         log.warning("trainingService.hubTls is false: agents talk to the hub in PLAIN TEXT (tokens, metrics and "
                     "code readable on the network); use it only on a network you trust")
-    route = await backend.hub_route(experiment_id)
+    route = await backend.hub_route(experiment_id, experiment_dir)
     if route is not None:  # agents dial the backend's relay; the hub listens where only the relay's far end reaches
         try:
             host = bare_host(route.bind.rpartition(":")[0])

@@ -33,6 +33,8 @@ class RelayedBackend(Backend):
     procs: ClassVar[dict[str, subprocess.Popen[bytes]]] = {}
     launches: ClassVar[dict[str, tuple[list[str], dict[str, str]]]] = {}  # agent id -> (argv, env)
     ca_certificate: ClassVar[bytes] = b""  # the hub's CA, as the agents got it (for tests that dial too)
+    front: ClassVar[str] = ""  # "127.0.0.1:<port>" agents dial instead of the relay (a relay in front of it)
+    relay_token_file: ClassVar[Path | None] = None  # ... which wants this relay token (--relay-token-file)
 
     async def start(self, ctx: BackendContext) -> None:
         relay = RelayedBackend.relay
@@ -49,9 +51,12 @@ class RelayedBackend(Backend):
             ca.write_bytes(spec.ca_certificate)
             RelayedBackend.ca_certificate = spec.ca_certificate
             env = dict(os.environ, NNI_AGENT_TOKEN=spec.token)
-            argv = [sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{relay.port}", "--ca-file", str(ca),
+            dial = RelayedBackend.front or f"127.0.0.1:{relay.port}"
+            argv = [sys.executable, "-m", "nni_agent", "--manager", dial, "--ca-file", str(ca),
                     "--agent-id", spec.agent_id, "--work-dir", str(work),
                     "--orphan-timeout", str(self.reconnect_window), "--log-file", str(work / "agent.log")]
+            if RelayedBackend.relay_token_file is not None:
+                argv += ["--relay-token-file", str(RelayedBackend.relay_token_file)]
             RelayedBackend.launches[spec.agent_id] = (argv, env)
             RelayedBackend.procs[spec.agent_id] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                                                    start_new_session=True)

@@ -2,8 +2,10 @@
 the hub-bounds and pre-authentication flood tests dial (tests/security)."""
 from __future__ import annotations
 
+import base64
 import secrets
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +17,7 @@ import nni_manager.backends.slurm as slurm_package
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.hub import Hub
+from nni_manager.hub.relay_token import relay_digest
 from nni_manager.store import Store
 from tests.support.manager.hub_tls import Recorder
 
@@ -62,6 +65,23 @@ def open_stream(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
 
 def slurm_relay_script() -> Path:
     return Path(slurm_package.__file__).parent / "nni_slurm_relay.py"
+
+
+RELAY_TOKEN = secrets.token_urlsafe(32)  # the test experiment's relay token
+
+
+def relay_connect(token: str = RELAY_TOKEN) -> bytes:
+    """An agent's first bytes to a relay, as gRPC writes them (the relay being its HTTP proxy)."""
+    basic = base64.b64encode(f"nni:{token}".encode()).decode()
+    return (f"CONNECT 10.96.0.10:4000 HTTP/1.1\r\nHost: 10.96.0.10:4000\r\nUser-Agent: grpc-httpcli/0.0\r\n"  # not dialed
+            f"Proxy-Authorization: Basic {basic}\r\n\r\n").encode()
+
+
+def slurm_relay_argv(target: Path, port_file: Path, places: int, limit_file: Path | None = None) -> list[str]:
+    """The login-node relay as the manager starts it (login.py), checking RELAY_TOKEN."""
+    limit = limit_file or port_file.with_name("relay.limit-unused")
+    return [sys.executable, str(slurm_relay_script()), "127.0.0.1", "0", str(target), str(port_file), "600",
+            str(places), str(limit), relay_digest(RELAY_TOKEN)]
 
 
 class Upstream:

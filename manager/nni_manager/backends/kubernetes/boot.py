@@ -11,6 +11,7 @@ termination message, which becomes the trial's `message`. Nothing secret is on t
 from __future__ import annotations
 
 from nni_manager.backends.agent_command import AgentCommand
+from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE
 
 SECRET_DIR = "/var/run/nni/secret"  # ca.crt and one token file per agent (named for its pod)
 WHEEL_DIR = "/var/run/nni/agent"  # the agent wheel (ConfigMap)
@@ -19,13 +20,15 @@ TERMINATION_LOG = "/dev/termination-log"
 
 
 def agent_command(hub_address: str, tls: bool, orphan_timeout: float, single_trial: bool, *, wheel: str, tag: str,
-                  image: str, wheel_sha256: str) -> AgentCommand:
-    """"{agent}" is the pod's name (NNI_AGENT_ID, from the downward API): the agent's id."""
+                  image: str, wheel_sha256: str, relay_token: bool = False) -> AgentCommand:
+    """"{agent}" is the pod's name (NNI_AGENT_ID, from the downward API): the agent's id. With
+    `relay_token`, the agents dial the hub relay and prove the token in the Secret's relay.token."""
     return AgentCommand(sha256=((wheel, wheel_sha256),),
         agent_id="{agent}", manager=hub_address, token_file=f"{SECRET_DIR}/{{agent}}", work_dir=WORK_DIR,
         orphan_timeout=orphan_timeout, ca_file=f"{SECRET_DIR}/ca.crt" if tls else "", single_trial=single_trial,
         wheel=f"{WHEEL_DIR}/{wheel}", unpack_to=f"{WORK_DIR}/agent-{tag}", where=f"the image {image}",
-        message_file=TERMINATION_LOG, agent_id_env="NNI_AGENT_ID")
+        message_file=TERMINATION_LOG, agent_id_env="NNI_AGENT_ID",
+        relay_token_file=f"{SECRET_DIR}/{RELAY_TOKEN_FILE}" if relay_token else "")
 
 
 def container_command(command: AgentCommand, prefix: str = "") -> list[str]:

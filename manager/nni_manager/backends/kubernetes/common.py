@@ -3,8 +3,9 @@ cluster says about their pods into trial messages, re-attaching, cleanup.
 
 A platform subclass only says what one environment's main object is (`main_object`) and how
 its pods are named (`pod_names`); everything else lives here. Per environment we create:
-- a Secret `<object>-nni` holding `ca.crt` and one token file per member (named for its pod),
-  mounted read-only: tokens never appear in a pod spec, argv or log;
+- a Secret `<object>-nni` holding `ca.crt`, one token file per member (named for its pod) and,
+  with the hub tunnel, `relay.token` (what the agents prove to the hub relay), mounted read-only:
+  tokens never appear in a pod spec, argv or log;
 - the main object (Pod / TFJob / PyTorchJob / Framework), whose pods run `nni-agent`.
 Once per experiment: a ConfigMap with the manager's own agent wheel, and the image pull
 Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app`, `expId`
@@ -20,6 +21,7 @@ import json
 import logging
 import time
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
@@ -34,6 +36,7 @@ from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Stora
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
+from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_digest, relay_token
 
 if TYPE_CHECKING:
     from kubernetes.aio import client as k8s
@@ -98,6 +101,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
         self._fit_note = ""  # a request no present node holds (nodes.too_big): said while its pods wait
         self._tunnel: tunnel.Tunnel | None = None
+        self._relay_token = ""  # the experiment's (tunnelled): agents prove it to the relay
         self._access_checked = False
         self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
         self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
@@ -183,11 +187,12 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                               "or set nniManagerIp to an address or DNS name of this machine that pods can reach")
         return address
 
-    async def hub_route(self, experiment_id: str) -> HubRoute | None:
+    async def hub_route(self, experiment_id: str, experiment_dir: Path) -> HubRoute | None:
         """With the tunnel: the hub listens on loopback only and agents dial the relay's Service."""
         if not self.tunnelled:
             return None
         self.experiment_id = experiment_id
+        self._relay_token = relay_token(experiment_dir)
         ns = self.namespace
         await self._client()
         try:
@@ -216,21 +221,16 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             if key in self.kube.pod_spec:
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
-        return tunnel.relay_objects(experiment_id, self.namespace, image, overrides)
+        token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
+        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides)
 
     async def _ensure_relay(self, experiment_id: str) -> str:
         """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
         Service's cluster IP."""
         core, _ = await self._client()
         ns = self.namespace
-        config_map, pod, service = self._relay_objects(experiment_id)
+        _, pod, service = self._relay_objects(experiment_id)
         name = pod["metadata"]["name"]
-        try:
-            await core.create_namespaced_config_map(ns, config_map, field_validation="Strict")
-        except Exception as e:
-            if getattr(e, "status", None) != 409:
-                raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
-            await core.replace_namespaced_config_map(name, ns, config_map)
         await self._ensure_relay_pod(pod)
         try:
             created = await core.create_namespaced_service(ns, service, field_validation="Strict")
@@ -242,6 +242,20 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         if not cluster_ip or cluster_ip == "None":
             raise KubeError(f"the hub relay's Service {name} got no cluster IP; delete it and start again")
         return cluster_ip
+
+    async def _ensure_relay_program(self) -> None:
+        """The relay program's ConfigMap, before every relay pod: immutable and named for its content,
+        one already there is kept only when it holds the program (one someone planted or made again
+        under the name is replaced; the pod checks the program's sha256 besides)."""
+        core, _ = await self._client()
+        config_map = self._relay_objects(self.experiment_id)[0]
+        name = config_map["metadata"]["name"]
+        try:
+            await deps.ensure_config_map(core, self.namespace, name, config_map)
+        except agent_deps.DependencyError as e:
+            raise KubeError(str(e)) from None
+        except Exception as e:
+            raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
 
     async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
         core, _ = await self._client()
@@ -269,6 +283,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 await asyncio.sleep(0.1)
             existing = None
         if existing is None:
+            await self._ensure_relay_program()
             try:
                 await core.create_namespaced_pod(ns, pod, field_validation="Strict")
             except Exception as e:
@@ -516,11 +531,12 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         core, ns = self._core, self.namespace
         name = tunnel.relay_name(self.experiment_id)
         # the answers (the object or a Status, by server version) are not needed: not parsed
-        for what, call in (("Service", core.delete_namespaced_service_without_preload_content),
-                           ("Pod", core.delete_namespaced_pod_without_preload_content),
-                           ("ConfigMap", core.delete_namespaced_config_map_without_preload_content)):
+        for what, call, called in (("Service", core.delete_namespaced_service_without_preload_content, name),
+                                   ("Pod", core.delete_namespaced_pod_without_preload_content, name),
+                                   ("ConfigMap", core.delete_namespaced_config_map_without_preload_content,
+                                    tunnel.program_config_map_name(self.experiment_id))):
             try:
-                response = await call(name, ns)
+                response = await call(called, ns)
                 if response.status >= 400 and response.status != 404:
                     log.error("deleting the hub relay's %s %s: %s %s", what, name, response.status,
                               (await response.read())[:300].decode(errors="replace"))
@@ -533,6 +549,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         data = {m.agent_id: base64.b64encode(m.token.encode()).decode() for m in env.members}
         if env.members and env.members[0].ca_certificate:
             data["ca.crt"] = base64.b64encode(env.members[0].ca_certificate).decode()
+        if self.tunnelled:  # what the agents prove to the hub relay (the relay holds only its digest)
+            data[RELAY_TOKEN_FILE] = base64.b64encode(self._relay_token.encode()).decode()
         return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
                 "metadata": {**meta, "name": f"{name}-nni"}}
 
@@ -658,7 +676,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         command = boot.agent_command(hub, tls, self.orphan_timeout,
                                      single_trial=bool(env.trial_id) if env else not self.reuse,
                                      wheel=wheel, tag=tag, image=role.docker_image,
-                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256)
+                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256,
+                                     relay_token=self.tunnelled)
         shipped = self._deps.get(role.docker_image)
         if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py), verified by their digests
             command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}",
@@ -873,6 +892,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         secret, main = self.build_request(env)
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
+                                "<the experiment's relay token>" if k == RELAY_TOKEN_FILE else
                                 "<per-agent token, minted at start>" for k in secret.pop("data")}
         objects = [*shared, *self.extra_objects(), secret, main]
         per_env = (f"a pool of up to {self.config.trial_concurrency} environment(s) like this one" if self.reuse else

@@ -10,14 +10,23 @@ It never reads them: TLS stays end to end between agent and hub. A back connecti
 while idle (the manager gone, a dropped stream) is discarded; an agent finding no back
 connection within WAIT seconds is closed and redials.
 
-Any pod can reach the Service, so an agent connection is paired only once it has spoken (an
-agent opens with its TLS ClientHello at once): one silent for FIRST_BYTES_S is closed without
-ever taking a back connection, and of more than MAX_WAITING unpaired connections the oldest is
-closed for the newcomer. Idle connections cost the manager nothing and never delay an agent.
+Any pod can reach the Service, so a connection is paired only once it has proved that it is one of
+this experiment's agents: it opens with an HTTP CONNECT (gRPC writes it: the relay is the agent's
+proxy) whose Proxy-Authorization carries the experiment's relay token, of which this program knows
+only the sha256 (TOKEN_SHA256, no secret) and compares in constant time. The relay answers "200"
+once it paired the connection; anything else (no proof, a wrong one, garbage, more than HEAD_MAX
+bytes, silence for FIRST_BYTES_S) is closed at once without ever taking a back connection. Of more
+than MAX_WAITING connections that have not proved themselves yet the oldest is closed for the
+newcomer; a proven one no longer counts among them. Strangers cost the manager nothing and never
+delay an agent (nni_manager/hub/relay_token.py).
 
-Usage: python3 relay.py AGENT_PORT BACK_PORT [AGENT_HOST (default: every address)]
+Usage: python3 relay.py AGENT_PORT BACK_PORT TOKEN_SHA256 [AGENT_HOST (default: every address)]
 """
 import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
 import socket
 import sys
 
@@ -25,12 +34,55 @@ WAIT = 30.0
 CHUNK = 65536
 FIRST_BYTES_S = 10.0
 MAX_WAITING = 1024
+HEAD_MAX = 4096  # an agent's CONNECT is about 150 bytes
+CONNECT = b"CONNECT "
+
+
+def proven(head, token_sha256):
+    """Whether an HTTP CONNECT head carries the relay token (Proxy-Authorization: Basic nni:<token>)."""
+    lines = head.split(b"\r\n")
+    if len(head) > HEAD_MAX or not lines[0].startswith(CONNECT):
+        return False
+    presented = b""
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"proxy-authorization":
+            scheme, _, encoded = value.strip().partition(b" ")
+            if scheme.lower() == b"basic":
+                try:
+                    presented = base64.b64decode(encoded.strip(), validate=True).partition(b":")[2]
+                except (binascii.Error, ValueError):
+                    return False
+    digest = hashlib.sha256(presented).hexdigest().encode()
+    return bool(presented) and hmac.compare_digest(digest, token_sha256.encode())
+
+
+async def read_head(reader):
+    """(head, what came after it): the HTTP head up to its blank line; (b"", b"") when none came in
+    FIRST_BYTES_S, the connection ended, or the bytes cannot be one (not a CONNECT, over HEAD_MAX)."""
+    loop = asyncio.get_event_loop()
+    deadline = loop.time() + FIRST_BYTES_S
+    data = b""
+    while b"\r\n\r\n" not in data:
+        left = deadline - loop.time()
+        if left <= 0 or len(data) > HEAD_MAX or not (data.startswith(CONNECT) or CONNECT.startswith(data)):
+            return b"", b""
+        try:
+            chunk = await asyncio.wait_for(reader.read(HEAD_MAX), left)
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            return b"", b""
+        if not chunk:
+            return b"", b""
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n", rest
 
 
 class Relay:
-    def __init__(self, arrived):
+    def __init__(self, arrived, token_sha256):
+        self.token_sha256 = token_sha256
         self.idle = []  # [(reader, writer, watcher task)]
-        self.waiting = []  # agent connections not paired yet, oldest first (their writers)
+        self.waiting = []  # connections not proven yet, oldest first (their writers)
         self.arrived = arrived  # asyncio.Event (made in the running loop), set whenever a back connection arrives
 
     async def back(self, reader, writer):
@@ -75,27 +127,29 @@ class Relay:
 
     async def agent(self, reader, writer):
         self.waiting.append(writer)
-        if len(self.waiting) > MAX_WAITING:  # the oldest gives way (its read ends, it is closed)
+        if len(self.waiting) > MAX_WAITING:  # the oldest unproven one gives way (its read ends, it is closed)
             self.waiting.pop(0).close()
-        try:
-            first = await asyncio.wait_for(reader.read(CHUNK), FIRST_BYTES_S)
-        except (asyncio.TimeoutError, ConnectionError, OSError):
-            first = b""
-        paired = await self.take() if first and not writer.is_closing() else None
+        head, rest = await read_head(reader)
         if writer in self.waiting:
             self.waiting.remove(writer)
+        if not head or writer.is_closing() or not proven(head, self.token_sha256):
+            writer.close()  # no proof: dropped at once, having cost nothing shared
+            return
+        paired = await self.take()
         if paired is None or writer.is_closing():
-            if first and paired is None:
+            if paired is None:
                 sys.stderr.write("relay: no connection from the manager within %gs; closing an agent connection\n"
                                  % WAIT)
             writer.close()
-            if paired is not None:  # it gave way meanwhile: the manager replaces the stream it spent
+            if paired is not None:  # it went meanwhile: the manager replaces the stream it spent
                 paired[1].close()
             return
         back_reader, back_writer = paired
         try:
-            back_writer.write(b"\x01" + first)
+            back_writer.write(b"\x01" + rest)
             await back_writer.drain()
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
         except (ConnectionError, OSError):
             writer.close()
             back_writer.close()
@@ -128,8 +182,8 @@ async def copy(reader, writer):
         writer.close()
 
 
-async def main(agent_port, back_port, agent_host=None):
-    relay = Relay(asyncio.Event())
+async def main(agent_port, back_port, token_sha256, agent_host=None):
+    relay = Relay(asyncio.Event(), token_sha256)
     agents = await asyncio.start_server(relay.agent, agent_host, agent_port)
     back = await asyncio.start_server(relay.back, "127.0.0.1", back_port)
     sys.stderr.write("relay: agents on port %d, the manager's port-forwards on 127.0.0.1:%d\n" % (agent_port, back_port))
@@ -139,4 +193,4 @@ async def main(agent_port, back_port, agent_host=None):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None))

@@ -1,7 +1,10 @@
 """The hub tunnel through the API server: agents reach a manager the cluster cannot route to.
 
-The experiment owns a relay in its namespace (relay.py in a plain-Python pod, a ConfigMap holding
-the program, a ClusterIP Service); agents dial the Service. The manager keeps POOL idle
+The experiment owns a relay in its namespace (relay.py in a plain-Python pod, a ClusterIP Service,
+and an immutable ConfigMap holding the program, named for its content; the pod's command carries
+the program's sha256 and runs it only when it matches, so a ConfigMap someone else replaced is
+refused, never run); agents dial the Service, proving with the experiment's relay token
+(nni_manager/hub/relay_token.py) that they are its agents before the relay pairs them. The manager keeps POOL idle
 port-forward streams (`pods/portforward`, websocket `v4.channel.k8s.io`, the path `kubectl
 port-forward` takes) open to the relay's back port; the relay pairs each agent connection with one
 of them and signals it with one byte, then the manager dials its hub on loopback and copies bytes.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -46,20 +50,53 @@ SCC_REFUSAL = "unable to validate against any security context constraint"
 SAFE_TO_EVICT = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
 
 
-def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides: dict[str, Any] | None = None
-                  ) -> list[dict[str, Any]]:
-    """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay."""
+# runs the relay program only when its bytes are the ones the pod spec names (argv: sha256, path,
+# the program's own arguments); else one line in the termination message, and the pod fails
+VERIFY = (
+    "import hashlib,sys\n"
+    "sha,path=sys.argv[1],sys.argv[2]\n"
+    "src=open(path,'rb').read()\n"
+    "if hashlib.sha256(src).hexdigest()!=sha:\n"
+    " why='nni hub relay: %s is not the program the manager shipped (its sha256 differs: someone replaced "
+    "the ConfigMap); stop the experiment and start it again' % path\n"
+    " try:\n"
+    "  open('/dev/termination-log','w').write(why)\n"
+    " except OSError:\n"
+    "  pass\n"
+    " sys.exit(why)\n"
+    "sys.argv=[path]+sys.argv[3:]\n"
+    "exec(compile(src,path,'exec'),{'__name__':'__main__','__file__':path})\n"
+)
+
+
+def relay_program() -> str:
+    return Path(__file__).with_name(RELAY_FILE).read_text()
+
+
+def program_config_map_name(experiment_id: str) -> str:
+    """The relay program's ConfigMap: the experiment's, named for the program's content."""
+    digest = hashlib.sha256(relay_program().encode()).hexdigest()
+    return f"{relay_name(experiment_id)}-{digest[:16]}"
+
+
+def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: str,
+                  pod_overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay.
+    `token_sha256`: the relay token's digest (relay_token.relay_digest), which the relay checks."""
     name = relay_name(experiment_id)
     labels = relay_labels(experiment_id)
     meta = {"name": name, "namespace": namespace, "labels": labels}
-    program = Path(__file__).with_name(RELAY_FILE).read_text()
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": dict(meta), "data": {RELAY_FILE: program}}
+    program = relay_program()
+    program_sha256 = hashlib.sha256(program.encode()).hexdigest()
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
+                  "metadata": {**meta, "name": program_config_map_name(experiment_id)}, "data": {RELAY_FILE: program}}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 2,
         "containers": [{
             "name": "relay", "image": image,
-            "command": ["python3", "-u", f"/nni-relay/{RELAY_FILE}", str(AGENT_PORT), str(BACK_PORT)],
+            "command": ["python3", "-u", "-c", VERIFY, program_sha256, f"/nni-relay/{RELAY_FILE}",
+                        str(AGENT_PORT), str(BACK_PORT), token_sha256],
             "ports": [{"name": "agents", "containerPort": AGENT_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
             "volumeMounts": [{"name": "relay", "mountPath": "/nni-relay", "readOnly": True}],
@@ -69,7 +106,7 @@ def relay_objects(experiment_id: str, namespace: str, image: str, pod_overrides:
             "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "runAsUser": 65534,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
         }],
-        "volumes": [{"name": "relay", "configMap": {"name": name}}],
+        "volumes": [{"name": "relay", "configMap": {"name": program_config_map_name(experiment_id)}}],
         **(pod_overrides or {}),
     }}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta), "spec": {

@@ -44,6 +44,7 @@ from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
 from nni_manager.config import ConfigError, ExperimentConfig
+from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_token
 from nni_manager.ssh.connection import (
     known_hosts_path,
     machine_label,
@@ -181,6 +182,7 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         digests = ((Path(wheel).name, self._wheel_sha256 or DRY_RUN_SHA256),) if wheel else ()
         command = AgentCommand(
             agent_id=Sh('"$id"'), manager=hub, token_file=Sh('"$NNI_SLURM_JOB_DIR/$id.token"'),
+            relay_token_file=Sh(f'"$NNI_SLURM_JOB_DIR/{RELAY_TOKEN_FILE}"') if self.opts.login_node else "",
             work_dir=Sh('"$NNI_SLURM_JOB_DIR/work-$SLURM_PROCID"'), orphan_timeout=self.orphan_timeout,
             ca_file=Sh('"$NNI_SLURM_JOB_DIR/ca.crt"') if tls else "", single_trial=bool(env.trial_id),
             python=self.python, where=deps.WHERE, wheel=wheel,
@@ -212,7 +214,8 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         assert self.ctx is not None
         ctx, node = self.ctx, self.opts.login_node
         max_agents = self.config.trial_concurrency * self.opts.nodes
-        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.orphan_timeout, max_agents) if node
+        host: SlurmHost = (LoginNodeHost(node, ctx.experiment_id, self.orphan_timeout, max_agents,
+                                         relay_token=relay_token(ctx.experiment_dir)) if node
                            else LocalHost(ctx.experiment_dir))
         self._host = host
         try:
@@ -300,6 +303,8 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         tls = bool(env.members and env.members[0].ca_certificate)
         for m in env.members:
             await host.write_private(f"{job_dir}/{m.agent_id}.token", m.token.encode())
+        if isinstance(host, LoginNodeHost):  # what the agents prove to the login node's relay
+            await host.write_private(f"{job_dir}/{RELAY_TOKEN_FILE}", host.relay_token.encode())
         if tls:
             await host.write_private(f"{job_dir}/ca.crt", env.members[0].ca_certificate)
         request = self.build_request(env, job.hub)
@@ -371,7 +376,9 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
 
     async def forget(self, job: Job) -> None:
         if self._host is not None:
-            await self._host.remove([f"{self.job_dir(job.name)}/{agent_id}.token" for agent_id in job.members])
+            job_dir = self.job_dir(job.name)
+            await self._host.remove([f"{job_dir}/{agent_id}.token" for agent_id in job.members]
+                                    + [f"{job_dir}/{RELAY_TOKEN_FILE}"])
 
     async def _dial_address(self, hub: str) -> str:
         """What the agents dial: the hub itself, or (loginNode) the relay in front of it."""

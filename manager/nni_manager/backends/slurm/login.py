@@ -9,10 +9,13 @@ The relay only pipes bytes: TLS runs end to end between agent and hub, whose cer
 experiment's own CA, whose key never leaves the manager, so whoever binds the relay's port or the
 forward port on the login node while the relay or the link is down (any user of a shared login
 node can) fails the handshake and never sees a token nor gets an agent to obey it. Only with
-`hubTls: false` (warned about at start) does this path carry plain text. The relay reads its target from a file for every connection, so after a dropped link or
+`hubTls: false` (warned about at start) does this path carry plain text. The other way round,
+the relay pipes only connections that prove the experiment's relay token (an HTTP CONNECT; the
+agents' copy is a 0600 file beside their tokens, the relay's argv holds its sha256), so other
+users of the cluster cannot hold its places or reach the hub through it. The relay reads its target from a file for every connection, so after a dropped link or
 a manager restart only that file changes; its own port (what the batch scripts name) stays.
 Files under ~/nni-experiments/<exp>/ on the login node (home is shared with the compute nodes on
-most clusters): slurm/<job>/ (0700: tokens and CA as 0600 files by SFTP, batch.sh, logs),
+most clusters): slurm/<job>/ (0700: tokens, relay.token and CA as 0600 files by SFTP, batch.sh, logs),
 agent-wheel/, relay.{py,pid,port,target,log}.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Sequence
 
 import paramiko
 
+from nni_manager.hub.relay_token import relay_digest
 from nni_manager.backends.base import BackendError
 from nni_manager.backends.slurm.config import LoginNode
 from nni_manager.backends.slurm.hosts import COMMAND_TIMEOUT, LOG_TAIL, command_line
@@ -54,8 +58,10 @@ def relay_connections(max_agents: int) -> int:
 class LoginNodeHost:
     """One SSH connection to the login node, re-opened (with its forward) when it drops."""
 
-    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128) -> None:
+    def __init__(self, node: LoginNode, experiment_id: str, orphan_timeout: float, max_agents: int = 128,
+                 relay_token: str = "") -> None:
         self.node = node
+        self.relay_token = relay_token  # the agents prove it to the relay, which knows only its sha256
         self.experiment_id = experiment_id
         self.orphan_timeout = orphan_timeout
         self.relay_connections = relay_connections(max_agents)
@@ -251,7 +257,8 @@ class LoginNodeHost:
         node = self.node
         start = " ".join([
             shlex.quote(node.python), q(RELAY), shlex.quote(node.relay_address), '"$port"', q("relay.target"),
-            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections), q("relay.limit")])
+            q("relay.port"), f"{self.orphan_timeout:g}", str(self.relay_connections), q("relay.limit"),
+            relay_digest(self.relay_token)])
         return "\n".join([
             "umask 077",
             f"cd {q('')} || exit 1",
