@@ -123,7 +123,10 @@ def nni_manager_serving(experiment_dir: Path, experiment_id: str) -> tuple[int, 
         if not proc.name.isdigit():
             continue
         try:
-            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            raw = (proc / "cmdline").read_bytes()
+            if b"main.js" not in raw or experiment_id.encode() not in raw:
+                continue
+            args = raw.decode(errors="replace").split("\0")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
