@@ -2,6 +2,9 @@
 manager's life, which the OS releases when the process dies (a crash or SIGKILL leaves no stale
 lock). A second `run`/`resume`/`view` of the same experiment is refused before it touches the
 store or the manifest, naming the running manager's pid and WebUI, as `nnictl` refuses.
+NNI's own manager serving the same experiment (`nnictl resume ID` / `nnictl view ID` start it on
+the NNI database we write at stop) holds no flock: it is found by its command line and refused
+likewise, or the two would share the experiment's directory and its manifest entry.
 
 Taking it is re-entrant within one process (the CLI takes it before the WebUI registers, the
 training service takes it again when it opens the store): flock locks belong to an open file,
@@ -42,6 +45,11 @@ def acquire(experiment_dir: Path, experiment_id: str) -> None:
     except BaseException:
         os.close(fd)
         raise
+    try:
+        _refuse_nni_manager(experiment_dir, experiment_id)
+    except BaseException:
+        os.close(fd)
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[path] = (fd, 1)
@@ -60,9 +68,13 @@ def release(experiment_dir: Path) -> None:
 
 
 def check_free(experiment_dir: Path, experiment_id: str) -> None:
-    """Raise ExperimentBusy if another process holds the lock; take nothing, create nothing."""
+    """Raise ExperimentBusy if another process holds the lock or NNI's own manager serves the
+    experiment; take nothing, create nothing."""
     path = _lock_path(experiment_dir)
-    if path in _held or not path.is_file():
+    if path in _held:
+        return
+    _refuse_nni_manager(experiment_dir, experiment_id)
+    if not path.is_file():
         return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -101,6 +113,44 @@ def busy_message(experiment_id: str, pid: int | None) -> str:
     where = f", WebUI {url}" if url else " (no WebUI)"
     return (f"experiment {experiment_id} is already running ({who}{where}): stop it first with "
             f"`nni-manager stop {experiment_id}`, or open its WebUI")
+
+
+def nni_manager_serving(experiment_dir: Path, experiment_id: str) -> tuple[int, str] | None:
+    """(pid, action) of a live NNI 3.0 manager (`node .../nni_node/main.js --experiment-id ID
+    --action resume|view|create --experiments-directory DIR`) on this experiment, or None."""
+    want = Path(experiment_dir).expanduser().resolve()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            raw = (proc / "cmdline").read_bytes()
+            if b"main.js" not in raw or experiment_id.encode() not in raw:
+                continue
+            args = raw.decode(errors="replace").split("\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z" or not any(a.endswith("main.js") for a in args) or "--experiment-id" not in args:
+            continue
+        given = dict(zip(args, args[1:]))
+        if given.get("--experiment-id") != experiment_id or "--experiments-directory" not in given:
+            continue
+        if (Path(given["--experiments-directory"]).expanduser() / experiment_id).resolve() == want:
+            return int(proc.name), given.get("--action", "")
+    return None
+
+
+def _refuse_nni_manager(experiment_dir: Path, experiment_id: str) -> None:
+    found = nni_manager_serving(experiment_dir, experiment_id)
+    if found is None:
+        return
+    pid, action = found
+    how = f"`nnictl {action} {experiment_id}`" if action in ("resume", "view") else "nnictl"
+    kept = (" (the trials it runs stay in NNI's database, which nni-manager does not read)"
+            if action != "view" else "")
+    raise ExperimentBusy(
+        f"experiment {experiment_id} is served by NNI's own manager (node pid {pid}, started by {how}){kept}: "
+        f"stop it first with `nnictl stop {experiment_id}`; then `nni-manager resume {experiment_id}` runs it here")
 
 
 def _lock_path(experiment_dir: Path) -> Path:

@@ -48,3 +48,16 @@ def test_platform_page_config_passes_dry_run_as_pasted(page: Path, tmp_path: Pat
                           env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip(), "the dry run printed nothing"
+
+
+# what a user reads before the internals: the requirements and the config
+USER_FACING = {"Prerequisites", "What the image needs", "Config"}
+
+
+def test_every_platform_page_keeps_its_internals_under_how_it_works() -> None:
+    for page in [*_pages(), PLATFORMS / "shared-storage.md"]:
+        heads = re.findall(r"^## (.+)$", page.read_text(), re.M)
+        assert "How it works" in heads, f"{page.name}: no 'How it works' section"
+        before = heads[:heads.index("How it works")]
+        assert set(before) <= USER_FACING, f"{page.name}: {before} come before 'How it works'"
+        assert "Troubleshooting" not in before, page.name

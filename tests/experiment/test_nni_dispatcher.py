@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +271,63 @@ def test_nni_sklearn_example_unchanged_with_tpe_and_medianstop(tmp_path: Path) -
     assert all(t.status == TrialJobStatus.SUCCEEDED for t in result.trials), [t.message for t in result.trials]
     assert all(0 < t.metric <= 1 for t in result.trials)  # an SVC's accuracy on the digits
     assert set(result.trials[0].parameters) == {"C", "kernel", "degree", "gamma", "coef0"}
+
+
+SLOW_IMPORT_TUNER = '''
+import pathlib, signal, sys, time
+
+_here = pathlib.Path(__file__).parent
+
+
+def _stopped(signum, frame):
+    (_here / "stopped_by").write_text(signal.Signals(signum).name)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, _stopped)
+(_here / "importing").write_text("")
+time.sleep(600)  # a tuner whose libraries take long to import: Ctrl-C comes first
+
+from nni.tuner import Tuner
+
+
+class SlowTuner(Tuner):
+    def update_search_space(self, space):
+        pass
+
+    def generate_parameters(self, parameter_id, **kwargs):
+        return {"x": 1}
+
+    def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
+        pass
+'''
+
+
+def test_ctrl_c_while_the_dispatcher_starts_stops_it_and_leaves_no_pipe_or_process(tmp_path: Path,
+                                                                                   nni_code: Path) -> None:
+    """Ctrl-C before NNI's dispatcher has connected: nobody can send it TERMINATE, so it gets
+    SIGTERM at once (it was left 30 s to exit by itself, then SIGKILLed); the manager's stdout and
+    stderr reach EOF (no child holds them) and no process is left under the directory."""
+    (nni_code / "slow_tuner.py").write_text(SLOW_IMPORT_TUNER)
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "trialCommand": "python trial.py", "trialCodeDirectory": "code", "trialConcurrency": 1,
+        "maxTrialNumber": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+        "tuner": {"codeDirectory": "code", "className": "slow_tuner.SlowTuner"},
+        "trainingService": {"platform": "local"}, "experimentWorkingDirectory": "exps"}))
+    proc = subprocess.Popen([sys.executable, "-m", "nni_manager", "run", "--plain", "--port", "0", str(config)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HOME": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (nni_code / "importing").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the dispatcher never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # EOF on both pipes: the manager and every child let go
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "stopped: interrupted" in out and "Traceback" not in err, out + err
+    assert (nni_code / "stopped_by").read_text() == "SIGTERM"  # told to stop, not SIGKILLed 30 s later
+    assert processes_under(tmp_path) == []

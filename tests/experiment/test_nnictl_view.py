@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nni_manager.experiment_lock import nni_manager_serving
 from tests.support.experiment.fixtures import processes_under
 from tests.support.webui.nni_view import LOOPBACK_JS, node_why_not
 
@@ -89,3 +90,44 @@ def test_resume_detach_prints_this_runs_webui(make_config, tmp_path: Path) -> No
         _run(env, tmp_path, "stop", exp_id)
         for proc in processes_under(tmp_path):
             proc.kill()
+
+
+@pytest.mark.skipif(NNICTL is None, reason="nnictl (pip install nni==3.0) is not installed")
+def test_nnictl_resume_hands_over_to_nni_and_ours_is_refused_meanwhile(make_config, tmp_path: Path) -> None:
+    """`nnictl resume ID` starts NNI's own manager on the NNI database we write at stop (nnictl's
+    errors go to stdout and end in NNI's traceback, so it cannot be turned into a one-line refusal);
+    while that manager lives, `nni-manager resume ID` is refused in one line naming it and the fix,
+    and touches nothing; once `nnictl stop` ran, `nni-manager resume` works again."""
+    why = node_why_not()
+    if why:
+        pytest.skip(why)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    preload = home / ".nni-loopback.js"
+    preload.write_text(LOOPBACK_JS)
+    nni_env = {**env, "NODE_OPTIONS": f"--require {preload}"}
+    done = _run(env, tmp_path, "run", str(make_config(maxTrialNumber=2)), "--plain", "--port", "0")
+    assert done.returncode == 0, done.stderr
+    exp_id = re.search(r"Experiment (\w+) stopped", done.stdout).group(1)
+    before = _run(env, tmp_path, "trials", exp_id).stdout
+    port = _free_port()
+    resumed = subprocess.run([NNICTL, "resume", exp_id, "--port", str(port)], env=nni_env, capture_output=True,
+                             text=True, timeout=120)
+    try:
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        ours = _run(env, tmp_path, "resume", exp_id, "--detach", "--port", "0")
+        assert ours.returncode == 2, ours.stdout + ours.stderr
+        lines = ours.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in ours.stderr, ours.stderr
+        assert "NNI's own manager" in lines[0] and f"nnictl stop {exp_id}" in lines[0], lines[0]
+        assert f"nni-manager resume {exp_id}" in lines[0], lines[0]
+        assert _get(f"http://127.0.0.1:{port}/api/v1/nni/experiment")["id"] == exp_id  # NNI's still serves it
+        foreground = _run(env, tmp_path, "resume", exp_id, "--plain", "--port", "0")  # the same without --detach
+        assert foreground.returncode == 2 and len(foreground.stderr.strip().splitlines()) == 1, foreground.stderr
+    finally:
+        subprocess.run([NNICTL, "stop", exp_id], env=nni_env, capture_output=True, timeout=120)
+    assert _run(env, tmp_path, "trials", exp_id).stdout == before  # nothing of ours was touched
+    again = _run(env, tmp_path, "resume", exp_id, "--plain", "--port", "0")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert nni_manager_serving(tmp_path / "exps" / exp_id, exp_id) is None  # nnictl stop ended NNI's

@@ -207,3 +207,28 @@ def test_nnictl_view_serves_the_export(tmp_path: Path, home: Path) -> None:
     assert view.stopped.returncode == 0, view.stopped
     assert pid is not None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # gone
+
+
+def test_trials_nni_ran_into_the_db_are_kept_not_replaced(tmp_path: Path, home: Path) -> None:
+    """`nnictl resume ID` runs NNI's own manager on the db we wrote; the trials it runs exist only
+    there, so writing the db again (at the next stop, or export) moves it aside instead."""
+    exp = tmp_path / "exps" / "synth001"
+    build(exp).store.close()
+    first = export_nni_db(exp, register=False)
+    assert first.kept is None
+    again = export_nni_db(exp, register=False)  # our own rows only: simply replaced
+    assert again.kept is None and sorted(p.name for p in first.db.parent.iterdir()) == ["nni.sqlite"]
+    db = sqlite3.connect(first.db)  # what NNI's manager appends for a trial it submits
+    db.execute("insert into TrialJobEvent values (?,?,?,?,?,?,?,?)",
+               (1_795_000_100_000, "nniT1", "WAITING", '{"parameter_id": 6}', "", 6, None, "local-env"))
+    db.commit()
+    db.close()
+    done = subprocess.run([*CLI, "export", "--nni-db", str(exp), "--no-register"],
+                          env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (kept,) = [p for p in first.db.parent.iterdir() if p.name != "nni.sqlite"]
+    assert f"kept as {kept}" in done.stderr
+    assert sqlite3.connect(kept).execute("select trialJobId from TrialJobEvent where trialJobId='nniT1'").fetchone()
+    fresh = sqlite3.connect(first.db)
+    assert fresh.execute("select count(*) from TrialJobEvent where trialJobId='nniT1'").fetchone() == (0,)
+    fresh.close()

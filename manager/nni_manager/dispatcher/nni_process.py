@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 60.0  # NNI waits 10 s; importing nni and a tuner's libraries takes longer on a busy host
 INITIALIZE_TIMEOUT_S = 120.0  # handle_initialize may build models (SMAC, GP) from the search space
 TERMINATE_WAIT_S = 30.0  # NNI's manager waits up to 30 s for the dispatcher to exit after TERMINATE
+UNTOLD_WAIT_S = 5.0  # after SIGTERM, for a dispatcher stopped before it connected
 PING_INTERVAL_S = 1.0
 # NNI's MsgDispatcher notices a crashed command worker only when the next command arrives;
 # a PING (a no-op for every algorithm) is that next command, so a crash is seen within a second.
@@ -270,13 +271,20 @@ class NniDispatcher(Dispatcher):
         return ""
 
     async def stop(self) -> None:
-        """TERMINATE, wait for the process (30 s, as NNI), then kill it and close the server."""
-        if self._ws is not None and not self._ws.closed and self.error is None and not self._terminating:
+        """TERMINATE, wait for the process (30 s, as NNI), then kill it and close the server. A
+        dispatcher that never connected (stopped during start-up: Ctrl-C while NNI imports its
+        tuner) cannot be told: it gets SIGTERM at once, not 30 s of waiting for an exit nobody asked for."""
+        told = self._ws is not None and not self._ws.closed and self.error is None and not self._terminating
+        if told:
             self._outbox.put_nowait({"type": "TE", "content": ""})
         self._terminating = True
         self._outbox.put_nowait(None)
         if self.proc is not None:
-            deadline = time.monotonic() + (TERMINATE_WAIT_S if self.error is None else 2.0)
+            wait = TERMINATE_WAIT_S if told else UNTOLD_WAIT_S if self.error is None else 2.0
+            if not told and self.error is None and self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + wait
             while self.proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if self.proc.poll() is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,7 @@ class Exported:
     events: int = 0
     registered: bool = False
     notes: list[str] = field(default_factory=list)
+    kept: Path | None = None  # the previous db, moved aside: it held trials our store lacks
 
     @property
     def db(self) -> Path:
@@ -136,6 +138,10 @@ def export_nni_db(experiment_dir: Path, out: Path | None = None, register: bool 
             db.executescript(INDEXES)
         finally:
             db.close()
+        result.kept = _keep_foreign(result.db, {t.id for t in trials})
+        if result.kept is not None:
+            result.notes.append(f"{result.db} held trials this experiment's store does not have (NNI's own "
+                                f"manager ran them: `nnictl resume`); kept as {result.kept}")
         os.replace(tmp, result.db)
         result.trials, result.events, result.metrics = len(trials), len(events), counter[0]
     finally:
@@ -151,6 +157,26 @@ def export_nni_db(experiment_dir: Path, out: Path | None = None, register: bool 
     if register:
         result.registered = _register(result, stored, start, end, manifest_file)
     return result
+
+
+def _keep_foreign(db: Path, ours: set[str]) -> Path | None:
+    """`nnictl resume ID` runs NNI's own manager on the db we wrote, and the trials it runs are
+    recorded only there: such a db is moved aside (its name returned), never replaced."""
+    if not db.is_file():
+        return None
+    try:
+        source = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            theirs = {str(row[0]) for row in source.execute("select distinct trialJobId from TrialJobEvent")}
+        finally:
+            source.close()
+    except sqlite3.Error:
+        return None  # not a db NNI's manager could have run on
+    if theirs <= ours:
+        return None
+    kept = db.with_name(f"{db.name}.nnictl-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(db, kept)
+    return kept
 
 
 def _params(config: dict[str, Any], work: Path, target: Path, notes: list[str]) -> dict[str, Any]:

@@ -122,7 +122,10 @@ def _write_nni_db(directory: Path) -> None:
             print(f"nni-manager: note: for `nnictl view {directory.name}`, run `nni-manager export --nni-db "
                   f"{directory.name}` (not written at stop: {rows:,} metrics take a while)", file=sys.stderr)
             return
-        export_nni_db(directory, register=False)
+        done = export_nni_db(directory, register=False)
+        if done.kept is not None:
+            print(f"nni-manager: note: {done.db} held trials that NNI's own manager ran (`nnictl resume`), which "
+                  f"this experiment does not have: kept as {done.kept}", file=sys.stderr)
     except (OSError, ValueError, sqlite3.Error) as exc:
         print(f"nni-manager: warning: cannot write {directory}/db/nni.sqlite for `nnictl view`: {exc}; "
               "`nni-manager view` works without it", file=sys.stderr)
