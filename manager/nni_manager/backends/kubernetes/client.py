@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nni_manager.backends.base import BackendError
-from nni_manager.backends.kubernetes import oidc
+from nni_manager.backends.kubernetes import oidc, proxy
 from nni_manager.backends.kubernetes.config import KubeConfig
 from nni_manager.config import ConfigError
 
@@ -300,6 +300,10 @@ async def load_client(kube: KubeConfig) -> Any:
     cfg = client.Configuration()
     credentials = Credentials(kube)
     await credentials.load(cfg)
+    try:
+        proxy.route(cfg)  # a proxy the client cannot speak fails here, in one line, not on every call
+    except proxy.ProxyError as e:
+        raise KubeError(f"cannot reach the API server {cfg.host}: {e}") from None
     if not kube.namespace_given and credentials.namespace:
         kube.namespace = credentials.namespace
     api = _client_class()(configuration=cfg)
