@@ -193,3 +193,42 @@ def test_proxy_url_wins_over_the_environment_and_tls_server_name_is_kept(monkeyp
     monkeypatch.setenv("NO_PROXY", "api.example.test")
     r = proxy.route(_Cfg(proxy="http://kubeconfig-proxy.example.test:8080", tls_server_name="kubernetes"))
     assert (r.proxy, r.server_hostname) == ("http://kubeconfig-proxy.example.test:8080", "kubernetes")  # not dialed
+
+
+OIDC_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    from kubernetes.aio import client as aio
+    from nni_manager.backends.kubernetes.client import load_client
+    from nni_manager.backends.kubernetes.config import KubeConfig
+
+    async def main():
+        api = await load_client(KubeConfig(kube_config=sys.argv[1]))
+        try:
+            await aio.CoreV1Api(api).list_namespaced_pod("default")
+            await asyncio.sleep(2.5)  # the id-token expires: refreshed at the issuer
+            await aio.CoreV1Api(api).list_namespaced_pod("default")
+        finally:
+            await api.close()
+        print("listed")
+
+    asyncio.run(main())
+""")
+
+
+def test_oidc_tokens_are_refreshed_through_the_proxy(kube, short_dir: Path) -> None:
+    """The OIDC issuer (Dex, Keycloak) is reached as the API server is: through HTTPS_PROXY, as
+    kubectl's oidc auth-provider does (the environment's proxy, not the cluster's proxy-url)."""
+    from tests.kube.test_oidc import oidc_kubeconfig
+
+    if not http_proxy.available():
+        pytest.skip("needs tinyproxy (apt-get install tinyproxy; scripts/test.sh installs it)")
+    path, _ = oidc_kubeconfig(kube, short_dir, lifetime=2)
+    with http_proxy.TinyProxy(short_dir) as corporate, Laptop(f"oidc-{secrets.token_hex(4)}") as laptop:
+        port = laptop.forward(corporate.port)
+        assert port != kube.port and _refused_inside(laptop, kube.port)  # the issuer's and API server's address
+        run = subprocess.run(laptop.exec([sys.executable, "-c", OIDC_SCRIPT, str(path)]), cwd=short_dir,
+                             env=_env(HTTPS_PROXY=f"http://127.0.0.1:{port}"), capture_output=True, text=True,
+                             timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "listed", run.stdout + run.stderr
+    stats = kube.oidc_stats()
+    assert stats["refreshGrants"] >= 1 and not stats["refused"], stats
