@@ -94,11 +94,13 @@ def test_trials_succeed_with_the_proxy_as_the_only_way_to_the_api_server(kube_fa
         pytest.skip("needs tinyproxy (apt-get install tinyproxy; scripts/test.sh installs it)")
     kube = kube_factory(pod_network="bridged")
     base = short_dir
-    with http_proxy.TinyProxy(base) as corporate, Laptop(f"proxied-{secrets.token_hex(4)}") as laptop:
+    password = secrets.token_hex(8)  # the proxy asks for credentials, as corporate proxies do
+    with http_proxy.TinyProxy(base, auth=("alice", password)) as corporate, \
+            Laptop(f"proxied-{secrets.token_hex(4)}") as laptop:
         port = laptop.forward(corporate.port)  # inside the namespace, 127.0.0.1:port is the proxy
         assert port != kube.port and laptop.interfaces() == ["lo"]
         assert _refused_inside(laptop, kube.port)  # the API server's own address: nothing there
-        proxy_url = f"http://127.0.0.1:{port}"
+        proxy_url = f"http://alice:{password}@127.0.0.1:{port}"
         if how == "proxy-url":
             kubeconfig = _kubeconfig(kube, base / "kubeconfig", **{"proxy-url": proxy_url})
             env = _env()
@@ -109,11 +111,13 @@ def test_trials_succeed_with_the_proxy_as_the_only_way_to_the_api_server(kube_fa
                                           str(_config(base, kubeconfig))]),
                              cwd=base, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
         experiment_id = _succeeded(base, run)
-        connects = corporate.connects()
+        connects, established = corporate.connects(), corporate.established()
     # every connection went through the proxy to the API server: the API calls and the tunnel's
     # streams (POOL idle ones, and one more per agent connection carried)
     assert set(connects) == {f"127.0.0.1:{kube.port}"}, connects
-    assert len(connects) > tunnel.POOL + TRIALS, connects
+    assert established > tunnel.POOL + TRIALS, (established, connects)
+    logs = "".join(p.read_text(errors="replace") for p in (base / "exps").rglob("*") if p.is_file())
+    assert password not in run.stdout + run.stderr + logs  # the proxy's password is never shown
     relay = [st.get("phase") for st in kube.history("pods", NS, tunnel.relay_name(experiment_id))]
     assert "Running" in relay, relay
 

@@ -4,7 +4,7 @@ proxy as users meet it: CONNECT is all it offers the manager (tests put the mana
 namespace whose only way out is this proxy, tests/support/netns_forward.py).
 
     with TinyProxy(tmp_dir) as proxy:
-        proxy.port, proxy.connects()   # CONNECT requests it served, as "host:port" strings
+        proxy.port, proxy.connects()   # CONNECT requests it received, as "host:port" strings
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def _free_port() -> int:
 
 
 class TinyProxy:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, auth: tuple[str, str] | None = None) -> None:
+        self.auth = auth  # (user, password): Proxy-Authorization Basic required, as most corporate proxies do
         self.dir = base / "tinyproxy"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "tinyproxy.log"
@@ -44,7 +45,9 @@ class TinyProxy:
             # line: any client (it listens on loopback only); LogLevel Connect logs each CONNECT
             conf.write_text(f"Port {self.port}\nListen 127.0.0.1\nBind 127.0.0.1\nTimeout 600\n"
                             f"LogFile \"{self.log}\"\nLogLevel Connect\nMaxClients 200\n"
-                            f"PidFile \"{self.dir / 'tinyproxy.pid'}\"\nUser root\nGroup root\n")
+                            f"PidFile \"{self.dir / 'tinyproxy.pid'}\"\nUser root\nGroup root\n"
+                            + (f"BasicAuth {self.auth[0]} {self.auth[1]}\n" if self.auth else ""))
+            conf.chmod(0o600)  # it may hold the password
             self.log.write_text("")
             self._proc = subprocess.Popen([BINARY, "-d", "-c", str(conf)], stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE)
@@ -75,5 +78,9 @@ class TinyProxy:
             self._proc = None
 
     def connects(self) -> list[str]:
-        """The CONNECT requests it served ("host:port"), from its log."""
+        """The CONNECT requests it received ("host:port"), from its log, authorized or not."""
         return re.findall(r'CONNECT ([^ ]+) HTTP', self.log.read_text(errors="replace"))
+
+    def established(self) -> int:
+        """Tunnels it opened (CONNECT accepted: authorized, and the target answered)."""
+        return self.log.read_text(errors="replace").count("Established connection to host")
