@@ -236,3 +236,32 @@ def test_oidc_tokens_are_refreshed_through_the_proxy(kube, short_dir: Path) -> N
     assert run.returncode == 0 and run.stdout.strip() == "listed", run.stdout + run.stderr
     stats = kube.oidc_stats()
     assert stats["refreshGrants"] >= 1 and not stats["refused"], stats
+
+
+def test_a_proxy_refusing_the_credentials_is_the_proxys_line_not_the_clusters(short_dir: Path) -> None:
+    """A wrong proxy password: tinyproxy refuses the CONNECT (it answers 401 with its own realm, others
+    407). Before, the line said the cluster refused the kubeconfig's credentials."""
+    if not http_proxy.available():
+        pytest.skip("needs tinyproxy (apt-get install tinyproxy; scripts/test.sh installs it)")
+    wrong = secrets.token_hex(8)
+    with http_proxy.TinyProxy(short_dir, auth=("alice", secrets.token_hex(8))) as corporate:
+        proxy_url = f"http://alice:{wrong}@127.0.0.1:{corporate.port}"
+        kubeconfig = short_dir / "kubeconfig"
+        kubeconfig.write_text(KUBECONFIG.format(proxy=f"proxy-url: {proxy_url!r}"))
+        (short_dir / "code").mkdir()
+        config = short_dir / "config.yml"
+        config.write_text(yaml.safe_dump({
+            "trialCommand": "python3 trial.py", "trialCodeDirectory": "code", "trialConcurrency": 1,
+            "maxTrialNumber": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+            "tuner": {"name": "Random"}, "experimentWorkingDirectory": "exps",
+            "trainingService": {"platform": "kubernetes", "kubeConfig": str(kubeconfig), "dockerImage": IMAGE}}))
+        run = subprocess.run([NNI_MANAGER, "run", "--plain", "--no-webui", str(config)], cwd=short_dir, env=_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert corporate.connects() and not corporate.established()  # it was asked, and said no
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out
+    lines = [line for line in out.splitlines() if "the proxy refused to open a connection to the API server" in line]
+    assert len(lines) == 1 and "proxy-url" in lines[0], out
+    assert "refused the credentials" not in out and "Traceback" not in out, out
+    logs = "".join(p.read_text(errors="replace") for p in (short_dir / "exps").rglob("*") if p.is_file())
+    assert wrong not in out + logs

@@ -57,6 +57,9 @@ def api_error(e: Exception, doing: str) -> KubeError:
     message = ""
     if isinstance(e, KubeError):  # the credentials could not be renewed: that line already says why
         return KubeError(f"{doing}: {e}")
+    refusal = proxy.refusal(e)
+    if refusal:  # the proxy's answer, not the cluster's (its 401/407 is not about the kubeconfig's user)
+        return KubeError(f"{doing}: {refusal}")
     if isinstance(body, (bytes, str)):
         try:
             parsed = json.loads(body)

@@ -48,3 +48,15 @@ def route(cfg: Any) -> Route:
                          "directly: name your network's HTTP proxy instead, or put an HTTP CONNECT proxy in front "
                          "of the SOCKS one")
     return Route(str(url), auth, cfg.proxy_headers, cfg.tls_server_name or None)
+
+
+def refusal(e: BaseException) -> str:
+    """One line for a proxy that refused the CONNECT (bad credentials, an ACL), else "". Never
+    str(e): aiohttp's names the proxy URL, password included."""
+    import aiohttp
+
+    if not isinstance(e, aiohttp.ClientHttpProxyError):
+        return ""
+    return (f"the proxy refused to open a connection to the API server ({e.status} {e.message}): check the user "
+            "and password of the proxy URL (the kubeconfig's proxy-url or HTTPS_PROXY, http://user:pass@host:port) "
+            "and that the proxy allows CONNECT to the API server's host and port")

@@ -175,6 +175,9 @@ class Tunnel:
             await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended
                                urgent=e.status in (401, 403))
             return
+        except aiohttp.ClientHttpProxyError as e:
+            await self._failed(f"port-forward to pod {self.pod}: {proxy.refusal(e)}", urgent=True)
+            return
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             await self._failed(f"cannot reach the API server for the port-forward: {e}")
             return
