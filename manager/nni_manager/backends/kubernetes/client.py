@@ -57,9 +57,6 @@ def api_error(e: Exception, doing: str) -> KubeError:
     message = ""
     if isinstance(e, KubeError):  # the credentials could not be renewed: that line already says why
         return KubeError(f"{doing}: {e}")
-    refusal = proxy.refusal(e)
-    if refusal:  # the proxy's answer, not the cluster's (its 401/407 is not about the kubeconfig's user)
-        return KubeError(f"{doing}: {refusal}")
     if isinstance(body, (bytes, str)):
         try:
             parsed = json.loads(body)
@@ -266,6 +263,8 @@ def _client_class() -> Any:
                 try:
                     resp = await super().call_api(method, url, header_params, body, post_params,
                                                   _request_timeout, _preload_content)
+                except aiohttp.ClientHttpProxyError as e:  # the proxy's 401/407/403, not the cluster's; and
+                    raise KubeError(proxy.refusal(e)) from None  # its text would carry the proxy's password
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError) as e:
                     if not self.retry_connections or loop.time() + delay > deadline:
                         raise
