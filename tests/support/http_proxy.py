@@ -8,6 +8,7 @@ namespace whose only way out is this proxy, tests/support/netns_forward.py).
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -45,7 +46,8 @@ class TinyProxy:
             # line: any client (it listens on loopback only); LogLevel Connect logs each CONNECT
             conf.write_text(f"Port {self.port}\nListen 127.0.0.1\nBind 127.0.0.1\nTimeout 600\n"
                             f"LogFile \"{self.log}\"\nLogLevel Connect\nMaxClients 200\n"
-                            f"PidFile \"{self.dir / 'tinyproxy.pid'}\"\nUser root\nGroup root\n"
+                            f"PidFile \"{self.dir / 'tinyproxy.pid'}\"\n"
+                            + ("User root\nGroup root\n" if os.geteuid() == 0 else "")  # as root it wants one named
                             + (f"BasicAuth {self.auth[0]} {self.auth[1]}\n" if self.auth else ""))
             conf.chmod(0o600)  # it may hold the password
             self.log.write_text("")
