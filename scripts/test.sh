@@ -19,6 +19,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   [ -x /sbin/mount.nfs ] || [ -x /usr/sbin/mount.nfs ] || need+=(nfs-common)
   command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha nfs-ganesha-vfs)   # a real NFS server, in a netns
   command -v npm >/dev/null || need+=(nodejs npm)
+  # a real HTTP CONNECT proxy for tests/kube/test_proxy.py (the manager behind a corporate proxy)
+  command -v tinyproxy >/dev/null || need+=(tinyproxy)
   if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -132,3 +132,34 @@ def test_intruder_is_refused_and_the_real_dispatcher_runs(tmp_path: Path, caplog
     assert out["url"].startswith("ws://127.0.0.1:") and "/tuner/" in out["url"] and len(secret) >= 40
     assert secret not in out["argv"]  # the URL travels in the environment, never argv
     assert "refused a tuner channel connection" in caplog.text and secret not in caplog.text
+
+
+async def _one_trial(tmp_path: Path) -> list[str]:
+    from nni_manager.dispatcher.nni_process import NniDispatcher
+
+    params = {"experimentType": "hpo", "trialConcurrency": 1, "tuner": {"name": "Random"}}
+    dispatcher = NniDispatcher("Random", "maximize", params, log_dir=tmp_path / "log",
+                               checkpoint_dir=tmp_path / "checkpoint")
+    events = Events()
+    try:
+        await asyncio.wait_for(dispatcher.start(events, SPACE, []), 120)
+        dispatcher.request_trials(1)
+        await asyncio.wait_for(events.more.wait(), 120)
+    finally:
+        await dispatcher.stop()
+    return events.trials
+
+
+def test_the_channel_never_goes_through_the_users_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a corporate proxy (HTTPS_PROXY set, NO_PROXY not naming 127.0.0.1) the dispatcher's
+    websockets client would ask the proxy for our loopback channel, which it cannot reach."""
+    with socket.socket() as s:  # a port where no proxy listens: any use of it fails
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    for var in ("NO_PROXY", "no_proxy", "http_proxy", "https_proxy", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{dead}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead}")
+    monkeypatch.setenv("NO_PROXY", "localhost,.svc")
+    trials = asyncio.run(_one_trial(tmp_path))
+    assert len(trials) == 1 and '"x"' in trials[0], trials

@@ -53,15 +53,15 @@ class Laptop:
         out = subprocess.run(["ip", "-n", self.name, "-o", "link"], capture_output=True, text=True, check=True).stdout
         return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip()]
 
-    def forward(self, target_port: int) -> int:
-        """Listen on 127.0.0.1 inside the namespace; copy each connection to 127.0.0.1:target_port in the
-        root namespace. Returns the port inside."""
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(self._forward(target_port), self._loop).result(10)
+    def forward(self, target_port: int, host: str = "127.0.0.1") -> int:
+        """Listen on `host` (a loopback address) inside the namespace; copy each connection to
+        127.0.0.1:target_port in the root namespace. Returns the port inside."""
+        assert self._loop is not None and host.startswith("127.")
+        return asyncio.run_coroutine_threadsafe(self._forward(target_port, host), self._loop).result(10)
 
-    async def _forward(self, target_port: int) -> int:
+    async def _forward(self, target_port: int, host: str) -> int:
         sock = await self._sockets.socket(self.path)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         sock.listen(128)
         sock.setblocking(False)
 

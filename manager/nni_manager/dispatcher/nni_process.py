@@ -136,6 +136,9 @@ class NniDispatcher(Dispatcher):
             "NNI_INCLUDE_INTERMEDIATE_RESULTS": "true" if self.include_intermediate_results else "false",
             "NNI_TUNER_COMMAND_CHANNEL": url,
         })
+        # the channel is on loopback: never through HTTPS_PROXY (websockets honours it, NO_PROXY too)
+        no_proxy = ",".join(filter(None, (env.get("no_proxy") or env.get("NO_PROXY"), "127.0.0.1")))
+        env["no_proxy"] = env["NO_PROXY"] = no_proxy
         if self.tuner_gpu_indices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.tuner_gpu_indices))
         with open(self.log_dir / "dispatcher.stdout", "ab") as out, open(self.log_dir / "dispatcher.stderr", "ab") as err:

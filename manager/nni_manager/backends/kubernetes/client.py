@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nni_manager.backends.base import BackendError
-from nni_manager.backends.kubernetes import oidc
+from nni_manager.backends.kubernetes import oidc, proxy
 from nni_manager.backends.kubernetes.config import KubeConfig
 from nni_manager.config import ConfigError
 
@@ -263,6 +263,8 @@ def _client_class() -> Any:
                 try:
                     resp = await super().call_api(method, url, header_params, body, post_params,
                                                   _request_timeout, _preload_content)
+                except aiohttp.ClientHttpProxyError as e:  # the proxy's 401/407/403, not the cluster's; and
+                    raise KubeError(proxy.refusal(e)) from None  # its text would carry the proxy's password
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError) as e:
                     if not self.retry_connections or loop.time() + delay > deadline:
                         raise
@@ -300,6 +302,10 @@ async def load_client(kube: KubeConfig) -> Any:
     cfg = client.Configuration()
     credentials = Credentials(kube)
     await credentials.load(cfg)
+    try:
+        proxy.route(cfg)  # a proxy the client cannot speak fails here, in one line, not on every call
+    except proxy.ProxyError as e:
+        raise KubeError(f"cannot reach the API server {cfg.host}: {e}") from None
     if not kube.namespace_given and credentials.namespace:
         kube.namespace = credentials.namespace
     api = _client_class()(configuration=cfg)

@@ -100,7 +100,8 @@ async def refresh(config: dict, base: Path) -> None:
     except (OSError, ssl.SSLError, ValueError) as e:
         raise OidcError(f"cannot read idp-certificate-authority: {e}") from None
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as http:
+        # trust_env: HTTPS_PROXY / NO_PROXY, as kubectl's oidc auth-provider (the cluster's proxy-url is not its)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), trust_env=True) as http:
             async with http.get(f"{issuer}/.well-known/openid-configuration", ssl=ctx) as resp:
                 body = await resp.read()
                 if resp.status != 200:

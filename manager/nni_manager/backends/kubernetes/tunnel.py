@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from nni_manager.backends.kubernetes import proxy
 from nni_manager.hub.address import host_port
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class Tunnel:
         self._hub = hub  # the hub's listening "host:port" (known once it started)
         self._on_gone = on_gone  # re-creates the relay pod when the API server says it is gone
         self._session: Any = None
+        self._route = proxy.Route(None)
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._failures = 0
@@ -152,6 +154,7 @@ class Tunnel:
         import aiohttp
 
         ssl_context = self._api.rest_client.ssl_context
+        self._route = proxy.route(self._api.configuration)  # the API calls' way: proxy, NO_PROXY, SNI
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context))
         for _ in range(self.pool):
             self._spawn()
@@ -195,8 +198,10 @@ class Tunnel:
 
         paired = False
         try:
+            r = self._route
             ws = await self._session.ws_connect(self._url(), protocols=(PROTOCOL,), headers=await self._headers(),
-                                                heartbeat=30.0, max_msg_size=0)
+                                                heartbeat=30.0, max_msg_size=0, proxy=r.proxy, proxy_auth=r.auth,
+                                                proxy_headers=r.headers, server_hostname=r.server_hostname)
         except aiohttp.WSServerHandshakeError as e:
             if e.status in (401, 403):  # no waiting this out: say what to grant at once
                 why = (f"the API server refused the port-forward to pod {self.pod} ({e.status}): grant `get` and "
@@ -206,6 +211,9 @@ class Tunnel:
                 why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
             await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended
                                urgent=e.status in (401, 403))
+            return
+        except aiohttp.ClientHttpProxyError as e:
+            await self._failed(f"port-forward to pod {self.pod}: {proxy.refusal(e)}", urgent=True)
             return
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             await self._failed(f"cannot reach the API server for the port-forward: {e}")
