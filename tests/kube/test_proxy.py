@@ -222,7 +222,7 @@ OIDC_SCRIPT = textwrap.dedent("""
 def test_oidc_tokens_are_refreshed_through_the_proxy(kube, short_dir: Path) -> None:
     """The OIDC issuer (Dex, Keycloak) is reached as the API server is: through HTTPS_PROXY, as
     kubectl's oidc auth-provider does (the environment's proxy, not the cluster's proxy-url)."""
-    from tests.kube.test_oidc import oidc_kubeconfig
+    from tests.support.kube.oidc import oidc_kubeconfig
 
     if not http_proxy.available():
         pytest.skip("needs tinyproxy (apt-get install tinyproxy; scripts/test.sh installs it)")
