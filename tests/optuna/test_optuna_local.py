@@ -1,0 +1,135 @@
+"""`nni-manager optuna` on the local platform with the real optuna package and a SQLite study.
+
+Each launched trial runs one Optuna trial of an unmodified objective (objectives.py) whose
+storage is the agent's 127.0.0.1 endpoint only; the study afterwards holds exactly n_trials
+finished trials whose params and values are those each objective saw and returned.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from nni_manager.store import Store  # noqa: E402
+from nni_manager.types import TrialJobStatus  # noqa: E402
+
+CLI = [sys.executable, "-m", "nni_manager"]
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def study_dir(short_dir: Path) -> Path:
+    code = short_dir / "code"
+    code.mkdir()
+    shutil.copy(HERE / "objectives.py", code / "objectives.py")
+    (short_dir / "config.yml").write_text(
+        "trialCodeDirectory: code\ntrialConcurrency: {concurrency}\nexperimentWorkingDirectory: exps\n"
+        "trainingService:\n  platform: local\n")
+    return short_dir
+
+
+def run_study(where: Path, target: str, n_trials: int, *extra: str, concurrency: int = 2,
+              study: str = "s") -> tuple[subprocess.CompletedProcess[str], list]:
+    config = where / "config.yml"
+    config.write_text(config.read_text().replace("{concurrency}", str(concurrency)))
+    storage = f"sqlite:///{where / 'db' / 'study.db'}"
+    (where / "db").mkdir(exist_ok=True)
+    result = subprocess.run([*CLI, "optuna", target, "--study-name", study, "--storage", storage,
+                             "--n-trials", str(n_trials), "--config", str(config), "--plain", "--no-webui", *extra],
+                            cwd=where, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+    return result, trials
+
+
+def nni_trials(where: Path) -> dict[str, TrialJobStatus]:
+    (exp_dir,) = (where / "exps").iterdir()
+    store = Store.open_readonly(exp_dir)
+    try:
+        return {t.id: t.status for t in store.trials()}
+    finally:
+        store.close()
+
+
+def seen(where: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (where / "code" / "seen").glob("*.json")}
+
+
+def check_each_saw_its_trial(where: Path, trials: list) -> dict[str, dict]:
+    """Every Optuna trial is one NNI trial's, with the params and values its objective saw and returned."""
+    records = seen(where)
+    statuses = nni_trials(where)
+    assert len(records) == len(trials) == len(statuses)
+    for t in trials:
+        trial_id = t.system_attrs["nni:trial_id"]
+        record = records[trial_id]
+        assert record["number"] == t.number and record["params"] == t.params
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert record["returned"] == t.values
+    return records
+
+
+def check_only_the_agent(where: Path, records: dict[str, dict]) -> None:
+    """The trial's storage is the agent's loopback endpoint, with its own token; nothing names the study's."""
+    for record in records.values():
+        assert record["storage_class"] == "AgentStorageProxy"
+        assert record["storage_at"] == record["endpoint"] and record["endpoint"].startswith("127.0.0.1:")
+        assert record["wrong_token"] == "UNAUTHENTICATED"
+        assert "NNI_STUDY_STORAGE_TOKEN" not in record["environ"]  # the runner took it out of the objective's sight
+        shown = json.dumps([record["environ"], record["argv"]])
+        assert "study.db" not in shown and "sqlite" not in shown
+
+
+def test_tpe_study_through_the_agent(study_dir: Path) -> None:
+    result, trials = run_study(study_dir, "objectives.py:quadratic", 5, "--sampler", "TPESampler",
+                               "--direction", "minimize")
+    assert "maxTrialNumber (5) reached" in result.stdout
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3, 4]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert all(t.user_attrs == {"note": "hello"} for t in trials)
+    records = check_each_saw_its_trial(study_dir, trials)
+    check_only_the_agent(study_dir, records)
+    assert set(nni_trials(study_dir).values()) == {TrialJobStatus.SUCCEEDED}
+
+
+def test_median_pruner_prunes_and_the_trial_ends_early_stopped(study_dir: Path) -> None:
+    _, trials = run_study(study_dir, "objectives.py:steps", 7, "--sampler", "RandomSampler", "--pruner",
+                          "MedianPruner", concurrency=1)
+    states = {t.number: t.state for t in trials}
+    assert states == {**{n: optuna.trial.TrialState.COMPLETE for n in range(5)},
+                      5: optuna.trial.TrialState.PRUNED, 6: optuna.trial.TrialState.PRUNED}
+    records = check_each_saw_its_trial(study_dir, trials)
+    statuses = nni_trials(study_dir)
+    for t in trials:
+        trial_id = t.system_attrs["nni:trial_id"]
+        if t.state == optuna.trial.TrialState.PRUNED:
+            assert statuses[trial_id] == TrialJobStatus.EARLY_STOPPED
+            assert records[trial_id]["pruned_at"] == 0 == t.last_step  # the step the pruner chose
+        else:
+            assert statuses[trial_id] == TrialJobStatus.SUCCEEDED and t.last_step == 2
+
+
+def test_an_objective_that_raises_fails_here_and_in_the_study(study_dir: Path) -> None:
+    _, trials = run_study(study_dir, "objectives.py:broken", 2)
+    assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in trials)
+    check_each_saw_its_trial(study_dir, trials)
+    assert set(nni_trials(study_dir).values()) == {TrialJobStatus.FAILED}
+    (exp_dir,) = (study_dir / "exps").iterdir()
+    stderr = "".join(p.read_text() for p in exp_dir.glob("trials/*/trial.stderr"))
+    assert stderr.count("ValueError: the objective broke on purpose") == 2
+
+
+def test_nsga2_two_objectives(study_dir: Path) -> None:
+    _, trials = run_study(study_dir, "objectives.py:two_objectives", 4, "--sampler", "NSGAIISampler",
+                          "--direction", "minimize", "--direction", "minimize")
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert all(len(t.values) == 2 for t in trials)
+    check_each_saw_its_trial(study_dir, trials)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'db' / 'study.db'}")
+    assert study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2 and study.best_trials
