@@ -67,3 +67,12 @@ def two_objectives(trial):
     values = [4 * x * x + 4 * y * y, (x - 5) ** 2 + (y - 5) ** 2]
     _record(trial, returned=values)
     return values
+
+
+def sleeper(trial):
+    trial.suggest_float("x", 0, 1)
+    _record(trial, slept=True)
+    import time
+
+    time.sleep(120)
+    return 0.0

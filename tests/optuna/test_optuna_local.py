@@ -7,6 +7,7 @@ finished trials whose params and values are those each objective saw and returne
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,9 +36,9 @@ def study_dir(short_dir: Path) -> Path:
 
 
 def run_study(where: Path, target: str, n_trials: int, *extra: str, concurrency: int = 2,
-              study: str = "s") -> tuple[subprocess.CompletedProcess[str], list]:
+              study: str = "s", config_extra: str = "") -> tuple[subprocess.CompletedProcess[str], list]:
     config = where / "config.yml"
-    config.write_text(config.read_text().replace("{concurrency}", str(concurrency)))
+    config.write_text(config.read_text().replace("{concurrency}", str(concurrency)) + config_extra)
     storage = f"sqlite:///{where / 'db' / 'study.db'}"
     (where / "db").mkdir(exist_ok=True)
     result = subprocess.run([*CLI, "optuna", target, "--study-name", study, "--storage", storage,
@@ -133,3 +134,45 @@ def test_nsga2_two_objectives(study_dir: Path) -> None:
     check_each_saw_its_trial(study_dir, trials)
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'db' / 'study.db'}")
     assert study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2 and study.best_trials
+
+
+def test_a_trial_stopped_mid_way_leaves_no_running_optuna_trial(study_dir: Path) -> None:
+    """maxTrialDuration stops the objectives mid-trial: the manager marks their Optuna trials FAIL."""
+    _, trials = run_study(study_dir, "objectives.py:sleeper", 2, config_extra="maxTrialDuration: 3s\n")
+    assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in trials)
+    check_each_saw_its_trial(study_dir, trials)
+    assert set(nni_trials(study_dir).values()) == {TrialJobStatus.EARLY_STOPPED}
+
+
+def optuna_cli(where: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "optuna", "objectives.py:quadratic", "--study-name", "s", "--storage",
+                           f"sqlite:///{where / 'study.db'}", "--config", str(where / "config.yml"), *args],
+                          cwd=where, capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("args, config, words", [
+    (["--n-trials", "2", "--sampler", "Tpe"], "", "`--sampler`: 'Tpe' is not one of Optuna's samplers"),
+    (["--n-trials", "0"], "", "`--n-trials`: 0 is not a positive number"),
+    (["--n-trials", "2"], "tuner:\n  name: TPE\n", "`tuner`: is given by `nni-manager optuna`"),
+    (["--n-trials", "2"], "searchSpace: {}\n", "`searchSpace`: is given by `nni-manager optuna`"),
+    (["--n-trials", "2"], "maxTrialNumber: 5\n", "`maxTrialNumber`: differs from --n-trials 2"),
+])
+def test_wrong_arguments_are_one_line_and_start_nothing(study_dir: Path, args: list, config: str, words: str) -> None:
+    path = study_dir / "config.yml"
+    path.write_text(path.read_text().replace("{concurrency}", "1") + config)
+    result = optuna_cli(study_dir, *args)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
+
+
+def test_without_optuna_the_command_says_how_to_get_it(study_dir: Path, tmp_path: Path) -> None:
+    """A manager without optuna installed: one line naming `pip install optuna` (the package hidden)."""
+    hidden = tmp_path / "hide"
+    (hidden / "optuna").mkdir(parents=True)
+    (hidden / "optuna" / "__init__.py").write_text("raise ImportError('No module named optuna')\n")
+    path = study_dir / "config.yml"
+    path.write_text(path.read_text().replace("{concurrency}", "1"))
+    result = optuna_cli(study_dir, "--n-trials", "2", env={**os.environ, "PYTHONPATH": str(hidden)})
+    assert result.returncode == 2 and "`pip install optuna`" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
