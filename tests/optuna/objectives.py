@@ -76,3 +76,12 @@ def sleeper(trial):
 
     time.sleep(120)
     return 0.0
+
+
+def slow(trial):
+    x = trial.suggest_float("x", 0, 1)
+    _record(trial, returned=[x])
+    import time
+
+    time.sleep(1)
+    return x

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,37 @@ def test_without_optuna_the_command_says_how_to_get_it(study_dir: Path, tmp_path
     result = optuna_cli(study_dir, "--n-trials", "2", env={**os.environ, "PYTHONPATH": str(hidden)})
     assert result.returncode == 2 and "`pip install optuna`" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Path) -> None:
+    """--detach, then `list`, `trials`, `logs` and `stop` as for any experiment; the stop leaves no
+    Optuna trial RUNNING."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    path = study_dir / "config.yml"
+    path.write_text(path.read_text().replace("{concurrency}", "1"))
+    storage = f"sqlite:///{study_dir / 'study.db'}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], cwd=study_dir, capture_output=True, text=True, timeout=120, env=env)
+
+    started = cli("optuna", "objectives.py:slow", "--study-name", "s", "--storage", storage, "--n-trials", "50",
+                  "--config", str(path), "--detach", "--port", "0")
+    assert started.returncode == 0, started.stderr
+    experiment_id = started.stdout.split()[1]
+    try:
+        listed = cli("list")
+        assert experiment_id in listed.stdout and "optuna s" in listed.stdout, listed.stdout
+        deadline = time.monotonic() + 60
+        while len(seen(study_dir)) < 2:
+            assert time.monotonic() < deadline, "no trial ran"
+            time.sleep(0.2)
+    finally:
+        stopped = cli("stop", experiment_id)
+    assert stopped.returncode == 0, stopped.stderr
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials(deepcopy=False)
+    assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    table = cli("trials", experiment_id)
+    assert table.returncode == 0 and "SUCCEEDED" in table.stdout, table.stdout + table.stderr
+    done = next(t for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
+    logs = cli("logs", experiment_id, done.system_attrs["nni:trial_id"])
+    assert f"Optuna trial {done.number}: COMPLETE" in logs.stdout, logs.stdout + logs.stderr
