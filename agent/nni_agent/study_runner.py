@@ -149,7 +149,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_FAILED
     frozen = study.tell(trial, value)
     print("Optuna trial %d: %s %s" % (trial.number, frozen.state.name, frozen.values), flush=True)
-    return 0 if frozen.state == optuna.trial.TrialState.COMPLETE else EXIT_FAILED
+    if frozen.state != optuna.trial.TrialState.COMPLETE:
+        return EXIT_FAILED
+    from nni_agent import trial_api  # the experiment's own record: `trials`, the WebUI, the summary
+
+    final = {"default": frozen.values[0], "optuna_trial": trial.number}
+    if len(frozen.values) > 1:
+        final["values"] = list(frozen.values)
+    trial_api.report_final_result(final)
+    return 0
 
 
 if __name__ == "__main__":

@@ -59,6 +59,17 @@ def nni_trials(where: Path) -> dict[str, TrialJobStatus]:
         store.close()
 
 
+def nni_finals(where: Path) -> dict[str, dict]:
+    """The final metric each trial reported to the experiment (what `trials` and the WebUI show)."""
+    (exp_dir,) = (where / "exps").iterdir()
+    store = Store.open_readonly(exp_dir)
+    try:
+        return {m["trial_id"]: json.loads(json.loads(m["data"])["value"]) for m in store.metrics()
+                if m["type"] == "FINAL"}
+    finally:
+        store.close()
+
+
 def seen(where: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (where / "code" / "seen").glob("*.json")}
 
@@ -67,6 +78,7 @@ def check_each_saw_its_trial(where: Path, trials: list) -> dict[str, dict]:
     """Every Optuna trial is one NNI trial's, with the params and values its objective saw and returned."""
     records = seen(where)
     statuses = nni_trials(where)
+    finals = nni_finals(where)
     assert len(records) == len(trials) == len(statuses)
     for t in trials:
         trial_id = t.system_attrs["nni:trial_id"]
@@ -74,6 +86,10 @@ def check_each_saw_its_trial(where: Path, trials: list) -> dict[str, dict]:
         assert record["number"] == t.number and record["params"] == t.params
         if t.state == optuna.trial.TrialState.COMPLETE:
             assert record["returned"] == t.values
+            assert finals[trial_id]["default"] == t.values[0] and finals[trial_id]["optuna_trial"] == t.number
+            assert finals[trial_id].get("values", t.values) == t.values
+        else:
+            assert trial_id not in finals
     return records
 
 

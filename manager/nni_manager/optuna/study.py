@@ -195,6 +195,8 @@ class StudyExperiment(Experiment):
         self.study = study
         self.storage = storage
         super().__init__(config, **kwargs)
+        directions = storage.get_study_directions(storage.get_study_id_from_name(study.study_name))
+        self.optimize_mode = directions[0].name.lower()  # the summary's best trial: by the first objective
 
     def _check_config(self) -> None:
         check_spec(self.study)
