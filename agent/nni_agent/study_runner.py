@@ -128,7 +128,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("nni_agent.study_runner: the trial's Python has no optuna: `pip install optuna` on the worker",
               file=sys.stderr)
         return EXIT_FAILED
-    objective = load_objective(args.target, os.getcwd())
+    try:
+        objective = load_objective(args.target, os.getcwd())
+    except (ValueError, ImportError) as exc:  # the last stderr line is the trial's FAILED reason
+        traceback.print_exc()
+        print("nni_agent.study_runner: cannot load the objective: %s" % exc, file=sys.stderr)
+        return EXIT_FAILED
     storage = agent_storage(endpoint, trial_id, token)
     study = optuna.load_study(study_name=args.study_name, storage=storage, sampler=_make("samplers", args.sampler),
                               pruner=_make("pruners", args.pruner))
@@ -143,6 +148,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("pruned at step %s" % (storage.get_trial(trial._trial_id).last_step,), flush=True)
         _end_early_stopped(endpoint, trial_id, token)
         return 0
+    except KeyboardInterrupt:  # the agent stops the trial (cancelled, maxTrialDuration): the study hears it
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        raise
     except Exception:
         traceback.print_exc()
         study.tell(trial, state=optuna.trial.TrialState.FAIL)

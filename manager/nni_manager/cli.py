@@ -194,6 +194,9 @@ def _resumable(ref: str) -> tuple[Path, str]:
     finally:
         store.close()
     config_file = (row.get("config") or {}).get("config_file")
+    if "nni_agent.study_runner" in str((row.get("config") or {}).get("trial_command", "")):
+        raise UsageError(f"experiment {row.get('id', ref)} ran an Optuna study, which cannot be resumed yet: run "
+                         "the same `nni-manager optuna` command again (the study keeps its trials)")
     if not config_file:
         raise UsageError(f"experiment {row.get('id', ref)} was not started from a config file: resume it with "
                          f"`nni-manager run CONFIG --experiment-id {row.get('id', ref)}`")

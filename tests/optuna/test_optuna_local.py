@@ -153,16 +153,23 @@ def test_nsga2_two_objectives(study_dir: Path) -> None:
     assert study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2 and study.best_trials
 
 
-def test_a_trial_stopped_mid_way_leaves_no_running_optuna_trial(study_dir: Path) -> None:
-    """maxTrialDuration stops the objectives mid-trial: the manager marks their Optuna trials FAIL."""
-    _, trials = run_study(study_dir, "objectives.py:sleeper", 2, config_extra="maxTrialDuration: 3s\n")
+@pytest.mark.parametrize("kill_signal", ["SIGINT", "SIGKILL"])
+def test_a_trial_stopped_mid_way_leaves_no_running_optuna_trial(study_dir: Path, kill_signal: str) -> None:
+    """maxTrialDuration stops the objectives mid-trial: on SIGINT the runner tells the study FAIL; a
+    SIGKILLed runner cannot, and the manager marks its Optuna trial FAIL when the trial ends."""
+    _, trials = run_study(study_dir, "objectives.py:sleeper", 2,
+                          config_extra=f"maxTrialDuration: 3s\ntrialKillSignal: {kill_signal}\n")
     assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in trials)
     check_each_saw_its_trial(study_dir, trials)
     assert set(nni_trials(study_dir).values()) == {TrialJobStatus.EARLY_STOPPED}
+    (exp_dir,) = (study_dir / "exps").iterdir()
+    marked = (exp_dir / "log" / "nnimanager.log").read_text().count("was left RUNNING: marked FAIL")
+    assert marked == (2 if kill_signal == "SIGKILL" else 0)
 
 
-def optuna_cli(where: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, "optuna", "objectives.py:quadratic", "--study-name", "s", "--storage",
+def optuna_cli(where: Path, *args: str, env: dict | None = None,
+               target: str = "objectives.py:quadratic") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "optuna", target, "--study-name", "s", "--storage",
                            f"sqlite:///{where / 'study.db'}", "--config", str(where / "config.yml"), *args],
                           cwd=where, capture_output=True, text=True, timeout=60, env=env)
 
@@ -181,6 +188,15 @@ def test_wrong_arguments_are_one_line_and_start_nothing(study_dir: Path, args: l
     assert result.returncode == 2 and words in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
+
+
+def test_a_target_file_not_in_the_code_directory_is_one_line(study_dir: Path) -> None:
+    path = study_dir / "config.yml"
+    path.write_text(path.read_text().replace("{concurrency}", "1"))
+    result = optuna_cli(study_dir, "--n-trials", "2", target="missing.py:objective")
+    assert result.returncode == 2, result.stderr
+    assert "`TARGET`: missing.py is not a file in trialCodeDirectory" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (study_dir / "exps").exists()
 
 
 def test_without_optuna_the_command_says_how_to_get_it(study_dir: Path, tmp_path: Path) -> None:
@@ -227,3 +243,5 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     done = next(t for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
     logs = cli("logs", experiment_id, done.system_attrs["nni:trial_id"])
     assert f"Optuna trial {done.number}: COMPLETE" in logs.stdout, logs.stdout + logs.stderr
+    resumed = cli("resume", experiment_id)  # not built yet: said in one line, nothing started
+    assert resumed.returncode == 2 and "ran an Optuna study, which cannot be resumed yet" in resumed.stderr

@@ -94,7 +94,13 @@ def study_config(config_file: Path, spec: StudySpec, python: str = sys.executabl
         command += ["--pruner", spec.pruner]
     data = {**data, "trialCommand": shlex.join(command), "maxTrialNumber": spec.n_trials,
             "experimentName": data.get("experimentName") or f"optuna {spec.study_name}"}
-    return load_config(data, base_dir=config_file.expanduser().resolve().parent)
+    config = load_config(data, base_dir=config_file.expanduser().resolve().parent)
+    where = spec.target.rpartition(":")[0]
+    code = Path(config.trial_code_directory)
+    if where.endswith(".py") and not (code / where).is_file():
+        raise ConfigError("TARGET", f"{where} is not a file in trialCodeDirectory {code}",
+                          "name a file.py inside trialCodeDirectory (or module:function)")
+    return config
 
 
 def create_study(spec: StudySpec) -> Any:
