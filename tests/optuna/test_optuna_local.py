@@ -245,3 +245,19 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     assert f"Optuna trial {done.number}: COMPLETE" in logs.stdout, logs.stdout + logs.stderr
     resumed = cli("resume", experiment_id)  # not built yet: said in one line, nothing started
     assert resumed.returncode == 2 and "ran an Optuna study, which cannot be resumed yet" in resumed.stderr
+
+
+def test_python_api_optimize_runs_the_study(study_dir: Path) -> None:
+    """`optimize(study, TARGET, n_trials=N, config=...)` from Python: returns when the N trials are done."""
+    from nni_manager.optuna import optimize
+
+    study = optuna.create_study(storage=f"sqlite:///{study_dir / 'api.db'}", study_name="api",
+                                sampler=optuna.samplers.RandomSampler(), direction="maximize")
+    config = {"trialCodeDirectory": str(study_dir / "code"), "trialConcurrency": 2,
+              "experimentWorkingDirectory": str(study_dir / "exps"), "trainingService": {"platform": "local"}}
+    result = optimize(study, "objectives.py:quadratic", n_trials=3, config=config)
+    assert result.stop_reason == "maxTrialNumber (3) reached" and result.optimize_mode == "maximize"
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    check_each_saw_its_trial(study_dir, trials)
+    assert result.best is not None and result.best.metric == study.best_value

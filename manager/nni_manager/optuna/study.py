@@ -15,6 +15,7 @@ import asyncio
 import logging
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,22 +69,28 @@ def check_spec(spec: StudySpec) -> None:
                               f"pass one of {', '.join(names)}")
 
 
-def study_config(config_file: Path, spec: StudySpec, python: str = sys.executable) -> ExperimentConfig:
-    """The experiment config: CONFIG.yml without search space or tuner, with the runner as the
-    trial command and maxTrialNumber = n_trials."""
-    try:
-        data = yaml.safe_load(config_file.read_text())
-    except OSError as exc:
-        raise ConfigError("(file)", f"cannot read {config_file}: {exc.strerror}", "pass an existing YAML file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("(file)", f"{config_file} is not YAML: {' '.join(str(exc).split())}",
-                          "fix the YAML") from None
+def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str = sys.executable) -> ExperimentConfig:
+    """The experiment config: CONFIG.yml (or the same as a mapping, relative paths from the current
+    directory) without search space or tuner, with the runner as the trial command and
+    maxTrialNumber = n_trials."""
+    if isinstance(source, Mapping):
+        data: Any = dict(source)
+        name, base = "the config", Path.cwd()
+    else:
+        name, base = source.name, source.expanduser().resolve().parent
+        try:
+            data = yaml.safe_load(source.read_text())
+        except OSError as exc:
+            raise ConfigError("(file)", f"cannot read {source}: {exc.strerror}", "pass an existing YAML file") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError("(file)", f"{source} is not YAML: {' '.join(str(exc).split())}",
+                              "fix the YAML") from None
     if not isinstance(data, dict):
-        raise ConfigError("(root)", f"{config_file} is not a mapping", "write an NNI v2 experiment config")
+        raise ConfigError("(root)", f"{name} is not a mapping", "write an NNI v2 experiment config")
     for key in _NOT_IN_CONFIG:
         if key in data:
             raise ConfigError(key, "is given by `nni-manager optuna` (the study samples; the runner is the trial "
-                                   "command)", f"remove `{key}` from {config_file.name}")
+                                   "command)", f"remove `{key}` from {name}")
     if data.get("maxTrialNumber") not in (None, spec.n_trials):
         raise ConfigError("maxTrialNumber", f"differs from --n-trials {spec.n_trials}",
                           "remove maxTrialNumber: --n-trials counts the study's trials")
@@ -94,7 +101,7 @@ def study_config(config_file: Path, spec: StudySpec, python: str = sys.executabl
         command += ["--pruner", spec.pruner]
     data = {**data, "trialCommand": shlex.join(command), "maxTrialNumber": spec.n_trials,
             "experimentName": data.get("experimentName") or f"optuna {spec.study_name}"}
-    config = load_config(data, base_dir=config_file.expanduser().resolve().parent)
+    config = load_config(data, base_dir=base)
     where = spec.target.rpartition(":")[0]
     code = Path(config.trial_code_directory)
     if where.endswith(".py") and not (code / where).is_file():
