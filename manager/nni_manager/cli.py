@@ -24,6 +24,7 @@ EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+STUDY_STORAGE_ENV = "NNI_MANAGER_STUDY_STORAGE"  # `optuna`: the storage URL when --storage is not given
 STARTED_LINE = "nni-manager: experiment {} started"  # (plain output) start-up is over: --detach returns
 _DETACH_START_S = 600.0  # a cluster's first pull of the agent image can take minutes
 RUN_EXIT_CODES = f"""exit status:
@@ -93,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     optuna_cmd.add_argument("target", metavar="TARGET",
                             help="the objective: file.py:function or module:function in trialCodeDirectory")
     optuna_cmd.add_argument("--study-name", required=True, help="the study (created if it does not exist)")
-    optuna_cmd.add_argument("--storage", required=True, metavar="URL",
-                            help="an Optuna storage URL the manager opens (e.g. sqlite:///study.db)")
+    optuna_cmd.add_argument("--storage", metavar="URL",
+                            help="an Optuna storage URL the manager opens (e.g. sqlite:///study.db); default: "
+                                 f"${STUDY_STORAGE_ENV} (keeps a database password out of the process list)")
     optuna_cmd.add_argument("--n-trials", type=int, required=True, help="how many Optuna trials to run")
     optuna_cmd.add_argument("--config", type=Path, required=True, metavar="CONFIG.yml",
                             help="an NNI v2 config without searchSpace or tuner (trainingService, trialConcurrency, "
@@ -273,9 +275,10 @@ def _own_file(path: Path) -> int:
     return fd
 
 
-def _detach(args: argparse.Namespace, config=None, command: list[str] | None = None) -> int:
-    """Start the same `run` (or `command`, checked as `config`) in a new session, wait for its
-    WebUI line (or its end), return."""
+def _detach(args: argparse.Namespace, config=None, command: list[str] | None = None,
+            env: dict[str, str] | None = None) -> int:
+    """Start the same `run` (or `command`, checked as `config`, with `env`) in a new session, wait
+    for its WebUI line (or its end), return."""
     import subprocess
 
     from nni_manager.service.nni_api import new_id
@@ -301,7 +304,7 @@ def _detach(args: argparse.Namespace, config=None, command: list[str] | None = N
     # start-up refused in the child removes the experiment's directory (a config error leaves nothing)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                close_fds=True)
+                                close_fds=True, env=env)
     finally:
         os.close(fd)
     with log:
@@ -499,19 +502,22 @@ def _optuna(args: argparse.Namespace) -> int:
     from nni_manager.startup import preflight
 
     _web_options(args)
-    spec = StudySpec(args.target, args.study_name, args.storage, args.n_trials, args.direction, args.sampler,
+    storage_url = args.storage or os.environ.get(STUDY_STORAGE_ENV, "")
+    if not storage_url:
+        raise UsageError(f"--storage: no study storage: pass --storage URL or set {STUDY_STORAGE_ENV}")
+    spec = StudySpec(args.target, args.study_name, storage_url, args.n_trials, args.direction, args.sampler,
                      args.pruner)
     check_spec(spec)
     config = study_config(args.config, spec)
     preflight(config, tuner=False)
     if args.detach:
-        command = ["optuna", spec.target, "--study-name", spec.study_name, "--storage", spec.storage_url,
+        command = ["optuna", spec.target, "--study-name", spec.study_name,  # the URL goes in the environment
                    "--n-trials", str(spec.n_trials), "--config", str(args.config.expanduser().resolve())]
         for d in spec.directions:
             command += ["--direction", d]
         command += ["--sampler", spec.sampler] if spec.sampler else []
         command += ["--pruner", spec.pruner] if spec.pruner else []
-        return _detach(args, config, command)
+        return _detach(args, config, command, {**os.environ, STUDY_STORAGE_ENV: spec.storage_url})
     storage = create_study(spec)
     keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
     return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args), keep,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -222,11 +223,15 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*CLI, *args], cwd=study_dir, capture_output=True, text=True, timeout=120, env=env)
 
-    started = cli("optuna", "objectives.py:slow", "--study-name", "s", "--storage", storage, "--n-trials", "50",
+    env["NNI_MANAGER_STUDY_STORAGE"] = storage  # the URL (a password in it) stays out of every process list
+    started = cli("optuna", "objectives.py:slow", "--study-name", "s", "--n-trials", "50",
                   "--config", str(path), "--detach", "--port", "0")
+    del env["NNI_MANAGER_STUDY_STORAGE"]
     assert started.returncode == 0, started.stderr
     experiment_id = started.stdout.split()[1]
+    pid = int(re.search(r"\(pid (\d+)\)", started.stdout).group(1))
     try:
+        assert b"study.db" not in Path(f"/proc/{pid}/cmdline").read_bytes()
         listed = cli("list")
         assert experiment_id in listed.stdout and "optuna s" in listed.stdout, listed.stdout
         deadline = time.monotonic() + 60
@@ -261,3 +266,11 @@ def test_python_api_optimize_runs_the_study(study_dir: Path) -> None:
     assert len(trials) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     check_each_saw_its_trial(study_dir, trials)
     assert result.best is not None and result.best.metric == study.best_value
+
+
+def test_a_storage_password_never_reaches_an_error_line() -> None:
+    from nni_manager.optuna.storage import redact_url
+
+    url = "postgresql://alice:p%40ss w0rd@db.example/study"  # not dialed
+    assert redact_url(url, f"cannot parse {url} (password p@ss w0rd)") == (
+        "cannot parse postgresql://alice:***@db.example/study (password ***)")  # not dialed

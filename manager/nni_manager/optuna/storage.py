@@ -38,9 +38,25 @@ def open_storage(url: str) -> Any:
     try:
         return optuna.storages.get_storage(url)
     except Exception as exc:  # sqlalchemy / optuna say what is wrong with the URL
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = redact_url(url, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
         raise ConfigError("--storage", f"cannot open the study storage: {first}",
                           "pass an Optuna storage URL nni-manager can open, e.g. sqlite:///study.db") from None
+
+
+def redact_url(url: str, text: str) -> str:
+    """`text` without the URL's password (a driver's error may quote the URL whole)."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        from urllib.parse import unquote
+
+        for form in sorted({password, unquote(password)}, key=len, reverse=True):  # as written, and decoded
+            text = text.replace(form, "***")
+    return text
 
 
 class StorageProxy:
