@@ -503,6 +503,7 @@ def _optuna(args: argparse.Namespace) -> int:
 
     _web_options(args)
     storage_url = args.storage or os.environ.get(STUDY_STORAGE_ENV, "")
+    os.environ.pop(STUDY_STORAGE_ENV, None)  # the manager's alone: its agents and their trials inherit nothing
     if not storage_url:
         raise UsageError(f"--storage: no study storage: pass --storage URL or set {STUDY_STORAGE_ENV}")
     spec = StudySpec(args.target, args.study_name, storage_url, args.n_trials, args.direction, args.sampler,

@@ -243,6 +243,7 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     assert stopped.returncode == 0, stopped.stderr
     trials = optuna.load_study(study_name="s", storage=storage).get_trials(deepcopy=False)
     assert trials and not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    check_only_the_agent(study_dir, seen(study_dir))  # the URL from the environment never reached a trial
     table = cli("trials", experiment_id)
     assert table.returncode == 0 and "SUCCEEDED" in table.stdout, table.stdout + table.stderr
     done = next(t for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
