@@ -18,6 +18,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import traceback
 from typing import Any, Callable, List, Optional
@@ -137,11 +138,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     storage = agent_storage(endpoint, trial_id, token)
     study = optuna.load_study(study_name=args.study_name, storage=storage, sampler=_make("samplers", args.sampler),
                               pruner=_make("pruners", args.pruner))
-    trial = study.ask()
-    storage.set_trial_system_attr(trial._trial_id, ATTR_EXPERIMENT, os.environ.get("NNI_EXP_ID", ""))
-    storage.set_trial_system_attr(trial._trial_id, ATTR_TRIAL, trial_id)
+    stopped = []  # a stop (SIGINT) while the trial is being created waits for the objective's `try`
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
+    try:
+        trial = study.ask()
+        storage.set_trial_system_attr(trial._trial_id, ATTR_EXPERIMENT, os.environ.get("NNI_EXP_ID", ""))
+        storage.set_trial_system_attr(trial._trial_id, ATTR_TRIAL, trial_id)
+    except BaseException:
+        signal.signal(signal.SIGINT, previous)
+        raise
     print("Optuna trial %d of study %s" % (trial.number, args.study_name), flush=True)
     try:
+        signal.signal(signal.SIGINT, previous)
+        if stopped:
+            raise KeyboardInterrupt()
         value = objective(trial)
     except optuna.TrialPruned:
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)

@@ -159,7 +159,7 @@ def test_a_trial_stopped_mid_way_leaves_no_running_optuna_trial(study_dir: Path,
     """maxTrialDuration stops the objectives mid-trial: on SIGINT the runner tells the study FAIL; a
     SIGKILLed runner cannot, and the manager marks its Optuna trial FAIL when the trial ends."""
     _, trials = run_study(study_dir, "objectives.py:sleeper", 2,
-                          config_extra=f"maxTrialDuration: 3s\ntrialKillSignal: {kill_signal}\n")
+                          config_extra=f"maxTrialDuration: 10s\ntrialKillSignal: {kill_signal}\n")
     assert len(trials) == 2 and all(t.state == optuna.trial.TrialState.FAIL for t in trials)
     check_each_saw_its_trial(study_dir, trials)
     assert set(nni_trials(study_dir).values()) == {TrialJobStatus.EARLY_STOPPED}

@@ -23,7 +23,7 @@ class Study:
     def allows(self, agent_id: str, trial_id: str) -> bool:
         return self.trials.get(trial_id) == agent_id
 
-    async def call(self, method: str, request: bytes) -> bytes:
+    async def call(self, trial_id: str, method: str, request: bytes) -> bytes:
         return await self.proxy.call(method, request)
 
 

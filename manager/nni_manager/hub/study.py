@@ -22,8 +22,9 @@ class StudyService(Protocol):
         """Whether `agent_id` runs `trial_id`, a trial of the study."""
         ...
 
-    async def call(self, method: str, request: bytes) -> bytes:
-        """Optuna's storage method `method` (its name alone); raises grpc.aio.AioRpcError as answered."""
+    async def call(self, trial_id: str, method: str, request: bytes) -> bytes:
+        """Optuna's storage method `method` (its name alone) for `trial_id`; raises
+        grpc.aio.AioRpcError as answered."""
         ...
 
 
@@ -60,7 +61,7 @@ class StudyHandlers(grpc.GenericRpcHandler):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"trial {trial_id[:64]} is not a trial of agent {agent_id[:64]}")
             try:
-                return await study.call(name, request)
+                return await study.call(trial_id, name, request)
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable")

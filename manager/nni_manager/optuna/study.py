@@ -30,9 +30,6 @@ from nni_manager.optuna.storage import StorageProxy, open_storage, require_optun
 
 log = logging.getLogger(__name__)
 
-# the runner's marks on an Optuna trial (nni_agent.study_runner.ATTR_*)
-ATTR_EXPERIMENT = "nni:experiment_id"
-ATTR_TRIAL = "nni:trial_id"
 _NOT_IN_CONFIG = ("searchSpace", "searchSpaceFile", "tuner", "assessor", "advisor", "trialCommand")
 
 
@@ -131,7 +128,8 @@ class StudySource(Dispatcher):
         self.storage, self.study_name, self.n_trials = storage, study_name, n_trials
         self.experiment_id = experiment_id
         self.proxy = proxy
-        self._on_stop = on_stop
+        self.on_stop = on_stop
+        self.created: dict[str, list[int]] = {}  # our trial id -> the storage ids of the Optuna trials it created
         self._events: DispatcherEvents | None = None
         self._offered = 0
         self._tasks: set[asyncio.Future[None]] = set()
@@ -164,41 +162,46 @@ class StudySource(Dispatcher):
         try:
             await asyncio.to_thread(self.fail_left_running, None)
         finally:
-            if self._on_stop is not None:
-                self._on_stop()
+            if self.on_stop is not None:
+                self.on_stop()
             await self.proxy.stop()
 
     def fail_left_running(self, trial_id: str | None) -> None:
-        """Mark FAIL the Optuna trials of this experiment (of `trial_id`, or all) still RUNNING."""
+        """Mark FAIL the Optuna trials our trial `trial_id` (or any of ours) created that are still RUNNING."""
         from optuna.trial import TrialState
 
-        study_id = self.storage.get_study_id_from_name(self.study_name)
-        for t in self.storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            attrs = t.system_attrs
-            if attrs.get(ATTR_EXPERIMENT) != self.experiment_id or (trial_id is not None
-                                                                    and attrs.get(ATTR_TRIAL) != trial_id):
-                continue
+        ids = [(t, i) for t, created in list(self.created.items()) if trial_id in (None, t) for i in created]
+        for owner, storage_id in ids:
             try:
-                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                log.info("Optuna trial %d of NNI trial %s was left RUNNING: marked FAIL", t.number,
-                         attrs.get(ATTR_TRIAL))
+                if self.storage.get_trial(storage_id).state != TrialState.RUNNING:
+                    continue
+                self.storage.set_trial_state_values(storage_id, TrialState.FAIL)
+                log.info("Optuna trial %d of NNI trial %s was left RUNNING: marked FAIL",
+                         self.storage.get_trial_number_from_id(storage_id), owner)
             except Exception as exc:  # noqa: BLE001 - told meanwhile (UpdateFinishedTrialError)
-                log.debug("Optuna trial %d: %s", t.number, exc)
+                log.debug("Optuna trial %d: %s", storage_id, exc)
 
 
 class _Study:
-    """What the hub asks of the study (hub/study.StudyService)."""
+    """What the hub asks of the study (hub/study.StudyService). It notes which Optuna trials each
+    of our trials created (CreateNewTrial's answer, before the runner sees it): those are the ones
+    to mark FAIL should the trial end without telling the study, however early it was killed."""
 
-    def __init__(self, proxy: StorageProxy, ts: Any) -> None:
-        self._proxy, self._ts = proxy, ts
+    def __init__(self, proxy: StorageProxy, ts: Any, created: dict[str, list[int]]) -> None:
+        self._proxy, self._ts, self._created = proxy, ts, created
 
     def allows(self, agent_id: str, trial_id: str) -> bool:
         trial = self._ts.core.trials.by_id.get(trial_id)
         return (trial is not None and not trial.status.is_terminal
                 and self._ts.core.scope.allows(agent_id, trial_id, "a study storage call"))
 
-    async def call(self, method: str, request: bytes) -> bytes:
-        return await self._proxy.call(method, request)
+    async def call(self, trial_id: str, method: str, request: bytes) -> bytes:
+        answer = await self._proxy.call(method, request)
+        if method == "CreateNewTrial":
+            from optuna.storages._grpc.auto_generated import api_pb2
+
+            self._created.setdefault(trial_id, []).append(api_pb2.CreateNewTrialReply.FromString(answer).trial_id)
+        return answer
 
 
 class StudyExperiment(Experiment):
@@ -218,9 +221,11 @@ class StudyExperiment(Experiment):
         proxy = StorageProxy(self.storage, experiment_dir / "study.sock")
         await proxy.start()
         hub = ts.core.hub
-        hub.study = _Study(proxy, ts)
+        source = StudySource(self.storage, self.study.study_name, self.study.n_trials, ts.experiment_id, proxy)
+        hub.study = _Study(proxy, ts, source.created)
 
         def forget() -> None:
             hub.study = None
 
-        return StudySource(self.storage, self.study.study_name, self.study.n_trials, ts.experiment_id, proxy, forget)
+        source.on_stop = forget
+        return source
