@@ -19,6 +19,7 @@ from nni_agent.http_channel import HttpChannelServer
 from nni_agent.keeper import Keeper
 from nni_agent.outbox import Outbox
 from nni_agent.process import child_reaper
+from nni_agent.study_storage import StudyStorageServer
 from nni_agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ async def run_agent(options: AgentOptions) -> int:
     guardian = await Guardian.start(boot_id)  # trials die with the agent, even a SIGKILLed one
     gpu = make_gpu_provider()
     http_channel = HttpChannelServer()  # listens once the first trial needs it
+    study_storage = StudyStorageServer()  # likewise, for trials of an Optuna study
     outbox = Outbox(work_dir / "spool" / boot_id, memory_limit=options.spool_memory_limit)
     bundles = BundleCache(work_dir / "bundles")
     connection: Connection | None = None
@@ -69,6 +71,7 @@ async def run_agent(options: AgentOptions) -> int:
         agent_key=boot_id,
         request_bundle=request_bundle,
         http_channel=http_channel,
+        study_storage=study_storage,
     )
     connection = Connection(
         target=options.manager,
@@ -88,6 +91,7 @@ async def run_agent(options: AgentOptions) -> int:
         token_file=options.token_file,
         relay_token=options.relay_token,
     )
+    study_storage.forward = connection.study_call
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, functools.partial(connection.stop, f"agent received {signal.Signals(sig).name}",
                                                        cause=pb.END_CAUSE_AGENT_SIGNALLED))
@@ -103,6 +107,7 @@ async def run_agent(options: AgentOptions) -> int:
         if single is not None:
             single.cancel()
         http_channel.close()
+        await study_storage.close()
         _remove_tree(outbox.spool_dir)
         if guardian is not None:
             await guardian.close()

@@ -21,6 +21,7 @@ from nni_agent.wire import metric_record
 
 if TYPE_CHECKING:  # the trial runtime loads with the first trial: an idle agent stays small
     from nni_agent.http_channel import HttpChannelServer
+    from nni_agent.study_storage import StudyStorageServer
     from nni_agent.resources import TreeSampler
     from nni_agent.trial import Trial
 
@@ -43,6 +44,7 @@ class Keeper:
         agent_key: str,
         request_bundle: Callable[[str], None],
         http_channel: HttpChannelServer | None = None,
+        study_storage: StudyStorageServer | None = None,
     ) -> None:
         self.outbox = outbox
         self.work_dir = work_dir
@@ -50,6 +52,7 @@ class Keeper:
         self.agent_key = agent_key
         self.request_bundle = request_bundle
         self.http_channel = http_channel
+        self.study_storage = study_storage
         self.stream_trial_log = False  # set from the manager's Welcome: it understands LOG_STREAM_TRIAL_LOG
         self.trials: dict[str, Trial] = {}
         self._final: dict[str, pb.TrialStatus] = {}  # trials that ended before they could start
@@ -164,6 +167,7 @@ class Keeper:
             work_root=self.work_dir,
             code_dir=code_dir,
             http_channel=self.http_channel,
+            study_storage=self.study_storage,
             agent_key=self.agent_key,
             stream_trial_log=self.stream_trial_log,
         )

@@ -23,6 +23,7 @@ from nni_agent.logtail import TrialTail
 from nni_agent import mounts, trial_path
 from nni_agent.metrics import MetricGate, route_metric
 from nni_agent.process import MARKER_ENV, child_reaper, kill_tree, spawn_shell
+from nni_agent.study_storage import ENV_ENDPOINT, ENV_TOKEN, REQUESTED, StudyStorageServer
 from nni_agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _now_ms() -> int:
 class Trial:
     def __init__(self, spec: pb.StartTrial, *, events: TrialEvents, work_root: Path,
                  code_dir: Path | None, http_channel: HttpChannelServer | None, agent_key: str,
-                 stream_trial_log: bool = False) -> None:
+                 stream_trial_log: bool = False, study_storage: StudyStorageServer | None = None) -> None:
         self.spec = spec
         self.work_root = work_root
         self.stream_trial_log = stream_trial_log  # the manager files LOG_STREAM_TRIAL_LOG (protocol >= 1.2)
@@ -70,6 +71,9 @@ class Trial:
         self.cwd = code_dir or (Path(spec.code_directory) if spec.code_directory else self.sys_dir)
         self._events = events
         self._http = http_channel
+        # an Optuna study's trial: offered the study's storage (study_storage.py)
+        self._study = study_storage if spec.env.get(ENV_ENDPOINT) == REQUESTED else None
+        self._study_pruned = False
         self._status = pb.TrialStatus(trial_id=spec.trial_id, working_directory=str(self.sys_dir))
         self._done = asyncio.Event()
         self._started = False
@@ -110,10 +114,14 @@ class Trial:
             if self._stop is not None:  # cancelled while the storage was mounting: never spawn
                 self._finish(*self._stop)
                 return
+            if self._study is not None:
+                await self._study.start()
             pid = self._spawn()
         except (_SetupError, OSError) as e:
             if self._http is not None:
                 self._http.unregister(self.trial_id)
+            if self._study is not None:
+                self._study.unregister(self.trial_id)
             self._finish(pb.TRIAL_STATE_FAILED, str(e) if isinstance(e, _SetupError)
                          else f"cannot start the trial command: {e}", pb.END_CAUSE_START_FAILED)
             return
@@ -151,6 +159,10 @@ class Trial:
             self._http.send(self.trial_id, {"type": "parameter", "parameter": parameter})
 
     # ------------------------------------------------------------------ HTTP channel handler
+
+    def study_end_as(self, state: str) -> None:
+        """The study's runner says its Optuna trial was pruned: an exit 0 is EARLY_STOPPED."""
+        self._study_pruned = state == "EARLY_STOPPED"
 
     def on_command(self, command: dict[str, Any]) -> None:
         """A command the trial PUT on the HTTP channel (runs on the loop)."""
@@ -233,6 +245,12 @@ class Trial:
                                                               spec.trial_id)
         env.update(spec.env)
         env.pop(mounts.ENV_KEY, None)  # the storage (and its key) is the agent's, not the trial's
+        env.pop(ENV_TOKEN, None)
+        if self._study is not None:
+            env[ENV_ENDPOINT] = self._study.address
+            env[ENV_TOKEN] = self._study.register(self.trial_id, self)
+        else:
+            env.pop(ENV_ENDPOINT, None)
         env[MARKER_ENV] = self.marker
         pythonpath = trial_path.trial_pythonpath(self.work_root, env.get("PYTHONPATH"))
         if pythonpath:  # the worker's own, plus the trial API: never the agent's path (trial_path)
@@ -292,6 +310,8 @@ class Trial:
                 log.exception("trial %s: reading its output failed", self.trial_id)
             if self._http is not None:
                 self._http.unregister(self.trial_id)
+            if self._study is not None:
+                self._study.unregister(self.trial_id)
             self._finish(state, reason, cause)
 
     def _outcome(self, wait_status: int) -> tuple[int, str, int]:
@@ -303,6 +323,8 @@ class Trial:
             self._status.signal = -code
         if self._stop is not None:
             return self._stop
+        if code == 0 and self._study_pruned:
+            return pb.TRIAL_STATE_EARLY_STOPPED, "pruned by the study's pruner", pb.END_CAUSE_EXITED
         if code == 0:
             return pb.TRIAL_STATE_SUCCEEDED, "", pb.END_CAUSE_EXITED
         if code < 0:

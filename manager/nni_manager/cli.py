@@ -24,6 +24,7 @@ EXIT_TUNER_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_NO_WORKER = 3
 EXIT_INTERRUPTED = 130
+STUDY_STORAGE_ENV = "NNI_MANAGER_STUDY_STORAGE"  # `optuna`: the storage URL when --storage is not given
 STARTED_LINE = "nni-manager: experiment {} started"  # (plain output) start-up is over: --detach returns
 _DETACH_START_S = 600.0  # a cluster's first pull of the agent image can take minutes
 RUN_EXIT_CODES = f"""exit status:
@@ -85,6 +86,28 @@ def main(argv: list[str] | None = None) -> int:
                                  "one EXPERIMENT_DIR is in, i.e. in place)")
     export_cmd.add_argument("--no-register", action="store_true",
                             help="leave ~/nni-experiments/.experiment alone (nnictl view needs the entry)")
+    optuna_cmd = sub.add_parser("optuna", help="run an Optuna study's trials as an experiment (docs/optuna.md)",
+                                description="Run n_trials trials of an Optuna study, each one Optuna trial of an "
+                                            "unmodified objective, on the config's platform; the trials reach the "
+                                            "study's storage only through their agents.",
+                                epilog=RUN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    optuna_cmd.add_argument("target", metavar="TARGET",
+                            help="the objective: file.py:function or module:function in trialCodeDirectory")
+    optuna_cmd.add_argument("--study-name", required=True, help="the study (created if it does not exist)")
+    optuna_cmd.add_argument("--storage", metavar="URL",
+                            help="an Optuna storage URL the manager opens (e.g. sqlite:///study.db); default: "
+                                 f"${STUDY_STORAGE_ENV} (keeps a database password out of the process list)")
+    optuna_cmd.add_argument("--n-trials", type=int, required=True, help="how many Optuna trials to run")
+    optuna_cmd.add_argument("--config", type=Path, required=True, metavar="CONFIG.yml",
+                            help="an NNI v2 config without searchSpace or tuner (trainingService, trialConcurrency, "
+                                 "trialCodeDirectory, ...)")
+    optuna_cmd.add_argument("--direction", action="append", choices=("maximize", "minimize"), default=[],
+                            help="a new study's direction; repeat for a multi-objective study (default: minimize)")
+    optuna_cmd.add_argument("--sampler", metavar="NAME", help="an optuna.samplers class, e.g. TPESampler")
+    optuna_cmd.add_argument("--pruner", metavar="NAME", help="an optuna.pruners class, e.g. MedianPruner")
+    optuna_cmd.add_argument("--plain", action="store_true", help="plain log lines instead of the live table")
+    optuna_cmd.add_argument("--experiment-id", help=argparse.SUPPRESS)  # --detach's child
+    _run_arguments(optuna_cmd)
     trials = sub.add_parser("trials", help="table of an experiment's trials (also while it runs)")
     trials.add_argument("experiment", metavar="EXPERIMENT", help="an experiment id (as `nni-manager list` shows) or its directory")
     logs = sub.add_parser("logs", help="print a trial's stdout (or stderr)")
@@ -113,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
             return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args),
                         keep)
+        if args.command == "optuna":
+            return _optuna(args)
         if args.command == "list":
             return _list(args.all)
         if args.command == "stop":
@@ -171,6 +196,9 @@ def _resumable(ref: str) -> tuple[Path, str]:
     finally:
         store.close()
     config_file = (row.get("config") or {}).get("config_file")
+    if "nni_agent.study_runner" in str((row.get("config") or {}).get("trial_command", "")):
+        raise UsageError(f"experiment {row.get('id', ref)} ran an Optuna study, which cannot be resumed yet: run "
+                         "the same `nni-manager optuna` command again (the study keeps its trials)")
     if not config_file:
         raise UsageError(f"experiment {row.get('id', ref)} was not started from a config file: resume it with "
                          f"`nni-manager run CONFIG --experiment-id {row.get('id', ref)}`")
@@ -247,21 +275,25 @@ def _own_file(path: Path) -> int:
     return fd
 
 
-def _detach(args: argparse.Namespace) -> int:
-    """Start the same `run` in a new session, wait for its WebUI line (or its end), return."""
+def _detach(args: argparse.Namespace, config=None, command: list[str] | None = None,
+            env: dict[str, str] | None = None) -> int:
+    """Start the same `run` (or `command`, checked as `config`, with `env`) in a new session, wait
+    for its WebUI line (or its end), return."""
     import subprocess
 
     from nni_manager.service.nni_api import new_id
     from nni_manager.startup import preflight
 
-    config = load_config(args.config)  # a config error now, in this terminal
-    preflight(config)
+    if config is None:
+        config = load_config(args.config)  # a config error now, in this terminal
+        preflight(config)
     experiment_id = args.experiment_id or new_id(8)
     root = Path(config.experiment_working_directory).expanduser()
     experiment_lock.check_free(root / experiment_id, experiment_id)  # refused here, before the log is touched
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = _private_dir(root / experiment_id) / DETACH_LOG
-    argv = [sys.executable, "-m", "nni_manager", "run", str(args.config), "--experiment-id", experiment_id, "--plain",
+    argv = [sys.executable, "-m", "nni_manager", *(command or ["run", str(args.config)]), "--experiment-id",
+            experiment_id, "--plain",
             "--keep-serving" if args.keep_serving is not False else "--no-keep-serving",
             "--port", str(args.port), "--bind", args.bind, "--url-prefix", args.url_prefix]
     if args.no_webui:
@@ -272,7 +304,7 @@ def _detach(args: argparse.Namespace) -> int:
     # start-up refused in the child removes the experiment's directory (a config error leaves nothing)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                close_fds=True)
+                                close_fds=True, env=env)
     finally:
         os.close(fd)
     with log:
@@ -347,7 +379,9 @@ def _export(experiment_dir: Path, out: Path | None, register: bool) -> int:
 
 
 def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  # web: WebOptions | None
-         keep_serving: bool = False) -> int:
+         keep_serving: bool = False, *, config=None, make_experiment=None) -> int:
+    """Run an experiment to its end; `config` (already checked) and `make_experiment` (an
+    Experiment class or factory) replace the config file's and the tuner's (nni-manager optuna)."""
     from nni_manager.dispatcher import DispatcherError
     from nni_manager.experiment import NO_WORKER, Experiment, NoWorkerError, TrialSummary
     from nni_manager.service.nni_api import new_id
@@ -355,8 +389,9 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
     from nni_manager.ui import ExperimentView, final_summary
     from nni_manager.webui.runner import LiveWebUI, live_webui
 
-    config = load_config(config_path)
-    preflight(config)  # as --dry-run and --detach: a config mistake creates nothing
+    if config is None:
+        config = load_config(config_path)
+        preflight(config)  # as --dry-run and --detach: a config mistake creates nothing
     experiment_id = experiment_id or new_id(8)  # known before the run: the WebUI's manifest entry needs it
     experiment_dir = Path(config.experiment_working_directory).expanduser() / experiment_id
     created = not experiment_dir.exists()
@@ -370,7 +405,8 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
         if plain:
             print(STARTED_LINE.format(experiment_id), flush=True)
 
-    experiment = Experiment(config, experiment_id=experiment_id, on_event=on_event, on_started=on_started)
+    experiment = (make_experiment or Experiment)(config, experiment_id=experiment_id, on_event=on_event,
+                                                 on_started=on_started)
     # held until this process exits: before the WebUI registers, so a second manager touches nothing
     experiment_lock.acquire(experiment_dir, experiment_id)
     view = ExperimentView(experiment, live=False if plain else None)
@@ -456,6 +492,37 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
         print(f"nni-manager: {experiment.error}", file=sys.stderr)
         return EXIT_NO_WORKER if experiment.stop_reason == NO_WORKER else EXIT_TUNER_FAILED
     return 0 if finished else EXIT_INTERRUPTED
+
+
+def _optuna(args: argparse.Namespace) -> int:
+    """`nni-manager optuna`: the study's trials as an experiment (nni_manager.optuna)."""
+    import functools
+
+    from nni_manager.optuna.study import StudyExperiment, StudySpec, check_spec, create_study, study_config
+    from nni_manager.startup import preflight
+
+    _web_options(args)
+    storage_url = args.storage or os.environ.get(STUDY_STORAGE_ENV, "")
+    os.environ.pop(STUDY_STORAGE_ENV, None)  # the manager's alone: its agents and their trials inherit nothing
+    if not storage_url:
+        raise UsageError(f"--storage: no study storage: pass --storage URL or set {STUDY_STORAGE_ENV}")
+    spec = StudySpec(args.target, args.study_name, storage_url, args.n_trials, args.direction, args.sampler,
+                     args.pruner)
+    check_spec(spec)
+    config = study_config(args.config, spec)
+    preflight(config, tuner=False)
+    if args.detach:
+        command = ["optuna", spec.target, "--study-name", spec.study_name,  # the URL goes in the environment
+                   "--n-trials", str(spec.n_trials), "--config", str(args.config.expanduser().resolve())]
+        for d in spec.directions:
+            command += ["--direction", d]
+        command += ["--sampler", spec.sampler] if spec.sampler else []
+        command += ["--pruner", spec.pruner] if spec.pruner else []
+        return _detach(args, config, command, {**os.environ, STUDY_STORAGE_ENV: spec.storage_url})
+    storage = create_study(spec)
+    keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
+    return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args), keep,
+                config=config, make_experiment=functools.partial(StudyExperiment, study=spec, storage=storage))
 
 
 def _console_notices(config) -> None:  # config: ExperimentConfig

@@ -103,8 +103,8 @@ class Experiment:
     def __init__(self, config: ExperimentConfig, *, experiment_id: str | None = None,
                  on_event: Callable[[str, TrialSummary], None] | None = None,
                  poll_interval: float = 0.5, on_started: Callable[[], None] | None = None) -> None:
-        check_algorithms(config)  # ConfigError before any work
         self.config = config
+        self._check_config()  # ConfigError before any work
         self.optimize_mode = optimize_mode(config)
         self.dispatcher: Dispatcher | None = None
         self.experiment_id = experiment_id
@@ -163,7 +163,7 @@ class Experiment:
             ts.add_parameter_request_listener(self._on_parameter_request)
             try:
                 history = await self._resume(ts)
-                self.dispatcher = make_dispatcher(self.config, experiment_dir, resume=bool(self._resumed))
+                self.dispatcher = await self._make_dispatcher(ts, experiment_dir)
                 await self.dispatcher.start(self, self.config.search_space or {}, history)
                 self.status, self.started = "RUNNING", True
                 if self._on_started is not None:
@@ -187,6 +187,13 @@ class Experiment:
                     task.cancel()
                 if self.dispatcher is not None:
                     await asyncio.shield(self.dispatcher.stop())
+
+    def _check_config(self) -> None:
+        check_algorithms(self.config)
+
+    async def _make_dispatcher(self, ts: Any, experiment_dir: Path) -> Dispatcher:
+        """Where trials come from: the configured tuner (an Optuna study overrides it, optuna/study.py)."""
+        return make_dispatcher(self.config, experiment_dir, resume=bool(self._resumed))
 
     def result(self) -> ExperimentResult:
         trials = sorted(self.trials.values(), key=lambda t: t.sequence_id)

@@ -12,12 +12,14 @@ from typing import Any
 from nni_manager.config import ConfigError, ExperimentConfig
 
 
-def preflight(config: ExperimentConfig) -> Any:  # -> Backend
-    """Check everything that needs no network; returns the backend it built for the check."""
+def preflight(config: ExperimentConfig, *, tuner: bool = True) -> Any:  # -> Backend
+    """Check everything that needs no network; returns the backend it built for the check.
+    `tuner=False`: trials come from elsewhere (an Optuna study), not a tuner and search space."""
     from nni_manager.dispatcher import check_algorithms
     from nni_manager.service.hybrid import make_backend
 
-    check_algorithms(config)
+    if tuner:
+        check_algorithms(config)
     backend = make_backend(config)
     backend.preflight()
     _check_manager_address(backend)

@@ -33,6 +33,7 @@ from nni_manager.errors import AgentUnavailableError
 from nni_manager.hub.address import advertised
 from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
 from nni_manager.hub.logfiles import LogFiles, LogWrite
+from nni_manager.hub.study import StudyHandlers, StudyService
 from nni_manager.hub.tls import TlsMaterial
 from nni_manager.store import Store
 from nni_manager.version import __version__
@@ -206,6 +207,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self._server: grpc.aio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
+        self.study: StudyService | None = None  # an Optuna study's storage, offered to the trials (hub/study.py)
         self.files = FileFetches()
         self.log_files = LogFiles()
         # streams still to prove a token, by peer, oldest first: each one's future, set to drop it
@@ -249,7 +251,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("nni_agent.v1.AgentHub", {
             "Connect": grpc.stream_stream_rpc_method_handler(
                 self.Connect, request_deserializer=_raw, response_serializer=pb.ManagerMessage.SerializeToString),
-        }),))
+        }), StudyHandlers(self._study_token, lambda: self.study)))
         self._server.add_insecure_port(f"unix:{self.socket_path}")
         if self.tcp:
             host, _, wanted = self.tcp.rpartition(":")
@@ -274,6 +276,12 @@ class Hub(pb_grpc.AgentHubServicer):
         self.socket_path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ to agents
+    def _study_token(self, agent_id: str) -> str:
+        """The token a study storage call must present: the agent's session token, never an
+        unspent enrolment credential (only a Hello may spend it)."""
+        link = self._links.get(agent_id)
+        return "" if link is None or link.enrol else link.token
+
     def send(self, agent_id: str, command: pb.Command) -> int:
         """Queue `command` (its cmd_seq is assigned here); re-sent until acknowledged."""
         link = self._links[agent_id]

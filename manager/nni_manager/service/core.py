@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nni_agent.metric_check import MetricBudget
+from nni_agent.study_storage import ENV_ENDPOINT as STUDY_ENV, REQUESTED as STUDY_REQUESTED
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.service import constraints
 from nni_manager.backends.base import AgentSpec, Backend, Completion, EnvironmentRequest, PlacementHints, as_elastic
@@ -453,6 +454,8 @@ class Core:
         command, env = cfg.trial_command, self.backend.trial_secret_env(agent_id)
         if cfg.shared_storage is not None:  # the agent mounts it; the key travels only in StartTrial
             env.update(cfg.shared_storage.agent_env())
+        if self.hub.study is not None:  # an Optuna study's trial: its agent offers it the study's storage
+            env[STUDY_ENV] = STUDY_REQUESTED
         if agent.env_id is not None:  # an environment member: its role's command, and who it is
             shape = as_elastic(self.backend).environment_backend(agent.env_id).shape()
             role = next((r for r in shape.roles if r.name == agent.role), None)

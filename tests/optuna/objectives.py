@@ -1,0 +1,87 @@
+"""Objectives of the tests' Optuna studies: unmodified Optuna code, plus a record of what each saw.
+
+Each writes seen/<NNI trial id>.json next to this file: the Optuna trial number, the params it
+was given, what it returned (or how it ended), and what it could see of the study's storage.
+"""
+import json
+import os
+import sys
+
+import grpc
+import optuna
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _record(trial, **what):
+    storage = trial.study._storage
+    endpoint = os.environ.get("NNI_STUDY_STORAGE", "")
+    with grpc.insecure_channel(endpoint) as channel:  # the agent's endpoint, with a wrong token
+        call = channel.unary_unary("/optuna.StorageService/GetAllStudies")
+        try:
+            call(b"", metadata=[("nni-trial-id", os.environ["NNI_TRIAL_JOB_ID"]), ("nni-trial-token", "wrong")],
+                 timeout=20)
+            wrong_token = "answered"
+        except grpc.RpcError as exc:
+            wrong_token = exc.code().name
+    seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
+            "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
+            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, **what}
+    os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
+    with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
+        json.dump(seen, f)
+
+
+def quadratic(trial):
+    x = trial.suggest_float("x", -10, 10)
+    n = trial.suggest_int("n", 1, 5)
+    kind = trial.suggest_categorical("kind", ["a", "b"])
+    trial.set_user_attr("note", "hello")
+    value = (x - 2) ** 2 + n + (0.5 if kind == "a" else 0.0)
+    _record(trial, returned=[value])
+    return value
+
+
+def steps(trial):
+    """Reports trial.number + step: from the 6th trial on, MedianPruner prunes it at step 0."""
+    x = trial.suggest_float("x", 0, 1)
+    for step in range(3):
+        trial.report(trial.number + step + x, step)
+        if trial.should_prune():
+            _record(trial, pruned_at=step)
+            raise optuna.TrialPruned()
+    value = trial.number + x
+    _record(trial, returned=[value])
+    return value
+
+
+def broken(trial):
+    trial.suggest_float("x", 0, 1)
+    _record(trial, raised="ValueError")
+    raise ValueError("the objective broke on purpose")
+
+
+def two_objectives(trial):
+    x = trial.suggest_float("x", 0, 5)
+    y = trial.suggest_float("y", 0, 3)
+    values = [4 * x * x + 4 * y * y, (x - 5) ** 2 + (y - 5) ** 2]
+    _record(trial, returned=values)
+    return values
+
+
+def sleeper(trial):
+    trial.suggest_float("x", 0, 1)
+    _record(trial, slept=True)
+    import time
+
+    time.sleep(120)
+    return 0.0
+
+
+def slow(trial):
+    x = trial.suggest_float("x", 0, 1)
+    _record(trial, returned=[x])
+    import time
+
+    time.sleep(1)
+    return x
