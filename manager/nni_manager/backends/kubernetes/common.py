@@ -28,7 +28,7 @@ from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
+from nni_manager.backends.kubernetes import access, boot, deps, nodes, owner, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
@@ -106,6 +106,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._last_words: dict[str, str] = {}  # pod name -> what its last event said
         self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
         self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
+        self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
 
     @property
     def kube(self) -> KubeConfig:
@@ -197,6 +198,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 cluster_ip = await self._ensure_relay(experiment_id)
             except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
                 await self._delete_relay()
+                await self._delete_owner()
                 raise
         except BaseException:  # nor an open client (its aiohttp session)
             await self._close_client()
@@ -223,7 +225,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         Service's cluster IP."""
         core, _ = await self._client()
         ns = self.namespace
-        config_map, pod, service = self._relay_objects(experiment_id)
+        config_map, pod, service = [await self._owned(o) for o in self._relay_objects(experiment_id)]
         name = pod["metadata"]["name"]
         try:
             await core.create_namespaced_config_map(ns, config_map, field_validation="Strict")
@@ -246,7 +248,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
         core, _ = await self._client()
         ns = self.namespace
-        pod = pod or self._relay_objects(self.experiment_id)[1]
+        pod = pod or await self._owned(self._relay_objects(self.experiment_id)[1])
         name = pod["metadata"]["name"]
         try:
             existing = await core.read_namespaced_pod(name, ns)
@@ -370,7 +372,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         core, custom = await self._client()
         await self._note_fit()
         name = self.object_name(env.env_id)
-        secret, obj = self.build_request(env)
+        secret, obj = [await self._owned(o) for o in self.build_request(env)]
         try:
             await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
         except Exception as e:
@@ -507,8 +509,24 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 await self._tunnel.stop()
                 self._tunnel = None
             await self._delete_relay()
+            await self._delete_owner()
             await self._api.close()
             self._core = self._custom = None
+
+    async def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """`obj` naming the experiment's owner ConfigMap (made on first use, after the access check)."""
+        if self._owner is None:
+            self._owner = await owner.ensure(self._core, self.namespace, self.experiment_id)
+        return owner.adopt(obj, self._owner)
+
+    async def _delete_owner(self) -> None:
+        """Last: the garbage collector takes whatever of the experiment is still there."""
+        if self._owner is not None and self._core is not None:
+            try:
+                await owner.delete(self._core, self.namespace, self.experiment_id)
+            except Exception as e:
+                log.error("cleaning up experiment %s: %s", self.experiment_id, e)
+            self._owner = None
 
     async def _delete_relay(self) -> None:
         if not self.tunnelled or self._core is None:
@@ -548,7 +566,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                              "labels": labels(self.experiment_id)},
                 "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
         try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
-            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], body)
+            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], await self._owned(body))
         except agent_deps.DependencyError:
             raise  # one line already
         except Exception as e:
@@ -583,7 +601,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             report = deps.cached_probe(image)
             if report is None:
                 report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                               self._probe_pod(role, i), image, self.kube.environment_start_timeout)
+                                               await self._owned(self._probe_pod(role, i)), image,
+                                               self.kube.environment_start_timeout)
                 if report is None:
                     continue
                 await asyncio.to_thread(deps.remember_probe, image, report)
@@ -640,7 +659,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 "metadata": {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id)},
                 "data": {".dockerconfigjson": base64.b64encode(path.read_bytes()).decode()}}
         try:
-            await core.create_namespaced_secret(self.namespace, body, field_validation="Strict")
+            await core.create_namespaced_secret(self.namespace, await self._owned(body), field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:
                 raise api_error(e, "creating the image pull secret") from None

@@ -135,7 +135,7 @@ class FrameworkControllerBackend(KubeBackend):
         for obj in barrier_objects(name, ns, named or [name], not named, ours):
             create = creators[obj["kind"]]
             try:
-                await create(ns, obj)
+                await create(ns, await self._owned(obj))
             except Exception as e:
                 if getattr(e, "status", None) != 409:  # a restarted manager: already there
                     raise api_error(e, f"creating {obj['kind']} {name} for the frameworkbarrier") from None
