@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,10 @@ def everything_of(kube: Any, experiment_id: str, platform: str) -> dict[str, lis
     return {k: v for k, v in out.items() if v}
 
 
-def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: str,
-                          env: dict[str, str]) -> dict[str, list[str]]:
-    """Run the experiment until both trials' pods run, SIGKILL the manager; what it left."""
+def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: str, env: dict[str, str],
+                          before_kill: Any = None, **ts: Any) -> dict[str, list[str]]:
+    """Run the experiment until both trials' pods run (then `before_kill()`), SIGKILL the manager;
+    what it left."""
     code = base / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
@@ -85,7 +87,7 @@ def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: s
         "tuner": {"name": "GridSearch"}, "trialGracePeriod": 2,
         # the default (~/nni-experiments), where `list --all` finds experiments run without a WebUI
         "experimentWorkingDirectory": str(Path(env["HOME"]) / "nni-experiments"),
-        "trainingService": _training_service(platform, str(kube.kubeconfig)),
+        "trainingService": {**_training_service(platform, str(kube.kubeconfig)), **ts},
     }))
     manager = subprocess.Popen([NNI_MANAGER, "run", "--plain", "--no-webui", "--experiment-id", experiment_id,
                                 str(config)], cwd=base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -97,6 +99,8 @@ def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: s
             return sum(p.status.phase == "Running" for p in pods.items) == 2
 
         kube.wait_for(trials_run, 180, what="both trials' pods running")
+        if before_kill is not None:
+            before_kill()
     finally:
         manager.send_signal(signal.SIGKILL)
         manager.wait()
@@ -150,3 +154,35 @@ def test_cleanup_names_a_running_experiment_and_an_unknown_one(short_dir: Path) 
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and both.stderr.splitlines() == [
         "nni-manager: cleanup takes an experiment id or --all-orphans (one of the two)"]
+
+
+def _relay(kube: Any, experiment_id: str) -> Any:
+    return kube.core().read_namespaced_pod(f"nni-relay-{experiment_id.lower()}", NS)
+
+
+def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_factory, short_dir: Path) -> None:
+    """While the manager runs, the relay runs past reconnectWindow; once the manager is SIGKILLed
+    the relay exits by itself after reconnectWindow (its pod Succeeded, holding nothing), saying why;
+    a later cleanup still removes everything."""
+    kube = kube_factory(pod_network="bridged")
+    experiment_id = "RelayEnds1"
+    env = {**os.environ, "HOME": str(short_dir / "home")}
+    (short_dir / "home").mkdir()
+    window = 6
+
+    def relay_outlives_the_window() -> None:
+        started = _relay(kube, experiment_id).status.start_time
+        assert started is not None
+        time.sleep(window + 2)  # the manager is connected all along: the relay must not end
+        assert _relay(kube, experiment_id).status.phase == "Running"
+
+    _sigkilled_experiment(kube, short_dir, "kubernetes", experiment_id, env, relay_outlives_the_window,
+                          reconnectWindow=f"{window}s")
+    kube.wait_for(lambda: _relay(kube, experiment_id).status.phase == "Succeeded", 120,
+                  what="the relay pod to end by itself")
+    log = kube.core().read_namespaced_pod_log(f"nni-relay-{experiment_id.lower()}", NS)
+    assert f"no connection from the manager for {window}s" in log and "exiting" in log, log
+    run = subprocess.run([NNI_MANAGER, "cleanup", experiment_id], cwd=short_dir, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert everything_of(kube, experiment_id, "kubernetes") == {}

@@ -218,7 +218,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             if key in self.kube.pod_spec:
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
-        return tunnel.relay_objects(experiment_id, self.namespace, image, overrides)
+        return tunnel.relay_objects(experiment_id, self.namespace, image, overrides, self.reconnect_window)
 
     async def _ensure_relay(self, experiment_id: str) -> str:
         """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
