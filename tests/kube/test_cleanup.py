@@ -186,3 +186,24 @@ def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_f
                          text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert everything_of(kube, experiment_id, "kubernetes") == {}
+
+
+def test_a_finished_tfjob_goes_after_its_ttl_without_the_manager(kube_factory, short_dir: Path) -> None:
+    """runPolicy.ttlSecondsAfterFinished (the v1 schema's field; the emulated operator honours it as
+    the training operator does): after a manager SIGKILL the agents give up after reconnectWindow,
+    the TFJobs finish, and the operator deletes them and their pods, with no cleanup command."""
+    kube = kube_factory(pod_network="bridged", crd_groups=["kubeflow.org"])
+    experiment_id = "TtlJobs1"
+    env = {**os.environ, "HOME": str(short_dir / "home")}
+    (short_dir / "home").mkdir()
+    left = _sigkilled_experiment(kube, short_dir, "kubeflow", experiment_id, env, reconnectWindow="5s")
+    assert len(left["tfjobs"]) == 2, left
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(kube.api_client())
+    job = custom.get_namespaced_custom_object("kubeflow.org", "v1", NS, "tfjobs", left["tfjobs"][0])
+    assert job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 5
+    kube.wait_for(lambda: "tfjobs" not in everything_of(kube, experiment_id, "kubeflow"), 120,
+                  what="the finished TFJobs deleted by their TTL")
+    kube.wait_for(lambda: not kube.core().list_namespaced_pod(
+        NS, label_selector=f"app=nni-kubernetes-trial,expId={experiment_id}").items, 60, what="their pods gone")
