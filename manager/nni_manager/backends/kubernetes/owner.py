@@ -25,7 +25,7 @@ def owner_name(experiment_id: str) -> str:
 
 
 def owner_object(experiment_id: str, namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
+    return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": owner_name(experiment_id), "namespace": namespace,
                          "labels": {"app": APP, "expId": experiment_id}},
             "data": {"experiment": experiment_id,
@@ -49,7 +49,8 @@ def adopt(obj: dict[str, Any], ref: dict[str, Any] | None) -> dict[str, Any]:
 
 
 async def ensure(core: Any, namespace: str, experiment_id: str) -> dict[str, Any]:
-    """Create the owner ConfigMap (or find it again after a restart); its ownerReference."""
+    """Create the owner ConfigMap (or take it again after a restart, by `update`: the minimal Role
+    has no `get` on ConfigMaps); its ownerReference."""
     body = owner_object(experiment_id, namespace)
     name = body["metadata"]["name"]
     try:
@@ -58,9 +59,9 @@ async def ensure(core: Any, namespace: str, experiment_id: str) -> dict[str, Any
         if getattr(e, "status", None) != 409:
             raise api_error(e, f"creating the experiment's owner ConfigMap {name}") from None
         try:
-            made = await core.read_namespaced_config_map(name, namespace)
+            made = await core.replace_namespaced_config_map(name, namespace, body)
         except Exception as again:
-            raise api_error(again, f"reading the experiment's owner ConfigMap {name}") from None
+            raise api_error(again, f"updating the experiment's owner ConfigMap {name}") from None
     return reference(name, made.metadata.uid)
 
 
