@@ -31,6 +31,7 @@ from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, En
 from nni_manager.backends.kubernetes import access, boot, deps, nodes, owner, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
+from nni_manager.backends.kubernetes.podspec import merge_pod_spec
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
@@ -917,19 +918,3 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(bare_host(host)).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def merge_pod_spec(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`podSpec` overrides: mappings merge, lists of named items merge by name, others replace."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = merge_pod_spec(base[key], value)
-        elif isinstance(value, list) and isinstance(base.get(key), list) and all(
-                isinstance(v, dict) and "name" in v for v in value + base[key]):
-            by_name = {v["name"]: v for v in base[key]}
-            for v in value:
-                by_name[v["name"]] = merge_pod_spec(by_name.get(v["name"], {}), v)
-            base[key] = list(by_name.values())
-        else:
-            base[key] = value
-    return base

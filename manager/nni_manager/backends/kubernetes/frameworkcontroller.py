@@ -17,7 +17,8 @@ import yaml
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
-from nni_manager.backends.kubernetes.common import KubeBackend, labels, merge_pod_spec, selector
+from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
+from nni_manager.backends.kubernetes.podspec import merge_pod_spec
 from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
