@@ -163,7 +163,8 @@ def _relay(kube: Any, experiment_id: str) -> Any:
 def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_factory, short_dir: Path) -> None:
     """While the manager runs, the relay runs past reconnectWindow; once the manager is SIGKILLed
     the relay exits by itself after reconnectWindow (its pod Succeeded, holding nothing), saying why;
-    a later cleanup still removes everything."""
+    the next experiment run in the namespace then deletes the dead one's owner (by the uid its relay
+    names), so the garbage collector removes the rest."""
     kube = kube_factory(pod_network="bridged")
     experiment_id = "RelayEnds1"
     env = {**os.environ, "HOME": str(short_dir / "home")}
@@ -182,10 +183,29 @@ def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_f
                   what="the relay pod to end by itself")
     log = kube.core().read_namespaced_pod_log(f"nni-relay-{experiment_id.lower()}", NS)
     assert f"no connection from the manager for {window}s" in log and "exiting" in log, log
-    run = subprocess.run([NNI_MANAGER, "cleanup", experiment_id], cwd=short_dir, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert everything_of(kube, experiment_id, "kubernetes") == {}
+    assert everything_of(kube, experiment_id, "kubernetes")  # the rest waits for a cleanup
+
+    # the next experiment run in the namespace deletes what the dead one left (its relay ended)
+    later = short_dir / "later"
+    (later / "code").mkdir(parents=True)
+    (later / "code" / "trial.py").write_text("import nni_agent as nni\nnni.get_next_parameter()\n"
+                                             "nni.report_final_result(1)\n")
+    (later / "config.yml").write_text(yaml.safe_dump({
+        "trialCommand": "python3 trial.py", "trialCodeDirectory": "code", "trialConcurrency": 1,
+        "maxTrialNumber": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+        "tuner": {"name": "GridSearch"}, "trialGracePeriod": 2,
+        "experimentWorkingDirectory": str(Path(env["HOME"]) / "nni-experiments"),
+        "trainingService": _training_service("kubernetes", str(kube.kubeconfig)),
+    }))
+    run = subprocess.run([NNI_MANAGER, "run", "--plain", "--no-webui", "--experiment-id", "LaterRun1", "config.yml"],
+                         cwd=later, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    kube.wait_for(lambda: everything_of(kube, experiment_id, "kubernetes") == {}, 60,
+                  what="the dead experiment's objects deleted by the next run")
+    assert everything_of(kube, "LaterRun1", "kubernetes") == {}  # and the later one cleaned up after itself
+    again = subprocess.run([NNI_MANAGER, "cleanup", experiment_id], cwd=short_dir, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0 and "nothing of it is left" in again.stdout, again.stdout + again.stderr
 
 
 def test_a_finished_tfjob_goes_after_its_ttl_without_the_manager(kube_factory, short_dir: Path) -> None:

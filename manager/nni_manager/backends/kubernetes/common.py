@@ -340,6 +340,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                     err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
                                     f"{self.operator_name} installed, and does it serve {version}?")
                 raise err from None
+        await owner.sweep_expired(core, ns, self.experiment_id)  # what dead managers left (owner.py)
         await self._prepare()
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
         self._wheel_sha256 = await asyncio.to_thread(agent_deps.sha256_file, self._wheel.path)

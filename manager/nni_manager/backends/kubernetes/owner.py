@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from typing import Any
 
 from nni_manager.backends.kubernetes.client import api_error
+
+log = logging.getLogger(__name__)
 
 APP = "nni-experiment"
 
@@ -104,3 +107,40 @@ async def remaining(core: Any, namespace: str, experiment_id: str, timeout: floa
         if not left or time.monotonic() > deadline:
             return left
         await asyncio.sleep(0.5)
+
+
+async def sweep_expired(core: Any, namespace: str, experiment_id: str) -> list[str]:
+    """Delete the owners of other experiments whose relay ended by itself (its pod Succeeded: its
+    manager was gone for the whole reconnectWindow, and its agents gave up), so the next run in a
+    namespace removes what a dead manager left. Only an owner the relay names, by its uid (one
+    made again meanwhile by a resumed manager is kept). The ids swept; nothing when pods cannot be
+    listed."""
+    from kubernetes.aio.client import V1DeleteOptions, V1Preconditions
+
+    try:
+        relays = (await core.list_namespaced_pod(namespace, label_selector="app=nni-hub-relay")).items
+    except Exception as e:  # a courtesy: `nni-manager cleanup` does the same by hand
+        log.debug("listing relay pods to find expired experiments: %s", e)
+        return []
+    swept = []
+    for pod in relays:
+        gone = (pod.metadata.labels or {}).get("expId", "")
+        if not gone or gone == experiment_id or pod.status is None or pod.status.phase != "Succeeded":
+            continue
+        refs = [r for r in pod.metadata.owner_references or [] if r.kind == "ConfigMap" and r.name == owner_name(gone)]
+        if not refs:
+            continue
+        try:
+            answer = await core.delete_namespaced_config_map_without_preload_content(
+                owner_name(gone), namespace, propagation_policy="Background",
+                body=V1DeleteOptions(preconditions=V1Preconditions(uid=refs[0].uid)))
+            await answer.read()
+        except Exception as e:
+            log.debug("deleting the owner of expired experiment %s: %s", gone, e)
+            continue
+        if not 200 <= answer.status < 300:  # gone already (404), or made again meanwhile (409)
+            continue
+        log.info("deleted what experiment %s left in namespace %s: its manager was gone for its whole "
+                 "reconnectWindow (its hub relay ended)", gone, namespace)
+        swept.append(gone)
+    return swept
