@@ -137,12 +137,20 @@ def test_orphan_and_foreground_propagation(k8s) -> None:
     assert not core.read_namespaced_config_map(kept.metadata.name, NS).metadata.owner_references
 
     owner = _cm(core, "fg-owner")
-    _cm(core, "fg-dependent", owners=[_ref(owner, blockOwnerDeletion=True)])
+    # a blocking dependent that cannot go yet (a finalizer of someone else's), and a loose one
+    core.create_namespaced_config_map(NS, {"metadata": {"name": "fg-dependent", "finalizers": ["example.com/hold"],
+                                                        "ownerReferences": [_ref(owner, blockOwnerDeletion=True)]}})
     _cm(core, "fg-loose", owners=[_ref(owner)])
     core.delete_namespaced_config_map("fg-owner", NS, body=client.V1DeleteOptions(propagation_policy="Foreground"))
+    k8s.wait_for(lambda: not _exists(core.read_namespaced_config_map, "fg-loose", NS), 10, what="loose dependent")
+    held = core.read_namespaced_config_map("fg-dependent", NS)
+    assert held.metadata.deletion_timestamp is not None  # being deleted, held by its finalizer
+    waiting = core.read_namespaced_config_map("fg-owner", NS)  # the owner waits for it
+    assert waiting.metadata.deletion_timestamp is not None and "foregroundDeletion" in waiting.metadata.finalizers
+    held.metadata.finalizers = []
+    core.replace_namespaced_config_map("fg-dependent", NS, held)
     k8s.wait_for(lambda: not _exists(core.read_namespaced_config_map, "fg-owner", NS), 10, what="owner gone last")
     assert not _exists(core.read_namespaced_config_map, "fg-dependent", NS)
-    assert not _exists(core.read_namespaced_config_map, "fg-loose", NS)
 
 
 def test_the_api_server_validates_owner_references(k8s) -> None:
