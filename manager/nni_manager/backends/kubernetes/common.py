@@ -199,9 +199,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 cluster_ip = await self._ensure_relay(experiment_id)
             except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
                 await self._delete_relay()
-                await self._delete_owner()
                 raise
-        except BaseException:  # nor an open client (its aiohttp session)
+        except BaseException:  # nor an open client (its aiohttp session), nor the owner
+            await self._delete_owner()
             await self._close_client()
             raise
         ts = self.config.training_service
