@@ -124,9 +124,20 @@ def test_cleanup_after_a_manager_sigkill_leaves_nothing(kube_factory, short_dir:
     experiment_id = f"Clean{platform[:4].capitalize()}1"
     env = {**os.environ, "HOME": str(short_dir / "home")}  # the experiments' manifest: this test's own
     (short_dir / "home").mkdir()
-    _sigkilled_experiment(kube, short_dir, platform, experiment_id, env)
+    def refused_while_running() -> None:  # never under a live manager (it holds the experiment's lock)
+        live = subprocess.run([NNI_MANAGER, "cleanup", *args], cwd=short_dir, env=env, capture_output=True,
+                              text=True, timeout=120)
+        if how == "id":
+            assert live.returncode == 1 and len(live.stderr.splitlines()) == 1, live.stdout + live.stderr
+            assert f"nni-manager stop {experiment_id}" in live.stderr, live.stderr
+        else:
+            assert live.returncode == 0 and "left alone" in live.stdout, live.stdout + live.stderr
+        assert owner.owner_name(experiment_id) in everything_of(kube, experiment_id, platform)["configmaps"]
 
     args = [experiment_id] if how == "id" else ["--all-orphans"]
+    _sigkilled_experiment(kube, short_dir, platform, experiment_id, env,
+                          refused_while_running if platform == "kubernetes" else None)
+
     run = subprocess.run([NNI_MANAGER, "cleanup", *args], cwd=short_dir, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
