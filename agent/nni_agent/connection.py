@@ -132,7 +132,7 @@ class Connection:
         self._last_gpu: pb.GpuReport | None = None
         self._last_contact = time.monotonic()
         self._records_sent_at = 0.0  # monotonic time of the last RecordBatch written: it stands in for a heartbeat
-        self._channel: grpc.aio.Channel | None = None  # while a session is up: study storage calls share it
+        self._session_channel: grpc.aio.Channel | None = None  # while a session is up: study storage calls share it
 
     # ------------------------------------------------------------------ public
 
@@ -141,7 +141,7 @@ class Connection:
         agent's channel (nni_agent.study_storage)."""
         from nni_agent.study_storage import HUB_SERVICE, MD_TRIAL, StudyUnavailable
 
-        channel = self._channel
+        channel = self._session_channel
         if channel is None:
             raise StudyUnavailable()
         name = method.rsplit("/", 1)[-1]
@@ -260,7 +260,7 @@ class Connection:
             for digest in self.bundles.pending():
                 self.request_bundle(digest)
             self.sessions += 1
-            self._channel = channel
+            self._session_channel = channel
             self.connected.set()
             log.info("connected to %s (experiment %s), replaying from seq %d", target, welcome.experiment_id, welcome.acked_seq + 1)
             self._last_contact = time.monotonic()
@@ -275,7 +275,7 @@ class Connection:
                 for task in done:
                     task.result()  # re-raise the reason the session ended
             finally:
-                self._channel = None
+                self._session_channel = None
                 for task in [*tasks, *self._file_tasks]:  # the manager failed this session's file requests
                     task.cancel()
                 await asyncio.gather(*tasks, *self._file_tasks, return_exceptions=True)

@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                               description="Stop the experiment as Ctrl-C in its terminal would: its running trials "
                                           "are cancelled, its workers cleaned up; waits until that is done.")
     stop_cmd.add_argument("experiment_id", metavar="EXPERIMENT", help="the id of a running experiment")
+    cleanup_cmd = sub.add_parser("cleanup", help="delete what a Kubernetes experiment whose manager died left in the "
+                                 "cluster", description="Delete the experiment's owner ConfigMap: the cluster's garbage "
+                                 "collector deletes its pods, jobs, Secrets, ConfigMaps, relay and RBAC objects.")
+    cleanup_cmd.add_argument("experiment_id", metavar="EXPERIMENT", nargs="?", help="an experiment id or its directory")
+    cleanup_cmd.add_argument("--all-orphans", action="store_true",
+                             help="every Kubernetes experiment known here whose manager is not running")
     view_cmd = sub.add_parser("view", help="serve a stored experiment's WebUI and REST API, read-only",
                               description="Serve NNI's WebUI and REST API for an experiment directory (also "
                                           "one copied from another machine) until Ctrl-C.")
@@ -142,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return _list(args.all)
         if args.command == "stop":
             return _stop(args.experiment_id)
+        if args.command == "cleanup":
+            return _cleanup(args.experiment_id, args.all_orphans)
         if args.command == "view":
             return _view(_experiment_dir(args.experiment), _web_options(args))
         if args.command == "export":
@@ -241,6 +249,18 @@ def _stop(ref: str) -> int:
         return EXIT_TUNER_FAILED
     print(f"stopped experiment {stopped.id}")
     return 0
+
+
+def _cleanup(ref: str | None, all_orphans: bool) -> int:
+    from nni_manager.backends.kubernetes.cleanup import cleanup
+
+    if bool(ref) == all_orphans:
+        raise UsageError("cleanup takes an experiment id or --all-orphans (one of the two)")
+    ok = True
+    for done, line in cleanup(ref, all_orphans):
+        print(f"nni-manager: {line}", file=sys.stdout if done else sys.stderr)
+        ok = ok and done
+    return 0 if ok else EXIT_TUNER_FAILED
 
 
 DETACH_LOG = "detach.log"  # in the experiment's own directory: it holds the WebUI's token URL

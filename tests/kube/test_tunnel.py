@@ -273,6 +273,7 @@ def test_port_forward_forbidden_is_refused_at_start_naming_it(kube_factory, base
                       "cannot create pods/portforward in namespace default"], msg
     pods = [p.metadata.name for p in kube.core().list_namespaced_pod("default").items]
     assert not [n for n in pods if n.startswith("nni-relay-")], pods  # no relay was started
+    assert not kube.core().list_namespaced_config_map("default", label_selector="app=nni-experiment").items  # no owner
 
 
 def test_an_unreadable_hub_certificate_is_one_line_and_leaves_no_relay(kube_factory, base: Path) -> None:
@@ -300,5 +301,7 @@ def test_an_unreadable_hub_certificate_is_one_line_and_leaves_no_relay(kube_fact
     assert "hubKeyFile" in msg and "cannot be read" in msg and "\n" not in msg, msg
     kube.wait_for(lambda: not [p for p in kube.core().list_namespaced_pod("default").items
                                if p.metadata.name.startswith("nni-relay-")], 30, what="the relay pod is gone")
+    # nor the experiment's owner ConfigMap (owner.py)
+    assert not kube.core().list_namespaced_config_map("default", label_selector="app=nni-experiment").items
     services = [s.metadata.name for s in kube.core().list_namespaced_service("default").items]
     assert not [n for n in services if n.startswith("nni-relay-")], services

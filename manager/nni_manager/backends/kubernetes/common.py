@@ -30,9 +30,10 @@ from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, probe, starting, tunnel
+from nni_manager.backends.kubernetes import access, boot, deps, nodes, owner, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
+from nni_manager.backends.kubernetes.podspec import merge_pod_spec
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
@@ -110,6 +111,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._last_words: dict[str, str] = {}  # pod name -> what its last event said
         self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
         self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
+        self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
 
     @property
     def kube(self) -> KubeConfig:
@@ -203,7 +205,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
                 await self._delete_relay()
                 raise
-        except BaseException:  # nor an open client (its aiohttp session)
+        except BaseException:  # nor an open client (its aiohttp session), nor the owner
+            await self._delete_owner()
             await self._close_client()
             raise
         ts = self.config.training_service
@@ -222,14 +225,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
         token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
-        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides)
+        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window)
 
     async def _ensure_relay(self, experiment_id: str) -> str:
         """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
         Service's cluster IP."""
         core, _ = await self._client()
         ns = self.namespace
-        _, pod, service = self._relay_objects(experiment_id)
+        _, pod, service = [await self._owned(o) for o in self._relay_objects(experiment_id)]
         name = pod["metadata"]["name"]
         await self._ensure_relay_pod(pod)
         try:
@@ -248,7 +251,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         one already there is kept only when it holds the program (one someone planted or made again
         under the name is replaced; the pod checks the program's sha256 besides)."""
         core, _ = await self._client()
-        config_map = self._relay_objects(self.experiment_id)[0]
+        config_map = await self._owned(self._relay_objects(self.experiment_id)[0])  # the GC takes it after a crash
         name = config_map["metadata"]["name"]
         try:
             await deps.ensure_config_map(core, self.namespace, name, config_map)
@@ -260,7 +263,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
         core, _ = await self._client()
         ns = self.namespace
-        pod = pod or self._relay_objects(self.experiment_id)[1]
+        pod = pod or await self._owned(self._relay_objects(self.experiment_id)[1])
         name = pod["metadata"]["name"]
         try:
             existing = await core.read_namespaced_pod(name, ns)
@@ -352,6 +355,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                     err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
                                     f"{self.operator_name} installed, and does it serve {version}?")
                 raise err from None
+        await owner.sweep_expired(core, ns, self.experiment_id)  # what dead managers left (owner.py)
         await self._prepare()
         self._wheel = await asyncio.to_thread(build_agent_wheel, ctx.experiment_dir / "agent-wheel")
         self._wheel_sha256 = await asyncio.to_thread(agent_deps.sha256_file, self._wheel.path)
@@ -385,7 +389,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         core, custom = await self._client()
         await self._note_fit()
         name = self.object_name(env.env_id)
-        secret, obj = self.build_request(env)
+        secret, obj = [await self._owned(o) for o in self.build_request(env)]
         try:
             await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
         except Exception as e:
@@ -522,8 +526,24 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 await self._tunnel.stop()
                 self._tunnel = None
             await self._delete_relay()
+            await self._delete_owner()
             await self._api.close()
             self._core = self._custom = None
+
+    async def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """`obj` naming the experiment's owner ConfigMap (made on first use, after the access check)."""
+        if self._owner is None:
+            self._owner = await owner.ensure(self._core, self.namespace, self.experiment_id)
+        return owner.adopt(obj, self._owner)
+
+    async def _delete_owner(self) -> None:
+        """Last: the garbage collector takes whatever of the experiment is still there."""
+        if self._owner is not None and self._core is not None:
+            try:
+                await owner.delete(self._core, self.namespace, self.experiment_id)
+            except Exception as e:
+                log.error("cleaning up experiment %s: %s", self.experiment_id, e)
+            self._owner = None
 
     async def _delete_relay(self) -> None:
         if not self.tunnelled or self._core is None:
@@ -566,7 +586,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                              "labels": labels(self.experiment_id)},
                 "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
         try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
-            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], body)
+            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], await self._owned(body))
         except agent_deps.DependencyError:
             raise  # one line already
         except Exception as e:
@@ -601,7 +621,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             report = deps.cached_probe(image)
             if report is None:
                 report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                               self._probe_pod(role, i), image, self.kube.environment_start_timeout)
+                                               await self._owned(self._probe_pod(role, i)), image,
+                                               self.kube.environment_start_timeout)
                 if report is None:
                     continue
                 await asyncio.to_thread(deps.remember_probe, image, report)
@@ -658,7 +679,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 "metadata": {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id)},
                 "data": {".dockerconfigjson": base64.b64encode(path.read_bytes()).decode()}}
         try:
-            await core.create_namespaced_secret(self.namespace, body, field_validation="Strict")
+            await core.create_namespaced_secret(self.namespace, await self._owned(body), field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:
                 raise api_error(e, "creating the image pull secret") from None
@@ -918,19 +939,3 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(bare_host(host)).is_loopback
     except ValueError:
         return host == "localhost"
-
-
-def merge_pod_spec(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`podSpec` overrides: mappings merge, lists of named items merge by name, others replace."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            base[key] = merge_pod_spec(base[key], value)
-        elif isinstance(value, list) and isinstance(base.get(key), list) and all(
-                isinstance(v, dict) and "name" in v for v in value + base[key]):
-            by_name = {v["name"]: v for v in base[key]}
-            for v in value:
-                by_name[v["name"]] = merge_pod_spec(by_name.get(v["name"], {}), v)
-            base[key] = list(by_name.values())
-        else:
-            base[key] = value
-    return base

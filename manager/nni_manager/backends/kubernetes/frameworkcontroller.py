@@ -17,7 +17,8 @@ import yaml
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
-from nni_manager.backends.kubernetes.common import KubeBackend, labels, merge_pod_spec, selector
+from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
+from nni_manager.backends.kubernetes.podspec import merge_pod_spec
 from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
@@ -135,7 +136,7 @@ class FrameworkControllerBackend(KubeBackend):
         for obj in barrier_objects(name, ns, named or [name], not named, ours):
             create = creators[obj["kind"]]
             try:
-                await create(ns, obj)
+                await create(ns, await self._owned(obj))
             except Exception as e:
                 if getattr(e, "status", None) != 409:  # a restarted manager: already there
                     raise api_error(e, f"creating {obj['kind']} {name} for the frameworkbarrier") from None

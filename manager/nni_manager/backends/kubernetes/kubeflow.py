@@ -7,6 +7,7 @@ PyTorchJob; a failed replica fails it.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
@@ -60,5 +61,10 @@ class KubeflowBackend(KubeBackend):
                 "restartPolicy": "Never",
                 "template": self.pod_template(role, env, meta, container=container),
             }
+        run_policy: dict[str, Any] = {"cleanPodPolicy": "All"}
+        if self.kube.api_version == "v1":  # the v1 runPolicy has it (older APIs: not in this place)
+            # the operator deletes a finished job (and its pods) this long after its end, also when
+            # the manager died: by then its agents gave up and a manager back in time saw the end
+            run_policy["ttlSecondsAfterFinished"] = max(1, math.ceil(self.reconnect_window))
         return {"apiVersion": f"kubeflow.org/{self.kube.api_version}", "kind": kind, "metadata": meta,
-                "spec": {field: specs, "runPolicy": {"cleanPodPolicy": "All"}}}
+                "spec": {field: specs, "runPolicy": run_policy}}

@@ -20,6 +20,11 @@ than MAX_WAITING connections that have not proved themselves yet the oldest is c
 newcomer; a proven one no longer counts among them. Strangers cost the manager nothing and never
 delay an agent (nni_manager/hub/relay_token.py).
 
+The relay ends (exit 0: its pod, restartPolicy OnFailure, is Succeeded and holds nothing) once
+the manager has had no connection to it for EXPIRE_ENV seconds (the experiment's reconnectWindow):
+after that its agents have given up too, and a manager killed for good would otherwise leave it
+running forever. A manager that comes back later makes a new relay pod.
+
 Usage: python3 relay.py AGENT_PORT BACK_PORT TOKEN_SHA256 [AGENT_HOST (default: every address)]
 """
 import asyncio
@@ -27,6 +32,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import socket
 import sys
 
@@ -36,6 +42,7 @@ FIRST_BYTES_S = 10.0
 MAX_WAITING = 1024
 HEAD_MAX = 4096  # an agent's CONNECT is about 150 bytes
 CONNECT = b"CONNECT "
+EXPIRE_ENV = "NNI_RELAY_EXPIRE_S"  # seconds without any connection from the manager; unset or 0: never
 
 
 def proven(head, token_sha256):
@@ -84,6 +91,23 @@ class Relay:
         self.idle = []  # [(reader, writer, watcher task)]
         self.waiting = []  # connections not proven yet, oldest first (their writers)
         self.arrived = arrived  # asyncio.Event (made in the running loop), set whenever a back connection arrives
+        self.paired = 0  # agent connections being copied to the manager now
+        self.last_back = asyncio.get_event_loop().time()  # when the manager was last connected
+
+    def manager_connected(self):
+        """Seconds since a connection from the manager was last open (idle, or carrying an agent's bytes)."""
+        now = asyncio.get_event_loop().time()
+        if self.idle or self.paired:
+            self.last_back = now
+        return now - self.last_back
+
+    async def expire(self, after):
+        """Return once the manager has been away for `after` seconds."""
+        while True:
+            away = self.manager_connected()
+            if away >= after:
+                return
+            await asyncio.sleep(min(5.0, max(0.1, after - away)))
 
     async def back(self, reader, writer):
         """An idle back connection: the manager sends nothing until paired, so any read result
@@ -101,6 +125,7 @@ class Relay:
 
         entry[2] = asyncio.ensure_future(watch())
         self.idle.append(entry)
+        self.manager_connected()
         self.arrived.set()
 
     async def take(self):
@@ -154,7 +179,12 @@ class Relay:
             writer.close()
             back_writer.close()
             return
-        await asyncio.gather(copy(reader, back_writer), copy(back_reader, writer))
+        self.paired += 1
+        try:
+            await asyncio.gather(copy(reader, back_writer), copy(back_reader, writer))
+        finally:
+            self.manager_connected()
+            self.paired -= 1
 
 
 def no_delay(writer):
@@ -188,8 +218,16 @@ async def main(agent_port, back_port, token_sha256, agent_host=None):
     back = await asyncio.start_server(relay.back, "127.0.0.1", back_port)
     sys.stderr.write("relay: agents on port %d, the manager's port-forwards on 127.0.0.1:%d\n" % (agent_port, back_port))
     sys.stderr.flush()
+    expire_s = float(os.environ.get(EXPIRE_ENV) or 0)
     async with agents, back:
-        await asyncio.gather(agents.serve_forever(), back.serve_forever())
+        serving = asyncio.gather(agents.serve_forever(), back.serve_forever())
+        if expire_s <= 0:
+            await serving
+            return
+        await relay.expire(expire_s)
+        sys.stderr.write("relay: no connection from the manager for %gs (the experiment's reconnectWindow): "
+                         "its experiment is gone or cannot come back; exiting\n" % expire_s)
+        serving.cancel()
 
 
 if __name__ == "__main__":

@@ -81,9 +81,10 @@ def program_config_map_name(experiment_id: str) -> str:
 
 
 def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: str,
-                  pod_overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  pod_overrides: dict[str, Any] | None = None, expire_s: float = 0.0) -> list[dict[str, Any]]:
     """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay.
-    `token_sha256`: the relay token's digest (relay_token.relay_digest), which the relay checks."""
+    `token_sha256`: the relay token's digest (relay_token.relay_digest), which the relay checks; the
+    relay ends (its pod Succeeded) after `expire_s` seconds without the manager (0: never)."""
     name = relay_name(experiment_id)
     labels = relay_labels(experiment_id)
     meta = {"name": name, "namespace": namespace, "labels": labels}
@@ -92,13 +93,14 @@ def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: 
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
                   "metadata": {**meta, "name": program_config_map_name(experiment_id)}, "data": {RELAY_FILE: program}}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
-        "restartPolicy": "Always",
+        "restartPolicy": "OnFailure",  # a crash is restarted; its own end (the manager gone for good) is final
         "terminationGracePeriodSeconds": 2,
         "containers": [{
             "name": "relay", "image": image,
             "command": ["python3", "-u", "-c", VERIFY, program_sha256, f"/nni-relay/{RELAY_FILE}",
                         str(AGENT_PORT), str(BACK_PORT), token_sha256],
             "ports": [{"name": "agents", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+            "env": [{"name": "NNI_RELAY_EXPIRE_S", "value": f"{expire_s:g}"}],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}},
             "volumeMounts": [{"name": "relay", "mountPath": "/nni-relay", "readOnly": True}],
             # what Pod Security "restricted" asks for: the relay needs no privilege at all; the image

@@ -9,6 +9,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable
 
 from . import admission, rbac, validation, webhooks
+from .gc import FOREGROUND, GarbageCollector, validate_owner_references
 from .api import (CONFIGMAPS, CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
 from .policy import Policy
@@ -58,6 +59,7 @@ class Store:
         self.history = deque(maxlen=HISTORY)
         self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
         self.policy = Policy()
+        self.gc = GarbageCollector(self)
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
 
@@ -102,6 +104,8 @@ class Store:
         for w in list(self.watchers):
             if w.res == res:
                 w.offer(type_, snap, prev)
+        if type_ != "DELETED":
+            self.gc.changed(res, obj)
         for cb in list(self.subscribers):
             try:
                 cb(type_, res, copy.deepcopy(snap))
@@ -185,6 +189,7 @@ class Store:
                 errs += validation.validate_pod_update(old, obj)
             if old is not None and res in (CONFIGMAPS, SECRETS):
                 errs += validation.validate_immutable_update(old, obj)
+        errs += validate_owner_references(obj.get("metadata") or {})
         if errs:
             raise invalid(res, name, errs)
         webhooks.check(res, obj, old)
@@ -352,10 +357,11 @@ class Store:
         if cur is None:
             raise not_found(res, name)
         md = cur["metadata"]
-        if propagation == "Orphan":
+        if propagation in ("Orphan", "Foreground"):  # the GC's own finalizers
+            fin = "orphan" if propagation == "Orphan" else FOREGROUND
             md.setdefault("finalizers", [])
-            if "orphan" not in md["finalizers"]:
-                md["finalizers"].append("orphan")
+            if fin not in md["finalizers"]:
+                md["finalizers"].append(fin)
         if res == PODS:
             spec_grace = cur["spec"].get("terminationGracePeriodSeconds", 30)
             grace = spec_grace if grace_seconds is None else grace_seconds
@@ -425,7 +431,7 @@ class Store:
             raise not_found(res, name)
         cur["metadata"]["resourceVersion"] = self._next_rv()
         self._emit("DELETED", res, cur, None)
-        self._collect_dependents(cur["metadata"]["uid"])
+        self.gc.owner_gone(cur)
         return copy.deepcopy(cur)
 
     def _dependents(self, uid: str):
@@ -433,19 +439,6 @@ class Store:
             for (ns, name), o in list(objs.items()):
                 if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or []):
                     yield r, ns, name, o
-
-    def _collect_dependents(self, uid: str) -> None:
-        for r, ns, name, o in list(self._dependents(uid)):
-            refs = o["metadata"]["ownerReferences"]
-            others = [ref for ref in refs if ref.get("uid") != uid and self._uid_exists(ref.get("uid"))]
-            if others:                                # still owned by a live owner
-                self._set_owner_refs(r, o, [ref for ref in refs if ref.get("uid") != uid])
-                continue
-            if (ns, name) in self.objects[r]:
-                try:
-                    self.delete(r, ns or None, name)
-                except ApiError:
-                    pass
 
     def _orphan_dependents(self, uid: str) -> None:
         for r, _ns, _name, o in list(self._dependents(uid)):
@@ -459,9 +452,6 @@ class Store:
             o["metadata"].pop("ownerReferences", None)
         o["metadata"]["resourceVersion"] = self._next_rv()
         self._emit("MODIFIED", r, o, old)
-
-    def _uid_exists(self, uid: str | None) -> bool:
-        return any(o["metadata"].get("uid") == uid for objs in self.objects.values() for o in objs.values())
 
     def subscribe(self, callback: WatchCallback) -> None:
         self.subscribers.append(callback)
