@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -29,6 +30,10 @@ sys.path[:0] = [str(ROOT / "manager"), str(ROOT / "agent")]
 from nni_manager import config as cfg  # noqa: E402
 from nni_manager.backends import registry  # noqa: E402
 from nni_manager.loader import load_config  # noqa: E402
+
+# Parsing looks the platform up among the installed packages' entry points (a scan of every
+# distribution, ~0.1 s); this script parses ~2,500 configs and installs nothing meanwhile: one scan.
+registry._entry_points = functools.cache(registry._entry_points)  # type: ignore[method-assign]
 
 READERS = ("str_", "int_", "bool_", "duration", "path_", "gpu_indices", "section", "items", "choice", "number",
            "mapping", "take")

@@ -5,4 +5,6 @@ test packages import them from."""
 from tests.support.aml.fixtures import (  # noqa: F401 (fixtures)
     aml_factory,
     aml,
+    aml_shared,
+    aml_in_shared,
 )

@@ -34,7 +34,8 @@ def assert_clean(aml: Any, experiment_id: str) -> None:
     aml.wait_for(lambda: not aml.live_pids(), 60, what="no job process left")
 
 
-def test_pool_runs_ten_trials_on_two_environments_with_studio_urls(aml, base: Path) -> None:
+def test_pool_runs_ten_trials_on_two_environments_with_studio_urls(aml_in_shared, base: Path) -> None:
+    aml = aml_in_shared  # one emulator for the session: its jobs are found by experiment
     cfg = load_config(config_dict(aml, base))
     metrics: dict[str, list[str]] = defaultdict(list)
 
@@ -61,7 +62,8 @@ def test_pool_runs_ten_trials_on_two_environments_with_studio_urls(aml, base: Pa
     assert used and all(v in DOCUMENTED for vs in used.values() for v in vs), used
 
 
-def test_status_paths_cancel_failed_and_canceled_outside(aml, base: Path) -> None:
+def test_status_paths_cancel_failed_and_canceled_outside(aml_in_shared, base: Path) -> None:
+    aml = aml_in_shared  # one emulator for the session: its jobs are found by experiment
     cfg = load_config(config_dict(aml, base))
 
     async def main() -> None:
@@ -95,7 +97,8 @@ def test_status_paths_cancel_failed_and_canceled_outside(aml, base: Path) -> Non
     run(main())
 
 
-def test_missing_role_and_unknown_compute_are_one_clear_line(aml, base: Path, monkeypatch) -> None:
+def test_missing_role_and_unknown_compute_are_one_clear_line(aml_in_shared, base: Path, monkeypatch) -> None:
+    aml = aml_in_shared  # one emulator for the session: its jobs are found by experiment
     for k, v in aml.env("reader").items():
         monkeypatch.setenv(k, v)
     cfg = load_config(config_dict(aml, base))
@@ -140,7 +143,7 @@ def test_throttling_and_server_errors_lose_nothing(aml, base: Path) -> None:
     assert 429 in statuses and 503 in statuses, statuses
 
 
-def test_nni_v1_and_python_api_configs(aml, base: Path) -> None:
+def test_nni_v1_and_python_api_configs(aml_in_shared, base: Path) -> None:  # logged in to the shared emulator
     v1 = {"authorName": "nni", "trialConcurrency": 1, "trainingServicePlatform": "aml",
           "trial": {"command": "python3 mnist.py", "codeDir": str(base), "image": "msranni/nni", "gpuNum": 0},
           "amlConfig": {"subscriptionId": "s", "resourceGroup": "rg", "workspaceName": "ws",
@@ -176,7 +179,8 @@ def test_dry_run_shows_the_request_bodies(tmp_path: Path) -> None:
     assert json.loads(dry.text.split("\n", 2)[2].split("\n# PUT")[0])["properties"]["image"] == "msranni/nni:latest"
 
 
-def test_manager_sigkill_and_restart_reattaches_running_jobs(aml, tmp_path: Path) -> None:
+def test_manager_sigkill_and_restart_reattaches_running_jobs(aml_in_shared, tmp_path: Path) -> None:
+    aml = aml_in_shared  # one emulator for the session: its jobs are found by experiment
     code = tmp_path / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)

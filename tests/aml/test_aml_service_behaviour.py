@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nni_manager.backends.rest_jobs import RestError
+from nni_manager.backends.rest_jobs import BACKOFF_ENV, RestError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.aml.experiments import config_dict, ours, run
@@ -99,10 +99,11 @@ def test_listing_filters_by_tag_and_follows_arms_next_link(aml_factory, base: Pa
     assert all(j["status"] in ("Canceled", "Completed") for j in ours(aml, exp)), ours(aml, exp)
 
 
-def test_stop_cancels_every_known_job_when_the_listing_fails(aml, base: Path, caplog) -> None:
+def test_stop_cancels_every_known_job_when_the_listing_fails(aml, base: Path, caplog, monkeypatch) -> None:
     """The stop-time listing fails every time: the jobs this manager knows are cancelled anyway,
     and one line says which may still run."""
     caplog.set_level(logging.WARNING)
+    monkeypatch.setenv(BACKOFF_ENV, "0.05")  # every retry of the 3 listings happens, without 30 s of pauses
     aml.hold("Queued")  # jobs that never start their agents: only a cancel ends them
     cfg = load_config(config_dict(aml, base))
 
@@ -122,6 +123,8 @@ def test_stop_cancels_every_known_job_when_the_listing_fails(aml, base: Path, ca
     lines = [r.getMessage() for r in caplog.records if "may still run" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert all(j["name"] in lines[0] for j in jobs), lines[0]
+    retried = [r for r in caplog.records if "retrying in" in r.getMessage() and r.getMessage().startswith("AML GET")]
+    assert len(retried) >= 3 * 4, [r.getMessage() for r in retried]  # 3 listings at stop, 5 attempts each
     aml.clear_faults()
 
 

@@ -5,4 +5,6 @@ test packages import them from."""
 from tests.support.dlc.fixtures import (  # noqa: F401 (fixtures)
     dlc_factory,
     dlc,
+    dlc_shared,
+    dlc_in_shared,
 )

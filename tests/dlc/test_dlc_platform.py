@@ -16,6 +16,12 @@ from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
 
+
+@pytest.fixture
+def dlc(dlc_in_shared: Any) -> Any:
+    """This module's tests share one emulator: each finds its jobs by its experiment (`ours`)."""
+    return dlc_in_shared
+
 T = 90.0
 
 

@@ -5,4 +5,6 @@ test packages import them from."""
 from tests.support.dlts.fixtures import (  # noqa: F401 (fixtures)
     dlts_factory,
     dlts,
+    dlts_shared,
+    dlts_in_shared,
 )

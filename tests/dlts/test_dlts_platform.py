@@ -32,6 +32,12 @@ def run(coro: Any) -> Any:
 
 
 @pytest.fixture
+def dlts(dlts_in_shared: Any) -> Any:
+    """This module's tests share one emulator: each finds its jobs by its experiment (`job_of`)."""
+    return dlts_in_shared
+
+
+@pytest.fixture
 def base(short_dir: Path) -> Path:
     return short_dir
 

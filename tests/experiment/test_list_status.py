@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.experiment.fixtures import processes_under
+from tests.support.experiment.fixtures import BUILTIN_TUNERS, processes_under
 
 CLI = [sys.executable, "-m", "nni_manager"]
 
@@ -51,9 +51,10 @@ def _config(tmp_path: Path, home: Path, **overrides) -> Path:
     return path
 
 
-def _cli(home: Path, *args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HOME": str(home)})
+def _cli(home: Path, *args: str, cwd: Path, timeout: float = 180, nni: bool = False) -> subprocess.CompletedProcess[str]:
+    """nni-manager; with the built-in tuner unless `nni` (NNI's dispatcher: a className tuner)."""
+    env = {**os.environ, "HOME": str(home), **({} if nni else BUILTIN_TUNERS)}
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _free_loopback_port() -> int:
@@ -80,7 +81,7 @@ def test_list_all_tells_done_stopped_and_failed_apart(code_dir: Path, tmp_path: 
 
     crash = _cli(home, "run", str(_config(tmp_path, home, tuner={"className": "crash_tuner.Crash",
                                                                   "codeDirectory": str(code_dir)})),
-                 "--plain", "--no-webui", cwd=tmp_path)
+                 "--plain", "--no-webui", cwd=tmp_path, nni=True)
     assert crash.returncode == 1, crash.stderr
     ids["crash"] = re.search(r"Experiment (\w+) stopped", crash.stdout).group(1)
 
@@ -98,7 +99,7 @@ def test_list_all_tells_done_stopped_and_failed_apart(code_dir: Path, tmp_path: 
     with open(out_file, "w") as out_f:
         interrupted = subprocess.Popen([*CLI, "run", str(_config(tmp_path, home, trialCommand=f"{sys.executable} sleepy.py")),
                                         "--plain", "--no-webui"], cwd=tmp_path, stdout=out_f, stderr=subprocess.STDOUT,
-                                       text=True, env={**os.environ, "HOME": str(home)})
+                                       text=True, env={**os.environ, "HOME": str(home), **BUILTIN_TUNERS})
     try:
         deadline = time.monotonic() + 120
         while "RUNNING" not in out_file.read_text():  # Ctrl-C once a trial runs
@@ -127,7 +128,8 @@ def test_terminal_summary_comes_before_the_webui_stays_line(code_dir: Path, tmp_
     config = _config(tmp_path, home)
     master, slave = pty.openpty()
     proc = subprocess.Popen([*CLI, "run", str(config), "--port", "0"], cwd=tmp_path, stdin=slave, stdout=slave,
-                            stderr=slave, env={**os.environ, "HOME": str(home), "COLUMNS": "200"}, close_fds=True)
+                            stderr=slave, env={**os.environ, "HOME": str(home), "COLUMNS": "200", **BUILTIN_TUNERS},
+                            close_fds=True)
     os.close(slave)
     seen = b""
     try:

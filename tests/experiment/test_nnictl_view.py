@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nni_manager.experiment_lock import nni_manager_serving
-from tests.support.experiment.fixtures import processes_under
+from tests.support.experiment.fixtures import BUILTIN_TUNERS, processes_under
 from tests.support.webui.nni_view import LOOPBACK_JS, node_why_not
 
 CLI = [sys.executable, "-m", "nni_manager"]
@@ -34,7 +34,9 @@ def _free_port() -> int:
 
 
 def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    """nni-manager with its built-in tuner: these tests are about what nnictl and the WebUI see."""
+    return subprocess.run([*CLI, *args], cwd=cwd, env={**env, **BUILTIN_TUNERS}, capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.skipif(NNICTL is None, reason="nnictl (pip install nni==3.0) is not installed")

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from nni_manager.store import Store
-from tests.support.experiment.fixtures import processes_under
+from tests.support.experiment.fixtures import BUILTIN_TUNERS, processes_under
 
 CLI = [sys.executable, "-m", "nni_manager"]
 
@@ -33,7 +33,7 @@ MIXED = """
 
 def cli(home: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "HOME": str(home)})
+                          env={**os.environ, "HOME": str(home), **BUILTIN_TUNERS})  # the subject is the lock
 
 
 def _status(url: str) -> str:

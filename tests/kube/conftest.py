@@ -7,4 +7,6 @@ from tests.support.kube.fixtures import (  # noqa: F401 (fixtures)
     kube,
     kube_shared,
     kube_ns,
+    kube_crd_shared,
+    kube_crd_ns,
 )

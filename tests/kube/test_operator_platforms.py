@@ -19,6 +19,7 @@ from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.kube.fixtures import namespace_of
 from tests.support.kube.operators import experiment, replica_views, role, task_role
 
 NS = "default"
@@ -48,7 +49,7 @@ async def object_of(kube: Any, plural: str, group_version: tuple[str, str], tria
     api = custom_api(kube)
 
     def find() -> str | None:
-        items = api.list_namespaced_custom_object(*group_version, NS, plural, label_selector=f"trialId={trial_id}")["items"]
+        items = api.list_namespaced_custom_object(*group_version, namespace_of(kube), plural, label_selector=f"trialId={trial_id}")["items"]
         assert len(items) <= 1, [o["metadata"]["name"] for o in items]
         return items[0]["metadata"]["name"] if items else None
 
@@ -62,7 +63,7 @@ async def gone(kube: Any, plural: str, group_version: tuple[str, str], name: str
 
     def absent() -> bool:
         try:
-            api.get_namespaced_custom_object(*group_version, NS, plural, name)
+            api.get_namespaced_custom_object(*group_version, namespace_of(kube), plural, name)
         except ApiException as e:
             return e.status == 404
         return False
@@ -72,7 +73,7 @@ async def gone(kube: Any, plural: str, group_version: tuple[str, str], name: str
 
 def last_condition(kube: Any, plural: str, name: str) -> dict[str, Any]:
     """The newest condition of the object's last status (the operator's verdict)."""
-    statuses = [s for s in kube.history(plural, NS, name) if (s or {}).get("conditions")]
+    statuses = [s for s in kube.history(plural, namespace_of(kube), name) if (s or {}).get("conditions")]
     assert statuses, f"{plural} {name} never had conditions"
     return statuses[-1]["conditions"][-1]
 
@@ -105,8 +106,8 @@ async def stopped(pid: int) -> None:
 # ----------------------------------------------------------------------------- 1-2. TFJob
 
 @run_async
-async def test_tfjob_two_workers_one_ps(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_tfjob_two_workers_one_ps(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", reuseMode=False,
                      worker=role(2), ps=role(1))
     replicas = ["ps-0", "worker-0", "worker-1"]
@@ -154,8 +155,8 @@ def nni_manager_cli(*args: str) -> Any:
 
 
 @run_async
-async def test_tfjob_cancel_stops_every_replica_and_deletes_the_job(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_tfjob_cancel_stops_every_replica_and_deletes_the_job(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", reuseMode=False,
                      worker=role(2), ps=role(1))
     async with create_training_service(cfg) as ts:
@@ -172,8 +173,8 @@ async def test_tfjob_cancel_stops_every_replica_and_deletes_the_job(kube_factory
 
 
 @run_async
-async def test_tfjob_failing_worker_fails_the_trial(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_tfjob_failing_worker_fails_the_trial(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", reuseMode=False,
                      worker=role(2), ps=role(1))
     async with create_training_service(cfg) as ts:
@@ -193,8 +194,8 @@ async def test_tfjob_failing_worker_fails_the_trial(kube_factory, tmp_path):
 
 @pytest.mark.parametrize("master_fails", [False, True], ids=["master-succeeds", "master-fails"])
 @run_async
-async def test_pytorchjob_master_and_two_workers(kube_factory, tmp_path, master_fails):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_pytorchjob_master_and_two_workers(kube_crd_ns, tmp_path, master_fails):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="pytorch-operator", apiVersion="v1", reuseMode=False,
                      master=role(1), worker=role(2))
     replicas = ["master-0", "worker-0", "worker-1"]
@@ -227,8 +228,8 @@ async def test_pytorchjob_master_and_two_workers(kube_factory, tmp_path, master_
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])
 @run_async
-async def test_framework_completion_policy(kube_factory, tmp_path, outcome):
-    kube = kube_factory(crd_groups=["frameworkcontroller.microsoft.com"])
+async def test_framework_completion_policy(kube_crd_ns, tmp_path, outcome):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "frameworkcontroller", reuseMode=False,
                      taskRoles=[task_role("ps", 1, 1, -1), task_role("worker", 2, 1, 1)])
     replicas = ["ps-0", "worker-0", "worker-1"]
@@ -260,8 +261,8 @@ async def test_framework_completion_policy(kube_factory, tmp_path, outcome):
 # ----------------------------------------------------------------------------- 5. reuse
 
 @run_async
-async def test_kubeflow_reuse_runs_trials_on_a_pool(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_kubeflow_reuse_runs_trials_on_a_pool(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", concurrency=2, operator="tf-operator", apiVersion="v1",
                      reuseMode=True, worker=role(1))
     api = custom_api(kube)
@@ -270,7 +271,7 @@ async def test_kubeflow_reuse_runs_trials_on_a_pool(kube_factory, tmp_path):
         jobs = [await ts.submit_trial_job(form(i, linger={"worker-0": 0.3})) for i in range(4)]
 
         async def all_done() -> bool:
-            listed = api.list_namespaced_custom_object(*KUBEFLOW, NS, "tfjobs",
+            listed = api.list_namespaced_custom_object(*KUBEFLOW, namespace_of(kube), "tfjobs",
                                                        label_selector=f"expId={ts.experiment_id}")["items"]
             seen_objects.update(o["metadata"]["name"] for o in listed)
             return all(d.status.is_terminal for d in [await ts.get_trial_job(j.id) for j in jobs])
@@ -282,16 +283,16 @@ async def test_kubeflow_reuse_runs_trials_on_a_pool(kube_factory, tmp_path):
         assert None not in envs and len(envs) <= 2, envs
         assert 1 <= len(seen_objects) <= 2, seen_objects
         assert all(not o.get("metadata", {}).get("labels", {}).get("trialId")  # pool objects: no trial of their own
-                   for o in api.list_namespaced_custom_object(*KUBEFLOW, NS, "tfjobs")["items"])
+                   for o in api.list_namespaced_custom_object(*KUBEFLOW, namespace_of(kube), "tfjobs")["items"])
     # the pool goes with the experiment
-    assert api.list_namespaced_custom_object(*KUBEFLOW, NS, "tfjobs")["items"] == []
+    assert api.list_namespaced_custom_object(*KUBEFLOW, namespace_of(kube), "tfjobs")["items"] == []
 
 
 # ----------------------------------------------------------------------------- 6. clear errors at start
 
 @run_async
-async def test_operator_not_installed_is_one_clear_line(kube_factory, tmp_path):
-    kube = kube_factory()  # no CRDs
+async def test_operator_not_installed_is_one_clear_line(kube_ns, tmp_path):
+    kube = kube_ns  # no CRDs
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", worker=role(1))
     ts = create_training_service(cfg)
     with pytest.raises(Exception) as info:
@@ -303,15 +304,15 @@ async def test_operator_not_installed_is_one_clear_line(kube_factory, tmp_path):
 
 
 @run_async
-async def test_unserved_api_version_is_one_clear_line(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_unserved_api_version_is_one_clear_line(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1beta2", worker=role(1))
     with pytest.raises(Exception) as info:
         async with create_training_service(cfg):
             pytest.fail("the training service started with an unserved apiVersion")
     text = str(info.value)
     assert "\n" not in text and "TFJob" in text and "v1beta2" in text and "not served" in text, text
-    assert custom_api(kube).list_namespaced_custom_object(*KUBEFLOW, NS, "tfjobs")["items"] == []
+    assert custom_api(kube).list_namespaced_custom_object(*KUBEFLOW, namespace_of(kube), "tfjobs")["items"] == []
 
 
 # ----------------------------------------------------------------------------- 7. NNI's configs
@@ -536,10 +537,10 @@ def test_frameworkcontroller_config_mistakes_name_the_field_and_fix(tmp_path):
 # ----------------------------------------------------------------------------- 8. dry run
 
 @pytest.mark.parametrize("platform,text", [("kubeflow", V2_KUBEFLOW), ("frameworkcontroller", V2_FC)])
-def test_dry_run_objects_pass_server_side_validation(kube_factory, tmp_path, platform, text):
+def test_dry_run_objects_pass_server_side_validation(kube_crd_ns, tmp_path, platform, text):
     from kubernetes import client
 
-    kube = kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    kube = kube_crd_ns  # NNI's configs name no namespace: "default", where a dry run stores nothing
     cfg = _load(tmp_path, text, "config.yml")
     dry = backend_class(platform)(cfg).render()
     kinds = [o["kind"] for o in dry.requests]

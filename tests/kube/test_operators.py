@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.support.kube.emulator import barrier, crds
+from tests.support.kube.fixtures import namespace_of
 from tests.support.schemas import SchemasMissing
 
 PY = "nni-test/python:3.11"
@@ -147,10 +148,11 @@ def test_injector_script_format():
 # ----------------------------------------------------------------------------- emulator helpers
 
 @pytest.fixture
-def kf(kube_factory):
-    k = kube_factory(crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
-    grant_framework_reads(k, "default")  # the barrier reads its Framework as the pod's account (RBAC)
-    return k
+def kf(kube_crd_ns):
+    """The shared emulator with both operators; this test's objects in its own namespace (`namespace_of`)."""
+    # the barrier reads its Framework as the pod's account (RBAC)
+    grant_framework_reads(kube_crd_ns, "default", kube_crd_ns.namespace)
+    return kube_crd_ns
 
 
 def grant_framework_reads(k, account, ns="default"):
@@ -170,8 +172,8 @@ def custom(k):
     return client.CustomObjectsApi(k.api_client())
 
 
-def get_job(k, plural, name, ns="default"):
-    return custom(k).get_namespaced_custom_object(*KF, ns, plural, name)
+def get_job(k, plural, name):
+    return custom(k).get_namespaced_custom_object(*KF, namespace_of(k), plural, name)
 
 
 def cond_types(job, status="True"):
@@ -198,13 +200,13 @@ def test_old_api_versions_not_served(kf):
     api = custom(kf)
     for version in ("v1alpha2", "v1beta2"):
         with pytest.raises(ApiException) as ei:
-            api.list_namespaced_custom_object("kubeflow.org", version, "default", "tfjobs")
+            api.list_namespaced_custom_object("kubeflow.org", version, namespace_of(kf), "tfjobs")
         assert ei.value.status == 404
     obj = _tf_example()
     obj["metadata"] = {"name": "bad"}
     obj["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "two"
     with pytest.raises(ApiException) as ei:
-        api.create_namespaced_custom_object(*KF, "default", "tfjobs", obj)
+        api.create_namespaced_custom_object(*KF, namespace_of(kf), "tfjobs", obj)
     assert ei.value.status == 422
     body = json.loads(ei.value.body)
     assert body["reason"] == "Invalid"
@@ -217,14 +219,14 @@ def test_tfjob_succeeds_with_tf_config_and_clean_pod_policy(kf):
            "spec": {"runPolicy": {"cleanPodPolicy": "Running"},
                     "tfReplicaSpecs": {"PS": replica("sleep 60"),
                                        "Worker": replica('echo "$TF_CONFIG"; sleep 1', replicas=2)}}}
-    custom(kf).create_namespaced_custom_object(*KF, "default", "tfjobs", job)
+    custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), "tfjobs", job)
     pods = kf.wait_for(lambda: (lambda ps: ps if len(ps) == 3 else None)(
-        {p.metadata.name: p for p in core.list_namespaced_pod("default").items}), what="3 pods")
+        {p.metadata.name: p for p in core.list_namespaced_pod(namespace_of(kf)).items}), what="3 pods")
     done = wait_cond(kf, "tfjobs", "mnist", "Succeeded")
     assert done["status"]["conditions"][-1]["reason"] == "TFJobSucceeded"
-    assert done["status"]["conditions"][-1]["message"] == "TFJob default/mnist successfully completed."
+    assert done["status"]["conditions"][-1]["message"] == f"TFJob {namespace_of(kf)}/mnist successfully completed."
     assert "completionTime" in done["status"] and "startTime" in done["status"]
-    hist = [cond_types({"status": s}, "True") for s in (kf.history("tfjobs", "default", "mnist") or [])]
+    hist = [cond_types({"status": s}, "True") for s in (kf.history("tfjobs", namespace_of(kf), "mnist") or [])]
     seen = [t for h in hist for t in h]
     assert "Created" in seen and "Running" in seen
     assert cond_types(done, "False") == ["Running"]
@@ -238,22 +240,22 @@ def test_tfjob_succeeds_with_tf_config_and_clean_pod_policy(kf):
     ref = w0.metadata.owner_references[0]
     assert (ref.kind, ref.name, ref.controller, ref.block_owner_deletion) == ("TFJob", "mnist", True, True)
     tf = json.loads(pod_env(w0, "tensorflow")["TF_CONFIG"])
-    assert tf == {"cluster": {"ps": ["mnist-ps-0.default.svc:2222"],
-                              "worker": ["mnist-worker-0.default.svc:2222", "mnist-worker-1.default.svc:2222"]},
+    assert tf == {"cluster": {"ps": [f"mnist-ps-0.{namespace_of(kf)}.svc:2222"],
+                              "worker": [f"mnist-worker-0.{namespace_of(kf)}.svc:2222", f"mnist-worker-1.{namespace_of(kf)}.svc:2222"]},
                   "task": {"type": "worker", "index": 0}, "environment": "cloud"}
-    assert json.loads(core.read_namespaced_pod_log("mnist-worker-0", "default").strip()) == tf
+    assert json.loads(core.read_namespaced_pod_log("mnist-worker-0", namespace_of(kf)).strip()) == tf
     w1 = json.loads(pod_env(pods["mnist-worker-1"], "tensorflow")["TF_CONFIG"])
     ps = json.loads(pod_env(pods["mnist-ps-0"], "tensorflow")["TF_CONFIG"])
     assert ps["task"] == {"type": "ps", "index": 0} and ps["cluster"] == tf["cluster"]
     assert w1["task"] == {"type": "worker", "index": 1}
-    svc = core.read_namespaced_service("mnist-worker-0", "default")   # finished pods keep theirs
+    svc = core.read_namespaced_service("mnist-worker-0", namespace_of(kf))   # finished pods keep theirs
     assert svc.spec.cluster_ip == "None" and svc.spec.ports[0].port == 2222
     assert svc.spec.ports[0].name == "tfjob-port"
     assert svc.spec.selector["training.kubeflow.org/replica-index"] == "0"
     # cleanPodPolicy Running: the still-running PS pod is deleted, the finished worker 0 stays
     kf.wait_for(lambda: not any(p.metadata.name == "mnist-ps-0"
-                                for p in core.list_namespaced_pod("default").items), what="ps deleted")
-    assert core.read_namespaced_pod("mnist-worker-0", "default").status.phase == "Succeeded"
+                                for p in core.list_namespaced_pod(namespace_of(kf)).items), what="ps deleted")
+    assert core.read_namespaced_pod("mnist-worker-0", namespace_of(kf)).status.phase == "Succeeded"
     final = get_job(kf, "tfjobs", "mnist")
     assert final["status"]["replicaStatuses"]["Worker"] == {"succeeded": 2}   # active ones counted as succeeded
 
@@ -261,12 +263,12 @@ def test_tfjob_succeeds_with_tf_config_and_clean_pod_policy(kf):
 def test_tfjob_worker_failure_fails_job(kf):
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "bad"},
            "spec": {"tfReplicaSpecs": {"Worker": replica("exit 1", replicas=2)}}}
-    custom(kf).create_namespaced_custom_object(*KF, "default", "tfjobs", job)
+    custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), "tfjobs", job)
     done = wait_cond(kf, "tfjobs", "bad", "Failed")
     failed = [c for c in done["status"]["conditions"] if c["type"] == "Failed"][0]
     assert failed["reason"] == "TFJobFailed"
-    assert failed["message"] in ("TFJob default/bad has failed because 1 Worker replica(s) failed.",
-                                 "TFJob default/bad has failed because 2 Worker replica(s) failed.")
+    assert failed["message"] in (f"TFJob {namespace_of(kf)}/bad has failed because 1 Worker replica(s) failed.",
+                                 f"TFJob {namespace_of(kf)}/bad has failed because 2 Worker replica(s) failed.")
     assert "Succeeded" not in cond_types(done)
 
 
@@ -277,17 +279,17 @@ def test_pytorchjob_env(kf):
            "spec": {"pytorchReplicaSpecs": {
                "Master": replica(cmd + "; sleep 0.3", restart="OnFailure", container="pytorch"),
                "Worker": replica(cmd, restart="OnFailure", replicas=2, container="pytorch")}}}
-    custom(kf).create_namespaced_custom_object(*KF, "default", "pytorchjobs", job)
+    custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), "pytorchjobs", job)
     done = wait_cond(kf, "pytorchjobs", "pt", "Succeeded")
     assert done["status"]["conditions"][-1]["message"] == "PyTorchJob pt is successfully completed."
     for name, rank in (("pt-master-0", 0), ("pt-worker-0", 1), ("pt-worker-1", 2)):
-        pod = core.read_namespaced_pod(name, "default")
+        pod = core.read_namespaced_pod(name, namespace_of(kf))
         env = pod_env(pod, "pytorch")
         assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == \
             ("pt-master-0", "23456", "3", str(rank))
         assert env["PYTHONUNBUFFERED"] == "1" and env["PET_NNODES"] == "3"
-        assert core.read_namespaced_pod_log(name, "default").split() == ["pt-master-0", "23456", "3", str(rank)]
-    assert core.read_namespaced_pod("pt-master-0", "default").metadata.labels[
+        assert core.read_namespaced_pod_log(name, namespace_of(kf)).split() == ["pt-master-0", "23456", "3", str(rank)]
+    assert core.read_namespaced_pod("pt-master-0", namespace_of(kf)).metadata.labels[
         "training.kubeflow.org/job-role"] == "master"
 
 
@@ -310,7 +312,7 @@ def test_training_operator_webhook_rules(kf):
     for plural, kind, key, specs, expected in cases:
         job = {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": {"name": "hook"}, "spec": {key: specs}}
         with pytest.raises(ApiException) as e:
-            custom(kf).create_namespaced_custom_object(*KF, "default", plural, job)
+            custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), plural, job)
         body = json.loads(e.value.body)
         assert e.value.status == 422 and body["reason"] == "Invalid", body
         assert body["message"].startswith(f'admission webhook "validator.{kind.lower()}.training-operator.kubeflow.org" '
@@ -318,19 +320,19 @@ def test_training_operator_webhook_rules(kf):
         assert expected in body["message"], body["message"]
     ok = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "hook"},
           "spec": {"pytorchReplicaSpecs": {"Master": replica(cmd, container="pytorch")}}}
-    assert custom(kf).create_namespaced_custom_object(*KF, "default", "pytorchjobs", ok)["metadata"]["name"] == "hook"
+    assert custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), "pytorchjobs", ok)["metadata"]["name"] == "hook"
 
 
 def test_deleting_job_deletes_pods(kf):
     core = kf.core()
     job = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "long"},
            "spec": {"tfReplicaSpecs": {"Worker": replica("sleep 60", replicas=2)}}}
-    custom(kf).create_namespaced_custom_object(*KF, "default", "tfjobs", job)
+    custom(kf).create_namespaced_custom_object(*KF, namespace_of(kf), "tfjobs", job)
     wait_cond(kf, "tfjobs", "long", "Running")
-    kf.wait_for(lambda: all(kf.pod_processes("default", f"long-worker-{i}") for i in range(2)), what="processes")
-    custom(kf).delete_namespaced_custom_object(*KF, "default", "tfjobs", "long")
-    kf.wait_for(lambda: not core.list_namespaced_pod("default").items
-                and not [s for s in core.list_namespaced_service("default").items if s.metadata.name.startswith("long")],
+    kf.wait_for(lambda: all(kf.pod_processes(namespace_of(kf), f"long-worker-{i}") for i in range(2)), what="processes")
+    custom(kf).delete_namespaced_custom_object(*KF, namespace_of(kf), "tfjobs", "long")
+    kf.wait_for(lambda: not core.list_namespaced_pod(namespace_of(kf)).items
+                and not [s for s in core.list_namespaced_service(namespace_of(kf)).items if s.metadata.name.startswith("long")],
                 timeout=40, what="pods and services gone")
     kf.wait_for(lambda: not kf.leftover_processes(), what="no processes")
 
@@ -362,7 +364,7 @@ def framework(name, roles, execution="Start"):
 
 
 def get_fw(k, name):
-    return custom(k).get_namespaced_custom_object(*FC, "default", "frameworks", name)
+    return custom(k).get_namespaced_custom_object(*FC, namespace_of(k), "frameworks", name)
 
 
 def wait_fw_state(k, name, state, timeout=40):
@@ -376,7 +378,7 @@ def test_framework_barrier_and_succeeded_policy(kf):
               "echo IPS=$FB_SERVER_IPS ADDR=$FB_WORKER_ADDRESSES IDX=$FC_TASK_INDEX")
     fw = framework("fb", [task_role("server", 1, inject + "; sleep 60", min_failed=1),
                           task_role("worker", 2, inject + "; sleep 0.3", min_failed=1, min_succeeded=1)])
-    custom(kf).create_namespaced_custom_object(*FC, "default", "frameworks", fw)
+    custom(kf).create_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", fw)
     wait_fw_state(kf, "fb", "AttemptRunning")
     done = wait_fw_state(kf, "fb", "Completed")
     st = done["status"]
@@ -390,9 +392,9 @@ def test_framework_barrier_and_succeeded_policy(kf):
     assert server["state"] == "TaskCompleted"
     assert server["attemptStatus"]["completionStatus"]["code"] == -220   # stopped with the attempt
     assert server["attemptStatus"]["podName"] == "fb-server-0"
-    kf.wait_for(lambda: not [p for p in core.list_namespaced_pod("default").items
+    kf.wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace_of(kf)).items
                              if p.metadata.name.startswith("fb-")], what="framework pods deleted")
-    assert not [c for c in core.list_namespaced_config_map("default").items if c.metadata.name == "fb-attempt"]
+    assert not [c for c in core.list_namespaced_config_map(namespace_of(kf)).items if c.metadata.name == "fb-attempt"]
 
 
 def test_framework_barrier_env_and_pod_shape(kf):
@@ -400,11 +402,11 @@ def test_framework_barrier_env_and_pod_shape(kf):
     inject = ("FB_SERVER_PORT=4001 FB_WORKER_PORT=5001 . /mnt/frameworkbarrier/injector.sh >/dev/null && "
               "echo IPS=$FB_SERVER_IPS ADDR=$FB_WORKER_ADDRESSES IDX=$FC_TASK_INDEX; sleep 60")
     fw = framework("shape", [task_role("server", 1, inject), task_role("worker", 2, inject)])
-    custom(kf).create_namespaced_custom_object(*FC, "default", "frameworks", fw)
-    kf.wait_for(lambda: "IPS=" in _log(core, "shape-worker-1"), what="barrier output")
-    assert _log(core, "shape-worker-1").strip() == \
+    custom(kf).create_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", fw)
+    kf.wait_for(lambda: "IPS=" in _log(core, "shape-worker-1", namespace_of(kf)), what="barrier output")
+    assert _log(core, "shape-worker-1", namespace_of(kf)).strip() == \
         "IPS=127.0.0.1 ADDR=127.0.0.1:5001,127.0.0.1:5001 IDX=1"
-    pod = core.read_namespaced_pod("shape-worker-1", "default")
+    pod = core.read_namespaced_pod("shape-worker-1", namespace_of(kf))
     env = pod_env(pod, "main")
     f = get_fw(kf, "shape")
     assert env["FC_FRAMEWORK_NAME"] == "shape" and env["FC_TASKROLE_NAME"] == "worker"
@@ -412,26 +414,26 @@ def test_framework_barrier_env_and_pod_shape(kf):
     assert env["FC_FRAMEWORK_UID"] == f["metadata"]["uid"] and env["FC_FRAMEWORK_ATTEMPT_ID"] == "0"
     assert env["FC_POD_NAME"] == "shape-worker-1" and env["FC_TASK_ATTEMPT_ID"] == "0"
     assert pod.metadata.labels["FC_TASKROLE_NAME"] == "worker"
-    cm = core.read_namespaced_config_map("shape-attempt", "default")
+    cm = core.read_namespaced_config_map("shape-attempt", namespace_of(kf))
     assert cm.metadata.owner_references[0].uid == f["metadata"]["uid"]
     assert pod.metadata.owner_references[0].kind == "ConfigMap"
     assert pod.metadata.owner_references[0].uid == cm.metadata.uid
     assert env["FC_CONFIGMAP_UID"] == cm.metadata.uid
     # executionType Stop: pods deleted, completion code -210
-    custom(kf).patch_namespaced_custom_object(*FC, "default", "frameworks", "shape",
+    custom(kf).patch_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", "shape",
                                               {"spec": {"executionType": "Stop"}})
     done = wait_fw_state(kf, "shape", "Completed")
     cs = done["status"]["attemptStatus"]["completionStatus"]
     assert (cs["code"], cs["phrase"], cs["diagnostics"]) == (-210, "StopFrameworkRequested",
                                                              "User has requested to stop the Framework")
     assert cs["type"] == {"name": "Failed", "attributes": ["Permanent"]}
-    assert not [p for p in core.list_namespaced_pod("default").items if p.metadata.name.startswith("shape-")]
+    assert not [p for p in core.list_namespaced_pod(namespace_of(kf)).items if p.metadata.name.startswith("shape-")]
     kf.wait_for(lambda: not kf.leftover_processes(), what="no processes")
 
 
-def _log(core, name):
+def _log(core, name, ns):
     try:
-        return core.read_namespaced_pod_log(name, "default")
+        return core.read_namespaced_pod_log(name, ns)
     except Exception:
         return ""
 
@@ -440,7 +442,7 @@ def test_framework_failed_policy_names_task(kf):
     fw = framework("ff", [task_role("ps", 1, "sleep 60", barrier_init=False),
                           task_role("worker", 2, 'if [ "$FC_TASK_INDEX" = 1 ]; then exit 3; fi; sleep 60',
                                     barrier_init=False)])
-    custom(kf).create_namespaced_custom_object(*FC, "default", "frameworks", fw)
+    custom(kf).create_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", fw)
     done = wait_fw_state(kf, "ff", "Completed")
     cs = done["status"]["attemptStatus"]["completionStatus"]
     assert (cs["code"], cs["phrase"], cs["type"]["name"]) == (3, "ContainerUnrecognizedFailed", "Failed")
@@ -452,12 +454,12 @@ def test_framework_failed_policy_names_task(kf):
 def test_deleting_framework_deletes_pods(kf):
     core = kf.core()
     fw = framework("gone", [task_role("worker", 2, "sleep 60", barrier_init=False)])
-    custom(kf).create_namespaced_custom_object(*FC, "default", "frameworks", fw)
+    custom(kf).create_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", fw)
     wait_fw_state(kf, "gone", "AttemptRunning")
     kf.wait_for(lambda: kf.leftover_processes(), what="processes")
-    custom(kf).delete_namespaced_custom_object(*FC, "default", "frameworks", "gone")
-    kf.wait_for(lambda: not [p for p in core.list_namespaced_pod("default").items
+    custom(kf).delete_namespaced_custom_object(*FC, namespace_of(kf), "frameworks", "gone")
+    kf.wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace_of(kf)).items
                              if p.metadata.name.startswith("gone-")], timeout=40, what="pods gone")
-    kf.wait_for(lambda: not [c for c in core.list_namespaced_config_map("default").items
+    kf.wait_for(lambda: not [c for c in core.list_namespaced_config_map(namespace_of(kf)).items
                              if c.metadata.name == "gone-attempt"], what="configmap gone")
     kf.wait_for(lambda: not kf.leftover_processes(), what="no processes")

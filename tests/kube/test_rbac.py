@@ -98,10 +98,11 @@ def test_frameworkcontroller_refuses_with_the_objects_then_runs_with_them(kube_f
                                                       "kubeConfig": str(kc)})))
 
 
-def test_barrier_without_read_access_retries_until_granted(kube_factory) -> None:
+def test_barrier_without_read_access_retries_until_granted(kube_crd_ns) -> None:
     """The emulated frameworkbarrier is a client of the API server as the pod's account: 403, retried."""
     from kubernetes import client
-    kube = kube_factory(crd_groups=[FC[0]])
+    kube = kube_crd_ns
+    NS = kube.namespace  # this test's own namespace on the shared emulator
     api = kube.api_client()
     pod = {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": IMAGE, "command": [
         "sh", "-c", ". /mnt/frameworkbarrier/injector.sh && echo IPS=$FB_WORKER_IPS; sleep 30"],
@@ -123,7 +124,7 @@ def test_barrier_without_read_access_retries_until_granted(kube_factory) -> None
         except Exception:
             return ""
     kube.wait_for(lambda: "forbidden" in barrier_log(), what="the barrier's 403", timeout=30)
-    assert 'User "system:serviceaccount:default:default" cannot get resource "frameworks"' in barrier_log()
+    assert f'User "system:serviceaccount:{NS}:default" cannot get resource "frameworks"' in barrier_log()
     assert core.read_namespaced_pod("rb-worker-0", NS).status.phase == "Pending"  # still in its init container
     rbac = client.RbacAuthorizationV1Api(api)
     rbac.create_namespaced_role(NS, {"metadata": {"name": "fb"}, "rules": [

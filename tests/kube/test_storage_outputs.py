@@ -14,10 +14,10 @@ import pytest
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
+from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import form, until, wait_status
 
 PY = "nni-test/python:3.11"
-NS = "default"
 NFS_SERVER = "nfs.example.org"  # not dialed: the emulator's kubelet backs the export with a directory
 NFS_PATH = "/exports/nni"
 
@@ -48,7 +48,8 @@ def experiment(kube: Any, tmp_path: Path, ts: dict[str, Any], concurrency: int =
         "nniManagerIp": "127.0.0.1", "trialCommand": "python3 trial.py",
         "trialCodeDirectory": str(code), "trialConcurrency": concurrency,
         "experimentWorkingDirectory": str(tmp_path / "exps"), "trialGracePeriod": 2,
-        "trainingService": {"kubeConfig": str(kube.kubeconfig), **ts},
+        "trainingService": {"kubeConfig": str(kube.kubeconfig), **ts,
+                            **({"namespace": kube.namespace} if getattr(kube, "namespace", None) else {})},
     })
 
 
@@ -62,7 +63,7 @@ NFS = {"storageType": "nfs", "server": NFS_SERVER, "path": NFS_PATH}
 
 async def pods_gone(kube: Any, experiment_id: str) -> None:
     core = kube.core()
-    await until(lambda: not core.list_namespaced_pod(NS, label_selector=f"expId={experiment_id}").items, 60,
+    await until(lambda: not core.list_namespaced_pod(namespace_of(kube), label_selector=f"expId={experiment_id}").items, 60,
                 "the experiment's pods to be deleted")
 
 
@@ -79,8 +80,8 @@ async def run_trials(kube: Any, cfg: Any, count: int) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["per-trial", "reuse"])
 @run_async
-async def test_kubeflow_checkpoints_outlive_the_pods_on_nfs(kube_factory, tmp_path, reuse):
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+async def test_kubeflow_checkpoints_outlive_the_pods_on_nfs(kube_crd_ns, tmp_path, reuse):
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
                                       "reuseMode": reuse, "worker": role(), "storage": NFS})
     exp, trials = await run_trials(kube, cfg, 2)
@@ -91,8 +92,8 @@ async def test_kubeflow_checkpoints_outlive_the_pods_on_nfs(kube_factory, tmp_pa
 
 
 @run_async
-async def test_frameworkcontroller_checkpoints_outlive_the_pods_on_a_claim(kube_factory, tmp_path):
-    kube = kube_factory(crd_groups=["frameworkcontroller.microsoft.com"])
+async def test_frameworkcontroller_checkpoints_outlive_the_pods_on_a_claim(kube_crd_ns, tmp_path):
+    kube = kube_crd_ns
     task = {"name": "worker", "taskNumber": 2, "command": "python3 trial.py", "cpuNumber": 0.5,
             "memorySize": "256mb", "gpuNumber": 0, "dockerImage": PY,
             "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 2}}
@@ -100,7 +101,7 @@ async def test_frameworkcontroller_checkpoints_outlive_the_pods_on_a_claim(kube_
                                       "taskRoles": [task],
                                       "storage": {"storageType": "pvc", "claimName": "nni-outputs"}})
     exp, (trial,) = await run_trials(kube, cfg, 1)
-    claim = kube.state_dir / "pvc" / NS / "nni-outputs"
+    claim = kube.state_dir / "pvc" / namespace_of(kube) / "nni-outputs"
     for index in (0, 1):  # two replicas of one role: a folder each, no file written twice
         ckpt = claim / "nni" / exp / trial / "output" / f"worker_{index}_output" / "checkpoint.pt"
         assert ckpt.read_text() == f"{trial} worker"

@@ -109,9 +109,9 @@ def test_operator_down_says_why_and_fails_after_environment_start_timeout(kube_f
     asyncio.run(body())
 
 
-def test_quota_refusal_is_the_waiting_message(kube_factory, tmp_path: Path) -> None:
-    kube = kube_factory(crd_groups=["kubeflow.org"])
-    kube.core().create_namespaced_resource_quota(NS, {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "0"}}})
+def test_quota_refusal_is_the_waiting_message(kube_crd_ns, tmp_path: Path) -> None:
+    kube = kube_crd_ns  # the quota is its namespace's own
+    kube.core().create_namespaced_resource_quota(kube.namespace, {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "0"}}})
     cfg = config(kube, tmp_path, pytorch_service(environmentStartTimeout="8s"))
 
     async def body() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.types import TrialJobStatus
-from tests.support.kube.fixtures import kube_factory  # noqa: F401 - the Kubernetes emulator fixture
+from tests.support.kube.fixtures import kube_crd_ns, kube_crd_shared  # noqa: F401 - the Kubernetes emulator fixtures
 from tests.support.manager.helpers import until
 from tests.support.security.agentkit import (
     PASSWD_MARK,
@@ -166,7 +166,7 @@ def test_a_symlink_in_a_local_trials_directory_leads_nowhere(short_dir: Path) ->
 
 
 def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent(
-        kube_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811 (the imported fixture)
+        kube_crd_ns: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811 (the imported fixture)
     """Cluster platforms place a trial on a whole environment: each member's records are its
     own (a TFJob's two workers here); an agent outside the environment is refused."""
     from nni_manager.service import create_training_service
@@ -175,7 +175,7 @@ def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent
     from tests.support.security.agentkit import RawAgent
 
     caplog.set_level(logging.WARNING)
-    kube = kube_factory(crd_groups=["kubeflow.org"])
+    kube = kube_crd_ns
     cfg = experiment(kube, tmp_path, "kubeflow", operator="tf-operator", apiVersion="v1", reuseMode=False,
                      worker=role(2))
 

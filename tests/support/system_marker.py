@@ -10,11 +10,12 @@ import pytest
 # Fixtures that start a process, a server or an emulator (a test using one through another fixture
 # counts too: pytest's closure of fixture names). `short_dir` exists for the hub's Unix socket.
 SYSTEM_FIXTURES = frozenset({
-    "kube", "kube_factory", "pai", "pai_factory", "pai_shared", "aml", "aml_factory", "dlts", "dlts_factory", "dlc",
-    "dlc_factory", "slurm", "login_node", "plain_sshd", "netns_hosts", "password_user", "ssh_keys",
+    "kube", "kube_factory", "pai", "pai_factory", "pai_shared", "aml", "aml_factory", "aml_shared", "aml_in_shared", "dlts", "dlts_factory", "dlc",
+    "dlts_shared", "dlts_in_shared", "dlc_factory", "dlc_shared", "dlc_in_shared", "slurm", "login_node", "plain_sshd",
+    "netns_hosts", "password_user", "ssh_keys",
     "azurite", "azurite_oauth", "bind_mount", "nfs_server", "mounted_on_hosts", "browser", "artifacts",
     "relayed_platform", "small_disk", "short_dir", "stock_python", "bare_python", "nni_image_bin",
-    "listener", "server", "kube_shared", "kube_ns",
+    "listener", "server", "kube_shared", "kube_ns", "kube_crd_shared", "kube_crd_ns",
 })
 
 # Folders whose tests drive real agents, sshd, Slurm, chaos or a browser.

@@ -19,6 +19,7 @@ import abc
 import asyncio
 import json as _json
 import logging
+import os
 import random
 import shlex
 import time
@@ -66,13 +67,25 @@ def _default_error_words(status: int, body: Any) -> tuple[str, str]:
     return "", str(body).strip()[:300]
 
 
+BACKOFF_ENV = "NNI_MANAGER_REST_BACKOFF_S"
+
+
+def default_backoff() -> float:
+    """The first retry's pause: 1 s. For tests only, NNI_MANAGER_REST_BACKOFF_S shortens it where a
+    test waits out every retry of a failing platform (docs/testing.md); users have no reason to set it."""
+    try:
+        return max(0.0, float(os.environ.get(BACKOFF_ENV, "") or 1.0))
+    except ValueError:
+        return 1.0
+
+
 class RestClient:
     """One platform's REST endpoint. `auth` gives the headers for each attempt (tokens that expire
     are fetched anew); `service` names the platform in errors."""
 
     def __init__(self, base_url: str, service: str, *, auth: Callable[[], Awaitable[dict[str, str]]] | None = None,
                  error_words: ErrorWords = _default_error_words, timeout: float = 30.0, attempts: int = 5,
-                 backoff: float = 1.0, max_backoff: float = 30.0, ssl: Any = None,
+                 backoff: float | None = None, max_backoff: float = 30.0, ssl: Any = None,
                  fix_for: Callable[[int, str], str] | None = None,
                  reauth: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -82,7 +95,8 @@ class RestClient:
         self._reauth = reauth
         self._error_words = error_words
         self._fix_for = fix_for or (lambda status, code: "")
-        self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
+        self.timeout, self.attempts, self.max_backoff = timeout, attempts, max_backoff
+        self.backoff = default_backoff() if backoff is None else backoff
         self._ssl = ssl
         self._session: Any = None
         self._closed = False  # closed for good: a late request (a submission still waiting) is refused

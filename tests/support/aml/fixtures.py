@@ -202,7 +202,28 @@ def aml_factory():
 @pytest.fixture
 def aml(aml_factory, monkeypatch) -> Aml:
     """An emulator, with this test's environment logged in as its 'default' principal (Contributor)."""
-    a = aml_factory()
+    return _logged_in(aml_factory(), monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def aml_shared():
+    """One emulator (default options) for the session, for tests that find their jobs by their
+    experiment and read no emulator-wide record (requests, every job): `aml_in_shared`."""
+    with emulator_factory("aml-emu-", start_aml, "the AML emulator") as make:
+        yield make()
+
+
+@pytest.fixture
+def aml_in_shared(aml_shared, monkeypatch):
+    """`aml_shared`, logged in as `aml` is; afterwards its faults and hold are undone, and the test
+    must leave no job process running (as a private one's stop checks)."""
+    yield _logged_in(aml_shared, monkeypatch)
+    aml_shared.clear_faults()
+    aml_shared.hold(None)
+    aml_shared.wait_for(lambda: not aml_shared.live_pids(), 60, what="no job process left by this test")
+
+
+def _logged_in(a: Aml, monkeypatch: pytest.MonkeyPatch) -> Aml:
     for var in AZURE_IDENTITY_VARS:
         monkeypatch.delenv(var, raising=False)
     for k, v in a.env().items():

@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,18 @@ def dlc_factory():
 @pytest.fixture
 def dlc(dlc_factory) -> Dlc:
     return dlc_factory()
+
+
+@pytest.fixture(scope="session")
+def dlc_shared() -> Iterator[Dlc]:
+    """One emulator for the session, for tests that find their jobs by their experiment and change
+    nothing in the emulator (no credentials, steps or faults of their own): `dlc_in_shared`."""
+    with emulator_factory("dlc-emu-", start_dlc, "the PAI-DLC emulator") as make:
+        yield make()
+
+
+@pytest.fixture
+def dlc_in_shared(dlc_shared: Dlc) -> Iterator[Dlc]:
+    """`dlc_shared` for one test, which must leave no job process running (as a private one's stop checks)."""
+    yield dlc_shared
+    dlc_shared.wait_for(lambda: not dlc_shared.live_pids(), 60, what="no job process left by this test")

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,21 @@ def dlts_factory():
 @pytest.fixture
 def dlts(dlts_factory) -> Dlts:
     return dlts_factory()
+
+
+@pytest.fixture(scope="session")
+def dlts_shared() -> Iterator[Dlts]:
+    """One emulator (default options) for the session, for tests that find their jobs by their
+    experiment: `dlts_in_shared`."""
+    with emulator_factory("dlts-emu-", start_dlts, "the DLTS emulator") as make:
+        yield make()
+
+
+@pytest.fixture
+def dlts_in_shared(dlts_shared: Dlts) -> Iterator[Dlts]:
+    """`dlts_shared` for one test: afterwards its faults and hold are undone, and it must leave no job
+    process running (as a private one's stop checks)."""
+    yield dlts_shared
+    dlts_shared.clear_faults()
+    dlts_shared.hold(None)
+    dlts_shared.wait_for(lambda: not dlts_shared.live_pids(), 60, what="no job process left by this test")

@@ -69,6 +69,13 @@ def make_config(tmp_path: Path, code_dir: Path):
     return make
 
 
+# The manager's in-process Random / GridSearch (nni_manager/dispatcher/__init__.py) for tests whose
+# subject is not the tuner: NNI's dispatcher process imports nni (seconds, tens on a busy host) and
+# takes up to 3 s to exit (its command queue's poll); tests/experiment/test_nni_dispatcher.py and
+# the tests that run NNI's algorithms keep covering it.
+BUILTIN_TUNERS = {"NNI_MANAGER_BUILTIN_TUNERS": "1"}
+
+
 def processes_under(root: Path) -> list[psutil.Process]:
     """Live processes whose working directory is inside `root` (trials run in their code dir)."""
     found = []

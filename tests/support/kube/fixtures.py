@@ -1,6 +1,7 @@
 """Fixtures `kube` and `kube_factory`: a Kubernetes API server emulator in its own process."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -239,15 +240,55 @@ def kube_ns(kube_shared: Kube) -> Iterator[KubeNamespace]:
     """The shared emulator with a fresh namespace for this test (`.namespace`). Afterwards the
     namespace's pods are deleted and the test fails if any of their processes is left, as a private
     emulator's teardown would."""
+    with _test_namespace(kube_shared) as ns:
+        yield ns
+
+
+# The operators' custom resources (kubeflow.org: TFJob, PyTorchJob; frameworkcontroller: Framework)
+# installed in the shared `kube_crd_shared` emulator: (group, version, plural).
+SHARED_CRD_GROUPS = ("kubeflow.org", "frameworkcontroller.microsoft.com")
+SHARED_CUSTOM_RESOURCES = (("kubeflow.org", "v1", "tfjobs"), ("kubeflow.org", "v1", "pytorchjobs"),
+                           ("frameworkcontroller.microsoft.com", "v1", "frameworks"))
+
+
+@pytest.fixture(scope="session")
+def kube_crd_shared() -> Iterator[Kube]:
+    """One emulator with the kubeflow and frameworkcontroller operators for the whole session;
+    tests reach it through `kube_crd_ns`. A test that needs other groups, or none, nodes, tokens,
+    a pod network or cluster-wide changes (policy, faults, operators stopped) keeps `kube_factory`."""
+    if os.geteuid() != 0:
+        pytest.skip("the Kubernetes emulator needs root (mount namespaces for pod volumes)")
+    with emulator_factory("kube-emu-", start_emulator, "the Kubernetes emulator") as make:
+        yield make(crd_groups=SHARED_CRD_GROUPS)
+
+
+@pytest.fixture
+def kube_crd_ns(kube_crd_shared: Kube) -> Iterator[KubeNamespace]:
+    """`kube_crd_shared` with a fresh namespace for this test, cleaned up as `kube_ns` is (its
+    custom objects first, so that no operator makes their pods again)."""
+    with _test_namespace(kube_crd_shared, SHARED_CUSTOM_RESOURCES) as ns:
+        yield ns
+
+
+@contextlib.contextmanager
+def _test_namespace(shared: Kube, custom: tuple[tuple[str, str, str], ...] = ()) -> Iterator[KubeNamespace]:
+    from kubernetes import client
+
     ns = f"t-{secrets.token_hex(4)}"
-    core = kube_shared.core()
+    core = shared.core()
     core.create_namespace({"metadata": {"name": ns}})
-    yield KubeNamespace(kube_shared, ns)
+    yield KubeNamespace(shared, ns)
+    api = client.CustomObjectsApi(shared.api_client())
+    for group, version, plural in custom:
+        for obj in api.list_namespaced_custom_object(group, version, ns, plural)["items"]:
+            api.delete_namespaced_custom_object(group, version, ns, plural, obj["metadata"]["name"])
+    shared.wait_for(lambda: not any(api.list_namespaced_custom_object(g, v, ns, p)["items"] for g, v, p in custom),
+                    30, what=f"the custom objects of {ns} to go")
     for pod in core.list_namespaced_pod(ns).items:
         core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
-    kube_shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
-    kube_shared.wait_for(lambda: not kube_shared.leftover_processes(), 15,
-                         what=f"the processes of {ns}'s pods to end (left: {kube_shared.leftover_processes()})")
+    shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
+    shared.wait_for(lambda: not shared.leftover_processes(), 15,
+                    what=f"the processes of {ns}'s pods to end (left: {shared.leftover_processes()})")
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ def experiment(kube: Any, tmp_path: Path, platform: str, *, concurrency: int = 1
         **({"nniManagerIp": manager_ip} if manager_ip else {}),
         "trialCodeDirectory": str(code), "trialConcurrency": concurrency,
         "experimentWorkingDirectory": str(tmp_path / "exps"), "trialGracePeriod": 2,
-        "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig), **ts},
+        "trainingService": {"platform": platform, "kubeConfig": str(kube.kubeconfig),
+                            **({"namespace": kube.namespace} if getattr(kube, "namespace", None) else {}), **ts},
     })
 
 
