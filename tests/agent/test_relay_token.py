@@ -1,6 +1,6 @@
 """`nni-agent --relay-token-file`: behind a relay the agent opens every connection with an HTTP
 CONNECT carrying the experiment's relay token, also where the environment's `no_proxy` names the
-relay's address (a cluster's `NO_PROXY=10.0.0.0/8,.svc` would make gRPC skip its proxy and send
+relay's address (a cluster's `NO_PROXY=10.0.0.0/8,.svc` (not dialed) would make gRPC skip its proxy and send
 its TLS ClientHello straight to a relay that drops it). A real agent process against a stand-in
 relay on 127.0.0.1 that records the first bytes of each connection."""
 from __future__ import annotations
