@@ -76,12 +76,10 @@ def bare_python(short_dir: Path) -> Iterator[Path]:
     yield short_dir / "venv" / "bin"
 
 
-def test_remote_says_it_once_and_the_trial_points_there(
-        plain_sshd: Any, bare_python: Path, short_dir: Path,  # noqa: F811
-        capsys: pytest.CaptureFixture[str]) -> None:
+def _bare_worker(plain_sshd: Any, bare_python: Path, short_dir: Path) -> tuple[Path, Any]:
+    """The trial's code folder, and the sshd machine with a bare Python whose shipped dependencies
+    (from an earlier run) are removed: nothing can be shipped to it."""
     from nni_manager.backends.agent_wheel import build_agent_wheel
-    from nni_manager.backends.remote.config import RemoteConfig
-    from nni_manager.config import TrainingServiceConfig
 
     tag = build_agent_wheel(short_dir / "wheel").tag
     version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -90,7 +88,16 @@ def test_remote_says_it_once_and_the_trial_points_there(
     code = short_dir / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    machine = dataclasses.replace(plain_sshd.machine, python_path=str(bare_python))
+    return code, dataclasses.replace(plain_sshd.machine, python_path=str(bare_python))
+
+
+def test_remote_says_it_once_and_the_trial_points_there(
+        plain_sshd: Any, bare_python: Path, short_dir: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from nni_manager.backends.remote.config import RemoteConfig
+    from nni_manager.config import TrainingServiceConfig
+
+    code, machine = _bare_worker(plain_sshd, bare_python, short_dir)
     cfg = ExperimentConfig(trial_command="python3 trial.py", trial_code_directory=code, trial_concurrency=2,
                            experiment_working_directory=short_dir / "exps",
                            training_service=TrainingServiceConfig(platform="remote", options=RemoteConfig([machine])))
@@ -106,19 +113,11 @@ def test_hybrid_remote_part_says_it_once_while_the_local_part_runs_the_trials(
     as the remote platform does alone; the local part runs the trials."""
     import sys
 
-    from nni_manager.backends.agent_wheel import build_agent_wheel
     from nni_manager.backends.remote.config import RemoteConfig
     from nni_manager.config import TrainingServiceConfig
     from nni_manager.config.hybrid import HybridOptions
 
-    tag = build_agent_wheel(short_dir / "wheel").tag
-    version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    shutil.rmtree(Path.home() / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
-    code = short_dir / "code"
-    code.mkdir()
-    (code / "trial.py").write_text(TRIAL)
-    machine = dataclasses.replace(plain_sshd.machine, python_path=str(bare_python))
+    code, machine = _bare_worker(plain_sshd, bare_python, short_dir)
     cfg = ExperimentConfig(
         trial_command=f"{sys.executable} trial.py", trial_code_directory=code, trial_concurrency=2,
         experiment_working_directory=short_dir / "exps",
