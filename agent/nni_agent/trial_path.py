@@ -5,7 +5,7 @@ The boot step puts the agent's wheel and its shipped dependencies on the agent's
 so their imports of protobuf, grpc or psutil get the image's versions. Trial code that uses
 `import nni_agent as nni` without NNI installed still finds the stdlib-only trial API: where the
 agent came from a private path, a directory holding only `nni_agent/__init__.py` and
-`trial_api.py` goes first on the trial's PYTHONPATH.
+`trial_api.py` (and an Optuna study's runner) goes first on the trial's PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 
 BOOT_PATHS: list[str] = []  # the agent's private paths, set by boot.py's BOOTSTRAP (empty: none)
-_TRIAL_API_FILES = ("__init__.py", "trial_api.py")  # stdlib only: what `import nni_agent` needs
+# what `import nni_agent` needs (stdlib only), and the runner of an Optuna study's trials
+# (`python -m nni_agent.study_runner`: it imports the trial's own grpc, which optuna's proxy needs anyway)
+_TRIAL_API_FILES = ("__init__.py", "trial_api.py", "study_runner.py", "study_storage.py")
 _made: list[str] = []
 
 

@@ -66,10 +66,24 @@ def check_spec(spec: StudySpec) -> None:
                               f"pass one of {', '.join(names)}")
 
 
-def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str = sys.executable) -> ExperimentConfig:
+def trial_python(config: ExperimentConfig) -> str:
+    """The Python that runs each trial's runner: the worker's, as any trial's own Python is. On
+    `local` the manager's; on Slurm the one that runs the agent in the job (pythonPath, else the
+    manager's own on the shared file system, or python3 where a login node drives the cluster);
+    elsewhere `python3` from the trial's PATH (on `remote`, pythonPath comes first, as in NNI)."""
+    ts = config.training_service
+    if ts.platform == "local":
+        return sys.executable
+    if ts.platform == "slurm":
+        python: str | None = getattr(ts.options, "python_path", None)
+        return python or ("python3" if getattr(ts.options, "login_node", None) else sys.executable)
+    return "python3"
+
+
+def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str | None = None) -> ExperimentConfig:
     """The experiment config: CONFIG.yml (or the same as a mapping, relative paths from the current
-    directory) without search space or tuner, with the runner as the trial command and
-    maxTrialNumber = n_trials."""
+    directory) without search space or tuner, with the runner as the trial command (run by
+    `python`, else the worker's: trial_python) and maxTrialNumber = n_trials."""
     if isinstance(source, Mapping):
         data: Any = dict(source)
         name, base = "the config", Path.cwd()
@@ -91,14 +105,15 @@ def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str 
     if data.get("maxTrialNumber") not in (None, spec.n_trials):
         raise ConfigError("maxTrialNumber", f"differs from --n-trials {spec.n_trials}",
                           "remove maxTrialNumber: --n-trials counts the study's trials")
-    command = [python, "-m", "nni_agent.study_runner", spec.target, "--study-name", spec.study_name]
+    args = ["-m", "nni_agent.study_runner", spec.target, "--study-name", spec.study_name]
     if spec.sampler:
-        command += ["--sampler", spec.sampler]
+        args += ["--sampler", spec.sampler]
     if spec.pruner:
-        command += ["--pruner", spec.pruner]
-    data = {**data, "trialCommand": shlex.join(command), "maxTrialNumber": spec.n_trials,
+        args += ["--pruner", spec.pruner]
+    data = {**data, "trialCommand": shlex.join(["python3", *args]), "maxTrialNumber": spec.n_trials,
             "experimentName": data.get("experimentName") or f"optuna {spec.study_name}"}
     config = load_config(data, base_dir=base)
+    config.trial_command = shlex.join([python or trial_python(config), *args])
     where = spec.target.rpartition(":")[0]
     code = Path(config.trial_code_directory)
     if where.endswith(".py") and not (code / where).is_file():
