@@ -26,7 +26,8 @@ def _record(trial, **what):
             wrong_token = exc.code().name
     seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
-            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, **what}
+            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "python": sys.executable,
+            "pid": os.getpid(), **what}
     os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
     with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
         json.dump(seen, f)
@@ -84,4 +85,31 @@ def slow(trial):
     import time
 
     time.sleep(1)
+    return x
+
+
+def _after_earlier_trials(trial):
+    """Wait (reading the study through its storage) until every earlier Optuna trial has finished."""
+    import time
+
+    while any(t.number < trial.number and not t.state.is_finished() for t in trial.study.get_trials(deepcopy=False)):
+        time.sleep(0.2)
+
+
+def steps_in_turn(trial):
+    """`steps` once the earlier trials have finished: what MedianPruner sees does not depend on how
+    the concurrent trials happen to interleave (the 6th trial is pruned at step 0)."""
+    _after_earlier_trials(trial)
+    return steps(trial)
+
+
+def first_sleeps(trial):
+    """Optuna trial 0 sleeps (to be killed mid-trial); the others return at once."""
+    x = trial.suggest_float("x", 0, 1)
+    if trial.number == 0:
+        _record(trial, slept=True)
+        import time
+
+        time.sleep(300)
+    _record(trial, returned=[x])
     return x

@@ -1,0 +1,62 @@
+"""A worker's own Python for trials that need packages (optuna, say): a venv of the machine's
+/usr/bin/python3 whose site-packages sees only the named distributions of the test's venv (and
+what they require), linked in as an image's or a cluster module's packages would be. Not the
+manager's interpreter, so a trial that ran under the manager's Python is told apart; the agent's
+own dependencies are not added (the manager ships them where they are missing)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+STOCK = Path("/usr/bin/python3")
+
+
+def requirements_closure(roots: list[str]) -> set[str]:
+    """The distributions `roots` need, transitively, without extras (roots included)."""
+    from packaging.requirements import Requirement
+
+    wanted: set[str] = set()
+    todo = [Requirement(r) for r in roots]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = req.name.lower().replace("_", "-")
+        if name not in wanted:
+            wanted.add(name)
+            todo.extend(Requirement(r) for r in metadata.requires(name) or [])
+    return wanted
+
+
+def link_distributions(names: set[str], into: Path) -> None:
+    """Symlink each distribution's top-level entries (packages, modules, .dist-info) into `into`."""
+    for name in names:
+        dist = metadata.distribution(name)
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops - {"__pycache__", "bin"}:
+            src = Path(str(dist.locate_file(top)))
+            if src.exists() and not (into / top).exists():
+                (into / top).symlink_to(src)
+
+
+def make_worker_python(root: Path, packages: list[str]) -> Path:
+    """A venv of /usr/bin/python3 under `root` with `packages` (and theirs) on its path; its bin
+    directory (a remote machine's pythonPath). Skips where that Python is missing or of another
+    minor version than the test's (whose compiled packages it borrows)."""
+    if not STOCK.exists():
+        pytest.skip("no /usr/bin/python3 on this machine")
+    version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if version != "%d.%d" % sys.version_info[:2]:
+        pytest.skip(f"/usr/bin/python3 is {version}: the test's compiled packages are for another version")
+    subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    deps = root / "deps"
+    deps.mkdir()
+    link_distributions(requirements_closure(packages), deps)
+    (site,) = (root / "venv" / "lib").glob("python3*/site-packages")
+    (site / "worker-packages.pth").write_text(f"{deps}\n")
+    return root / "venv" / "bin"
