@@ -1,6 +1,7 @@
 """Objectives of the tests' Optuna studies: unmodified Optuna code, plus a record of what each saw.
 
-Each writes seen/<NNI trial id>.json next to this file: the Optuna trial number, the params it
+Each writes seen/<NNI trial id>.json next to this file (or in the directory seen_dir.txt there
+names): the Optuna trial number, the params it
 was given, what it returned (or how it ended), and what it could see of the study's storage.
 """
 import json
@@ -28,8 +29,12 @@ def _record(trial, **what):
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
             "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "python": sys.executable,
             "pid": os.getpid(), **what}
-    os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
-    with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
+    where = os.path.join(HERE, "seen")
+    if os.path.isfile(os.path.join(HERE, "seen_dir.txt")):  # a test's own directory, not the worker's shared home
+        with open(os.path.join(HERE, "seen_dir.txt")) as f:
+            where = f.read().strip()
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
         json.dump(seen, f)
 
 

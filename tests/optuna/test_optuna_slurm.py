@@ -1,0 +1,64 @@
+"""`nni-manager optuna` on the Slurm platform: a real 2-node cluster (tests/slurm fixtures), the
+manager outside the jobs; each trial's agent, in its job, dials the manager's hub and offers the
+study's storage to the trial on the node's loopback.
+
+The cluster's Python (`pythonPath`) is not the manager's: a venv of the machine's /usr/bin/python3
+with optuna (and grpcio) as the trials' own dependencies; the agent's dependencies are shipped
+through the shared file system onto the agent's path only. The trials run under that Python.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from tests.support.optuna_study import (  # noqa: E402
+    COMPLETE,
+    PRUNED,
+    check_study,
+    copy_objectives,
+    experiment_id,
+    finish,
+    start_study,
+)
+from tests.support.slurm.experiments import assert_clean  # noqa: E402
+from tests.support.slurm.fixtures import base, slurm  # noqa: E402,F401 (fixtures)
+from tests.support.worker_python import make_worker_python  # noqa: E402
+
+# filled by scripts/test.sh (scripts/fill_wheelhouse.py): the agent's dependencies for the cluster's Python
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"
+
+
+@pytest.fixture(scope="module")
+def optuna_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The cluster's Python with optuna (its python3: the Slurm pythonPath)."""
+    if not (WHEELHOUSE / ".complete").exists():
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    root = tmp_path_factory.mktemp("optpy")
+    yield make_worker_python(root, ["optuna", "grpcio", "protobuf"]) / "python3"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_tpe_and_median_pruner_on_a_slurm_cluster(slurm, optuna_python: Path, base: Path) -> None:  # noqa: F811
+    """TPE + MedianPruner, 6 trials, 2 at a time (one per node): trials 0-4 COMPLETE, the 6th PRUNED
+    at step 0, each with the params and values its objective saw under the cluster's Python; no job
+    or process of the experiment is left."""
+    copy_objectives(base)
+    ts = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1,  # netns only
+          "trialMemorySize": "200mb", "pollInterval": "0.3s", "pythonPath": str(optuna_python)}
+    config = {"trialCodeDirectory": "code", "trialConcurrency": 2, "experimentWorkingDirectory": "exps",
+              "agentWheelhouse": str(WHEELHOUSE), "trialGracePeriod": 2, "trainingService": ts}
+    (base / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+    out = finish(start_study(base, "objectives.py:steps_in_turn", 6, "--sampler", "TPESampler",
+                             "--pruner", "MedianPruner", "--direction", "minimize"))
+    assert "maxTrialNumber (6) reached" in out
+    trials, _ = check_study(base, optuna_python, 6)
+    assert {t.number: t.state for t in trials} == {0: COMPLETE, 1: COMPLETE, 2: COMPLETE, 3: COMPLETE,
+                                                    4: COMPLETE, 5: PRUNED}
+    assert next(t for t in trials if t.number == 5).last_step == 0
+    assert_clean(slurm, experiment_id(base))
