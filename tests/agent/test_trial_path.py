@@ -23,7 +23,8 @@ def test_trial_gets_the_workers_path_and_only_the_trial_api(tmp_path: Path, monk
     api, workers = got.split(":")
     assert workers == "/the/workers" and Path(api).parent == tmp_path
     assert sorted(p.relative_to(api).as_posix() for p in Path(api).rglob("*")) == [
-        "nni_agent", "nni_agent/__init__.py", "nni_agent/trial_api.py"]
+        "nni_agent", "nni_agent/__init__.py", "nni_agent/study_runner.py", "nni_agent/study_storage.py",
+        "nni_agent/trial_api.py"]  # and an Optuna study's runner, run under the worker's Python
     assert trial_path.trial_pythonpath(tmp_path, None) == api  # made once per agent
     if not STOCK.exists():
         pytest.skip("no /usr/bin/python3 to import it with a bare Python")
