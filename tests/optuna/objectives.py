@@ -4,6 +4,7 @@ Each writes seen/<NNI trial id>.json next to this file (or in the directory seen
 names): the Optuna trial number, the params it
 was given, what it returned (or how it ended), and what it could see of the study's storage.
 """
+import importlib.util
 import json
 import os
 import sys
@@ -28,7 +29,8 @@ def _record(trial, **what):
     seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
             "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "python": sys.executable,
-            "pid": os.getpid(), **what}
+            "pid": os.getpid(), "grpc_file": grpc.__file__, "sys_path": sys.path,
+            "psutil_importable": importlib.util.find_spec("psutil") is not None, **what}
     where = os.path.join(HERE, "seen")
     if os.path.isfile(os.path.join(HERE, "seen_dir.txt")):  # a test's own directory, not the worker's shared home
         with open(os.path.join(HERE, "seen_dir.txt")) as f:

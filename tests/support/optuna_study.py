@@ -90,6 +90,10 @@ def check_study(where: Path, python: Path, n_trials: int) -> tuple[list, dict[st
         record = records[trial_id]
         assert record["number"] == t.number and record["params"] == t.params, (record["params"], t)
         assert record["python"] == str(python), record["python"]  # the worker's Python, not the manager's
+        # its own packages (worker_python: linked under <root>/deps), none of the agent's (psutil is shipped
+        # to the agent only)
+        assert record["grpc_file"].startswith(str(python.parents[2] / "deps")), record["grpc_file"]
+        assert not record["psutil_importable"], record["sys_path"]
         assert record["storage_class"] == "AgentStorageProxy" and record["endpoint"].startswith("127.0.0.1:"), (
             record["storage_class"], record["endpoint"])
         assert record["wrong_token"] == "UNAUTHENTICATED" and "NNI_STUDY_STORAGE_TOKEN" not in record["environ"]
