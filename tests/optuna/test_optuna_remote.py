@@ -10,11 +10,8 @@ params and values are those.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,24 +19,20 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from nni_manager.types import TrialJobStatus  # noqa: E402
 from tests.support.optuna_study import (  # noqa: E402
     COMPLETE,
-    FAIL,
     PRUNED,
     check_study,
+    check_the_killed_trial,
     copy_objectives,
-    experiment_id,
-    experiment_trials,
     finish,
+    kill_the_sleeping_trial,
     start_study,
-    worker_records,
 )
 from tests.support.remote.fixtures import (  # noqa: E402,F401 (fixtures)
     SshdHost,
     leave_home_as_found,
     netns_hosts,
-    processes_with,
     ssh_keys,
 )
 from tests.support.worker_python import make_worker_python  # noqa: E402
@@ -98,33 +91,5 @@ def test_a_trial_killed_on_the_worker_ends_fail_and_counts_toward_n_trials(
     FAIL), the study ends with 4 finished and none RUNNING."""
     write_config(short_dir, netns_hosts[0], optuna_python, concurrency=2)
     proc = start_study(short_dir, "objectives.py:first_sleeps", 4, "--sampler", "RandomSampler")
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "trial 0 never started"
-            if any((d / "log").is_dir() for d in (short_dir / "exps").glob("*")):
-                sleeping = [r for r in worker_records(short_dir).values() if r.get("slept")]
-                if sleeping:
-                    break
-            time.sleep(0.3)
-        (record,) = sleeping
-        trial_id = record["environ"]["NNI_TRIAL_JOB_ID"]
-        tree = processes_with(f"NNI_TRIAL_JOB_ID={trial_id}".encode())
-        assert record["pid"] in tree
-        for pid in tree:
-            os.kill(pid, signal.SIGKILL)
-        out = finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "maxTrialNumber (4) reached" in out
-    trials, _ = check_study(short_dir, optuna_python / "python3", 4)
-    killed = next(t for t in trials if t.system_attrs["nni:trial_id"] == trial_id)
-    assert killed.number == 0 and killed.state == FAIL
-    assert [t.state for t in trials if t is not killed] == [COMPLETE] * 3
-    statuses, _ = experiment_trials(short_dir)
-    assert statuses[trial_id] == TrialJobStatus.FAILED
-    log = (short_dir / "exps" / experiment_id(short_dir) / "log" / "nnimanager.log").read_text()
-    assert log.count("was left RUNNING: marked FAIL") == 1
-    assert not processes_with(f"NNI_EXP_ID={experiment_id(short_dir)}".encode())  # nothing left on the worker
+    trial_id = kill_the_sleeping_trial(short_dir, proc)
+    check_the_killed_trial(short_dir, optuna_python / "python3", 4, finish(proc), trial_id)

@@ -21,9 +21,11 @@ from tests.support.optuna_study import (  # noqa: E402
     COMPLETE,
     PRUNED,
     check_study,
+    check_the_killed_trial,
     copy_objectives,
     experiment_id,
     finish,
+    kill_the_sleeping_trial,
     start_study,
 )
 from tests.support.slurm.experiments import assert_clean  # noqa: E402
@@ -44,16 +46,20 @@ def optuna_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def write_config(base: Path, python: Path) -> None:
+    copy_objectives(base)
+    ts = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1,
+          "trialMemorySize": "200mb", "pollInterval": "0.3s", "pythonPath": str(python)}
+    config = {"trialCodeDirectory": "code", "trialConcurrency": 2, "experimentWorkingDirectory": "exps",
+              "agentWheelhouse": str(WHEELHOUSE), "trialGracePeriod": 2, "trainingService": ts}
+    (base / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+
+
 def test_tpe_and_median_pruner_on_a_slurm_cluster(slurm, optuna_python: Path, base: Path) -> None:  # noqa: F811
     """TPE + MedianPruner, 6 trials, 2 at a time (one per node): trials 0-4 COMPLETE, the 6th PRUNED
     at step 0, each with the params and values its objective saw under the cluster's Python; no job
     or process of the experiment is left."""
-    copy_objectives(base)
-    ts = {"platform": "slurm", "nniManagerIp": "127.0.0.1", "trialCpuNumber": 1,  # netns only
-          "trialMemorySize": "200mb", "pollInterval": "0.3s", "pythonPath": str(optuna_python)}
-    config = {"trialCodeDirectory": "code", "trialConcurrency": 2, "experimentWorkingDirectory": "exps",
-              "agentWheelhouse": str(WHEELHOUSE), "trialGracePeriod": 2, "trainingService": ts}
-    (base / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+    write_config(base, optuna_python)
     out = finish(start_study(base, "objectives.py:steps_in_turn", 6, "--sampler", "TPESampler",
                              "--pruner", "MedianPruner", "--direction", "minimize"))
     assert "maxTrialNumber (6) reached" in out
@@ -61,4 +67,15 @@ def test_tpe_and_median_pruner_on_a_slurm_cluster(slurm, optuna_python: Path, ba
     assert {t.number: t.state for t in trials} == {0: COMPLETE, 1: COMPLETE, 2: COMPLETE, 3: COMPLETE,
                                                     4: COMPLETE, 5: PRUNED}
     assert next(t for t in trials if t.number == 5).last_step == 0
+    assert_clean(slurm, experiment_id(base))
+
+
+def test_a_trial_killed_in_its_job_ends_fail_and_counts_toward_n_trials(
+        slurm, optuna_python: Path, base: Path) -> None:  # noqa: F811
+    """Optuna trial 0's process tree is SIGKILLed inside its Slurm job mid-objective: FAIL in the
+    study (marked by the manager), counted toward n_trials; none RUNNING, no job left."""
+    write_config(base, optuna_python)
+    proc = start_study(base, "objectives.py:first_sleeps", 4, "--sampler", "RandomSampler")
+    trial_id = kill_the_sleeping_trial(base, proc)
+    check_the_killed_trial(base, optuna_python, 4, finish(proc), trial_id)
     assert_clean(slurm, experiment_id(base))

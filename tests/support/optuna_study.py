@@ -4,16 +4,19 @@ the worker, in the test's seen/<trial id>.json."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
 
 from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
+from tests.support.remote.fixtures import processes_with
 
 CLI = [sys.executable, "-m", "nni_manager"]
 OBJECTIVES = Path(__file__).resolve().parents[1] / "optuna" / "objectives.py"
@@ -105,3 +108,39 @@ def check_study(where: Path, python: Path, n_trials: int) -> tuple[list, dict[st
             assert record["pruned_at"] == t.last_step and trial_id not in finals
             assert statuses[trial_id] == TrialJobStatus.EARLY_STOPPED
     return trials, records
+
+
+def kill_the_sleeping_trial(where: Path, proc: subprocess.Popen[str]) -> str:
+    """SIGKILL, on the worker, the process tree of the trial running objectives.first_sleeps's Optuna
+    trial 0, mid-objective; its NNI trial id."""
+    deadline = time.monotonic() + 120
+    try:
+        while not (sleeping := [r for r in worker_records(where).values() if r.get("slept")]):
+            assert proc.poll() is None and time.monotonic() < deadline, "trial 0 never started"
+            time.sleep(0.3)
+        (record,) = sleeping
+        trial_id: str = record["environ"]["NNI_TRIAL_JOB_ID"]
+        tree = processes_with(f"NNI_TRIAL_JOB_ID={trial_id}".encode())
+        assert record["pid"] in tree, (record["pid"], tree)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        return trial_id
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def check_the_killed_trial(where: Path, python: Path, n_trials: int, out: str, trial_id: str) -> None:
+    """The killed trial's Optuna trial 0 is FAIL (marked by the manager: the runner could not tell
+    the study) and counts toward n_trials; the others COMPLETE; none RUNNING; no trial process left."""
+    assert f"maxTrialNumber ({n_trials}) reached" in out
+    trials, _ = check_study(where, python, n_trials)
+    killed = next(t for t in trials if t.system_attrs["nni:trial_id"] == trial_id)
+    assert killed.number == 0 and killed.state == FAIL
+    assert [t.state for t in trials if t is not killed] == [COMPLETE] * (n_trials - 1)
+    statuses, _ = experiment_trials(where)
+    assert statuses[trial_id] == TrialJobStatus.FAILED, statuses
+    log = (where / "exps" / experiment_id(where) / "log" / "nnimanager.log").read_text()
+    assert log.count("was left RUNNING: marked FAIL") == 1
+    assert not processes_with(f"NNI_EXP_ID={experiment_id(where)}".encode())
