@@ -1,10 +1,8 @@
 """Objectives of the tests' Optuna studies: unmodified Optuna code, plus a record of what each saw.
 
-Each writes seen/<NNI trial id>.json next to this file (or in the directory seen_dir.txt there
-names): the Optuna trial number, the params it
+Each writes seen/<NNI trial id>.json next to this file: the Optuna trial number, the params it
 was given, what it returned (or how it ended), and what it could see of the study's storage.
 """
-import importlib.util
 import json
 import os
 import sys
@@ -13,6 +11,9 @@ import grpc
 import optuna
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.isfile(os.path.join(HERE, "seen_dir.txt")):  # records go to <that directory>/seen instead: a test's own,
+    with open(os.path.join(HERE, "seen_dir.txt")) as f:  # not the worker's home, which other test runs may clean
+        HERE = f.read().strip()
 
 
 def _record(trial, **what):
@@ -28,15 +29,9 @@ def _record(trial, **what):
             wrong_token = exc.code().name
     seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
-            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "python": sys.executable,
-            "pid": os.getpid(), "grpc_file": grpc.__file__, "sys_path": sys.path,
-            "psutil_importable": importlib.util.find_spec("psutil") is not None, **what}
-    where = os.path.join(HERE, "seen")
-    if os.path.isfile(os.path.join(HERE, "seen_dir.txt")):  # a test's own directory, not the worker's shared home
-        with open(os.path.join(HERE, "seen_dir.txt")) as f:
-            where = f.read().strip()
-    os.makedirs(where, exist_ok=True)
-    with open(os.path.join(where, os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
+            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "pid": os.getpid(), **what}
+    os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
+    with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
         json.dump(seen, f)
 
 
@@ -61,6 +56,41 @@ def steps(trial):
     value = trial.number + x
     _record(trial, returned=[value])
     return value
+
+
+def _on_the_worker():
+    """seen/<NNI trial id>.worker.json: which Python runs the objective, and whose packages it imports."""
+    import importlib.util
+
+    where = {"python": sys.executable, "grpc_file": grpc.__file__, "sys_path": sys.path,
+             "psutil_importable": importlib.util.find_spec("psutil") is not None}
+    os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
+    with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".worker.json"), "w") as f:
+        json.dump(where, f)
+
+
+def steps_in_turn(trial):
+    """`steps` once every earlier Optuna trial has finished (read through the study's storage): what
+    MedianPruner sees does not depend on how concurrent trials interleave (the 6th is pruned at step 0)."""
+    import time
+
+    _on_the_worker()
+    while any(t.number < trial.number and not t.state.is_finished() for t in trial.study.get_trials(deepcopy=False)):
+        time.sleep(0.2)
+    return steps(trial)
+
+
+def first_sleeps(trial):
+    """Optuna trial 0 sleeps (to be killed mid-trial); the others return at once."""
+    _on_the_worker()
+    x = trial.suggest_float("x", 0, 1)
+    if trial.number == 0:
+        _record(trial, slept=True)
+        import time
+
+        time.sleep(300)
+    _record(trial, returned=[x])
+    return x
 
 
 def broken(trial):
@@ -92,31 +122,4 @@ def slow(trial):
     import time
 
     time.sleep(1)
-    return x
-
-
-def _after_earlier_trials(trial):
-    """Wait (reading the study through its storage) until every earlier Optuna trial has finished."""
-    import time
-
-    while any(t.number < trial.number and not t.state.is_finished() for t in trial.study.get_trials(deepcopy=False)):
-        time.sleep(0.2)
-
-
-def steps_in_turn(trial):
-    """`steps` once the earlier trials have finished: what MedianPruner sees does not depend on how
-    the concurrent trials happen to interleave (the 6th trial is pruned at step 0)."""
-    _after_earlier_trials(trial)
-    return steps(trial)
-
-
-def first_sleeps(trial):
-    """Optuna trial 0 sleeps (to be killed mid-trial); the others return at once."""
-    x = trial.suggest_float("x", 0, 1)
-    if trial.number == 0:
-        _record(trial, slept=True)
-        import time
-
-        time.sleep(300)
-    _record(trial, returned=[x])
     return x

@@ -58,13 +58,21 @@ def copy_objectives(where: Path) -> None:
     code = where / "code"
     code.mkdir()
     shutil.copy(OBJECTIVES, code / "objectives.py")
-    (code / "seen_dir.txt").write_text(f"{where / 'seen'}\n")
+    (code / "seen_dir.txt").write_text(f"{where}\n")
     (where / "db").mkdir()
 
 
 def worker_records(where: Path) -> dict[str, dict]:
-    """What each objective wrote on the worker (copy_objectives), by NNI trial id."""
-    return {p.stem: json.loads(p.read_text()) for p in (where / "seen").glob("*.json")}
+    """What each objective wrote on the worker (copy_objectives), by NNI trial id: its record, with
+    which Python ran it where it said (<id>.worker.json)."""
+    seen = where / "seen"
+    records = {p.name[:-len(".json")]: json.loads(p.read_text()) for p in seen.glob("*.json")
+               if not p.name.endswith(".worker.json")}
+    for trial_id, record in records.items():
+        worker = seen / f"{trial_id}.worker.json"
+        if worker.is_file():
+            record.update(json.loads(worker.read_text()))
+    return records
 
 
 def experiment_trials(where: Path) -> tuple[dict[str, TrialJobStatus], dict[str, dict]]:
