@@ -146,12 +146,44 @@ def test_an_objective_that_raises_fails_here_and_in_the_study(study_dir: Path) -
 
 def test_nsga2_two_objectives(study_dir: Path) -> None:
     _, trials = run_study(study_dir, "objectives.py:two_objectives", 4, "--sampler", "NSGAIISampler",
-                          "--direction", "minimize", "--direction", "minimize")
+                          "--direction", "minimize", "--direction", "maximize")
     assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert all(len(t.values) == 2 for t in trials)
     check_each_saw_its_trial(study_dir, trials)
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'db' / 'study.db'}")
-    assert study.directions == [optuna.study.StudyDirection.MINIMIZE] * 2 and study.best_trials
+    assert study.directions == [optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE]
+    assert study.best_trials
+
+
+def test_cmaes_sampler(study_dir: Path) -> None:
+    """CmaEsSampler (it needs the `cmaes` package in the trial's Python): after its one start-up
+    trial every trial's params are CMA-ES's, sampled in the trial's process from the study's history."""
+    _, trials = run_study(study_dir, "objectives.py:bowl", 4, "--sampler", "CmaEsSampler", concurrency=1)
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    check_each_saw_its_trial(study_dir, trials)
+    by_number = sorted(trials, key=lambda t: t.number)
+    assert "cma:generation" not in by_number[0].system_attrs  # the start-up trial: independent sampling
+    assert all("cma:generation" in t.system_attrs for t in by_number[1:]), [t.system_attrs for t in by_number]
+
+
+def test_hyperband_pruner_prunes_at_the_step_it_chose(study_dir: Path) -> None:
+    """HyperbandPruner: each pruned trial is PRUNED at the step where its objective was told to stop,
+    with the intermediate values the objective reported, and ends EARLY_STOPPED here."""
+    _, trials = run_study(study_dir, "objectives.py:nine_steps", 8, "--sampler", "RandomSampler", "--pruner",
+                          "HyperbandPruner", concurrency=1)
+    assert len(trials) == 8 and all(t.state.is_finished() for t in trials)
+    records = check_each_saw_its_trial(study_dir, trials)
+    statuses = nni_trials(study_dir)
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned and len(pruned) < len(trials), [(t.number, t.state) for t in trials]
+    for t in trials:
+        record = records[t.system_attrs["nni:trial_id"]]
+        assert {int(k): v for k, v in record["reported"].items()} == t.intermediate_values
+        if t.state == optuna.trial.TrialState.PRUNED:
+            assert record["pruned_at"] == t.last_step < 8
+            assert statuses[t.system_attrs["nni:trial_id"]] == TrialJobStatus.EARLY_STOPPED
+        else:
+            assert t.state == optuna.trial.TrialState.COMPLETE and t.last_step == 8 and "pruned_at" not in record
 
 
 @pytest.mark.parametrize("kill_signal", ["SIGINT", "SIGKILL"])
