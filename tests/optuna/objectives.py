@@ -26,7 +26,7 @@ def _record(trial, **what):
             wrong_token = exc.code().name
     seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
-            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, **what}
+            "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "pid": os.getpid(), **what}
     os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
     with open(os.path.join(HERE, "seen", os.environ["NNI_TRIAL_JOB_ID"] + ".json"), "w") as f:
         json.dump(seen, f)
@@ -110,3 +110,14 @@ def bowl(trial):
     value = x * x + y * y
     _record(trial, returned=[value])
     return value
+
+
+def first_hangs(trial):
+    """Optuna trial 0 waits to be killed; the others return at once."""
+    x = trial.suggest_float("x", 0, 1)
+    _record(trial, returned=[x], hangs=trial.number == 0)
+    if trial.number == 0:
+        import time
+
+        time.sleep(120)
+    return x
