@@ -141,6 +141,22 @@ def test_tpe_study_through_the_agent(study_dir: Path) -> None:
         (row,) = [line for line in table.stdout.splitlines() if t.system_attrs["nni:trial_id"] in line]
         assert f"optuna_trial={t.number}, x={t.params['x']:.4g}, n={t.params['n']}, kind={t.params['kind']}" in row
         assert f" {t.value:.4g} " in row, row
+    # the WebUI's REST API (what its trial detail and export read) gives the same params
+    from tests.support.webui.fixtures import get_json
+
+    view = subprocess.Popen([*CLI, "view", str(exp_dir), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert view.stdout is not None
+        url = re.match(r"WebUI: (\S+)", view.stdout.readline()).group(1)  # type: ignore[union-attr]
+        jobs = get_json(url + "api/v1/nni/trial-jobs")
+    finally:
+        view.terminate()
+        view.wait(30)
+    shown = {j["trialJobId"]: json.loads(j["hyperParameters"][0]) for j in jobs}
+    for t in trials:
+        record = shown[t.system_attrs["nni:trial_id"]]
+        assert record["parameters"] == t.params, record  # (NNI's client takes only its own keys: no "optuna")
 
 
 def test_median_pruner_prunes_and_the_trial_ends_early_stopped(study_dir: Path) -> None:
