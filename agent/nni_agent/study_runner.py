@@ -129,12 +129,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("nni_agent.study_runner: the trial's Python has no optuna: `pip install optuna` on the worker",
               file=sys.stderr)
         return EXIT_FAILED
-    try:
-        objective = load_objective(args.target, os.getcwd())
-    except (ValueError, ImportError) as exc:  # the last stderr line is the trial's FAILED reason
-        traceback.print_exc()
-        print("nni_agent.study_runner: cannot load the objective: %s" % exc, file=sys.stderr)
-        return EXIT_FAILED
     storage = agent_storage(endpoint, trial_id, token)
     study = optuna.load_study(study_name=args.study_name, storage=storage, sampler=_make("samplers", args.sampler),
                               pruner=_make("pruners", args.pruner))
@@ -152,6 +146,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(signal.SIGINT, previous)
         if stopped:
             raise KeyboardInterrupt()
+        # after ask(): an objective that cannot be loaded is one FAIL trial of the study, as one that raises
+        try:
+            objective = load_objective(args.target, os.getcwd())
+        except (ValueError, ImportError) as exc:  # the last stderr line is the trial's FAILED reason
+            traceback.print_exc()
+            print("nni_agent.study_runner: cannot load the objective: %s" % exc, file=sys.stderr)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return EXIT_FAILED
         value = objective(trial)
     except optuna.TrialPruned:
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)

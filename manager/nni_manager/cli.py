@@ -11,6 +11,7 @@ import signal
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("run", "resume"):
             _web_options(args)  # a wrong --port is refused by every mode alike (also with --no-webui)
             if args.command == "resume":
+                if _study_resume(args):  # an Optuna study's experiment: its `optuna` command again
+                    return _optuna(args)
                 args.config, args.experiment_id = _resumable(args.experiment_id)
                 args.dry_run = False
             if args.dry_run:
@@ -204,9 +207,6 @@ def _resumable(ref: str) -> tuple[Path, str]:
     finally:
         store.close()
     config_file = (row.get("config") or {}).get("config_file")
-    if "nni_agent.study_runner" in str((row.get("config") or {}).get("trial_command", "")):
-        raise UsageError(f"experiment {row.get('id', ref)} ran an Optuna study, which cannot be resumed yet: run "
-                         "the same `nni-manager optuna` command again (the study keeps its trials)")
     if not config_file:
         raise UsageError(f"experiment {row.get('id', ref)} was not started from a config file: resume it with "
                          f"`nni-manager run CONFIG --experiment-id {row.get('id', ref)}`")
@@ -214,6 +214,34 @@ def _resumable(ref: str) -> tuple[Path, str]:
         raise UsageError(f"experiment {row['id']} was started from {config_file}, which is gone: resume it with "
                          f"`nni-manager run CONFIG --experiment-id {row['id']}`")
     return Path(config_file), str(row["id"])
+
+
+def _study_resume(args: argparse.Namespace) -> bool:
+    """For `resume` of an experiment that ran an Optuna study: fill `args` as its `optuna` command
+    (nni_manager.optuna.study.save_spec kept it) and say True; False for any other experiment."""
+    from nni_manager.optuna.study import saved_spec
+
+    directory = _experiment_dir(args.experiment_id)
+    store = _open_store(directory)
+    try:
+        row, spec = store.experiment(), saved_spec(store)
+    finally:
+        store.close()
+    if spec is None:
+        return False
+    experiment_id = str(row.get("id") or directory.name)
+    if not spec["storage"] and not os.environ.get(STUDY_STORAGE_ENV):
+        raise UsageError(f"experiment {experiment_id}'s study storage URL holds a password, which is not kept: "
+                         f"set {STUDY_STORAGE_ENV} to the URL and resume again")
+    config = spec["config"]
+    if isinstance(config, str) and not Path(config).is_file():
+        raise UsageError(f"experiment {experiment_id} was started from {config}, which is gone: run `nni-manager "
+                         f"optuna ... --config CONFIG.yml` again with the same --study-name (the study keeps its trials)")
+    args.target, args.study_name, args.n_trials = spec["target"], spec["study_name"], spec["n_trials"]
+    args.storage, args.direction = spec["storage"] or None, spec["directions"]
+    args.sampler, args.pruner, args.experiment_id = spec["sampler"], spec["pruner"], experiment_id
+    args.config = Path(config) if isinstance(config, str) else config
+    return True
 
 
 def _list(show_all: bool) -> int:
@@ -531,9 +559,13 @@ def _optuna(args: argparse.Namespace) -> int:
     check_spec(spec)
     config = study_config(args.config, spec)
     preflight(config, tuner=False)
+    source = args.config if isinstance(args.config, Mapping) else str(args.config.expanduser().resolve())
     if args.detach:
+        if not isinstance(source, str):
+            raise UsageError("--detach: this study's experiment was started from Python with a config mapping: "
+                             "resume it without --detach")
         command = ["optuna", spec.target, "--study-name", spec.study_name,  # the URL goes in the environment
-                   "--n-trials", str(spec.n_trials), "--config", str(args.config.expanduser().resolve())]
+                   "--n-trials", str(spec.n_trials), "--config", source]
         for d in spec.directions:
             command += ["--direction", d]
         command += ["--sampler", spec.sampler] if spec.sampler else []
@@ -542,7 +574,8 @@ def _optuna(args: argparse.Namespace) -> int:
     storage = create_study(spec)
     keep = sys.stdout.isatty() if args.keep_serving is None else args.keep_serving
     return _run(args.config, args.experiment_id, args.plain, None if args.no_webui else _web_options(args), keep,
-                config=config, make_experiment=functools.partial(StudyExperiment, study=spec, storage=storage))
+                config=config, make_experiment=functools.partial(StudyExperiment, study=spec, storage=storage,
+                                                                 source=source))
 
 
 def _console_notices(config) -> None:  # config: ExperimentConfig
@@ -585,7 +618,7 @@ def _trials(experiment_dir: Path) -> int:
     from rich.console import Console
 
     from nni_manager.experiment import TrialSummary
-    from nni_manager.ui import status_line, trial_table
+    from nni_manager.ui import fmt_value, status_line, trial_table
 
     store = _open_store(experiment_dir)
     try:
@@ -593,10 +626,16 @@ def _trials(experiment_dir: Path) -> int:
     finally:
         store.close()
     summaries: dict[str, TrialSummary] = {}
+    study_values: dict[str, list] = {}  # a multi-objective study's trial: every value in the final column
     for d in details:
         record = json.loads(d.form.hyper_parameters.value)
+        shown = record.get("parameters") or {}
+        if isinstance(record.get("optuna"), dict):  # an Optuna study's trial: its number, then its params
+            shown = {"optuna_trial": record["optuna"].get("number"), **shown}
+            if len(record["optuna"].get("values") or ()) > 1:
+                study_values[d.id] = [fmt_value(v) for v in record["optuna"]["values"]]
         summaries[d.id] = TrialSummary(d.id, d.sequence_id, record.get("parameter_id"),
-                                       record.get("parameters") or {}, d.status, gpu_indices=d.gpu_indices,
+                                       shown, d.status, gpu_indices=d.gpu_indices,
                                        start_time=d.start_time, end_time=d.end_time, message=d.message)
     for m in metrics:
         trial = summaries.get(m["trial_id"])
@@ -607,6 +646,8 @@ def _trials(experiment_dir: Path) -> int:
             trial.final, trial.metric = value, metric_number(value)
         elif m["type"] == "PERIODICAL":
             trial.latest = value
+    for trial_id, values in study_values.items():
+        summaries[trial_id].final = "[" + ", ".join(values) + "]"
     rows = sorted(summaries.values(), key=lambda t: t.sequence_id)
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(trial_table(rows))

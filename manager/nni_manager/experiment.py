@@ -294,8 +294,12 @@ class Experiment:
         why = _no_usable_machine(ts)
         return why, bool(why)
 
+    def _trial_count(self) -> int:
+        """The trials maxTrialNumber counts (an Optuna study leaves out those that ran no Optuna trial)."""
+        return len(self.trials)
+
     def _limit_reached(self) -> str:
-        if self.config.max_trial_number is not None and len(self.trials) >= self.config.max_trial_number:
+        if self.config.max_trial_number is not None and self._trial_count() >= self.config.max_trial_number:
             return f"maxTrialNumber ({self.config.max_trial_number}) reached"
         duration = self.config.max_experiment_duration
         if duration is not None and time.monotonic() - self._started >= duration:

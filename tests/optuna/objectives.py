@@ -123,3 +123,39 @@ def slow(trial):
 
     time.sleep(1)
     return x
+
+
+def nine_steps(trial):
+    """Reports trial.number + step + x for 9 steps (minimized): later trials lose, and a pruner may
+    stop them; the record says every step it reported and where it was pruned."""
+    x = trial.suggest_float("x", 0, 1)
+    reported = {}
+    for step in range(9):
+        reported[step] = trial.number + step + x
+        trial.report(reported[step], step)
+        if trial.should_prune():
+            _record(trial, reported=reported, pruned_at=step)
+            raise optuna.TrialPruned()
+    value = trial.number + x
+    _record(trial, reported=reported, returned=[value])
+    return value
+
+
+def bowl(trial):
+    """Two floats only: every parameter is CMA-ES's own (no independent fallback)."""
+    x = trial.suggest_float("x", -3, 3)
+    y = trial.suggest_float("y", -3, 3)
+    value = x * x + y * y
+    _record(trial, returned=[value])
+    return value
+
+
+def first_hangs(trial):
+    """Optuna trial 0 waits to be killed; the others return at once."""
+    x = trial.suggest_float("x", 0, 1)
+    _record(trial, returned=[x], hangs=trial.number == 0)
+    if trial.number == 0:
+        import time
+
+        time.sleep(120)
+    return x

@@ -36,4 +36,6 @@ def optimize(study: Any, target: str, *, n_trials: int, config: str | Path | Map
     check_spec(spec)
     cfg = study_config(config if isinstance(config, Mapping) else Path(config), spec)
     preflight(cfg, tuner=False)
-    return asyncio.run(StudyExperiment(cfg, study=spec, storage=study._storage, experiment_id=experiment_id).run())
+    source = dict(config) if isinstance(config, Mapping) else str(Path(config).expanduser().resolve())
+    return asyncio.run(StudyExperiment(cfg, study=spec, storage=study._storage, source=source,
+                                       experiment_id=experiment_id).run())

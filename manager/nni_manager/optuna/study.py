@@ -12,7 +12,11 @@ study never keeps a RUNNING trial of ours.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import json
 import logging
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -27,6 +31,7 @@ from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_
 from nni_manager.experiment import Experiment
 from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
+from nni_agent.study_runner import ATTR_EXPERIMENT, ATTR_TRIAL
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +149,10 @@ class StudySource(Dispatcher):
         self.experiment_id = experiment_id
         self.proxy = proxy
         self.on_stop = on_stop
+        self.on_record: Any = None  # (trial id, optuna_record) once a trial ended: the experiment keeps it
+        self.message_of: Any = lambda trial_id: ""  # an ended trial's message (why it ended)
+        self.uncounted: set[str] = set()  # our trials n_trials does not count: they ran no Optuna trial
+        self.counted_before = 0
         self.created: dict[str, list[int]] = {}  # our trial id -> the storage ids of the Optuna trials it created
         self._events: DispatcherEvents | None = None
         self._offered = 0
@@ -152,7 +161,7 @@ class StudySource(Dispatcher):
     async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
                     history: list[dict[str, Any]]) -> None:
         self._events = events
-        self._offered = len(history)
+        self._offered = self.counted_before  # a resumed experiment's trials that count (StudyExperiment._resume)
 
     def request_trials(self, count: int) -> None:
         assert self._events is not None
@@ -164,9 +173,31 @@ class StudySource(Dispatcher):
             self._offered += 1
 
     def trial_end(self, trial_id: str, event: str, hyper_params: str) -> None:
-        task = asyncio.ensure_future(asyncio.to_thread(self.fail_left_running, trial_id))
+        if not self.created.get(trial_id) and not counts_without_optuna_trial(event, self.message_of(trial_id)):
+            self.uncounted.add(trial_id)  # ended before its Optuna trial existed: another takes its place
+            self._offered -= 1
+            log.info("trial %s ended before creating its Optuna trial: it does not count in n_trials", trial_id)
+        task = asyncio.ensure_future(self._ended(trial_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _ended(self, trial_id: str) -> None:
+        await asyncio.to_thread(self.fail_left_running, trial_id)
+        seen = await asyncio.to_thread(self.optuna_trial_of, trial_id)
+        if seen is not None and self.on_record is not None:
+            self.on_record(trial_id, seen)
+
+    def optuna_trial_of(self, trial_id: str) -> dict[str, Any] | None:
+        """What the study holds of our trial `trial_id`'s Optuna trial: number, state, params, values."""
+        created = self.created.get(trial_id)
+        if not created:
+            return None
+        try:
+            frozen = self.storage.get_trial(created[-1])
+        except Exception as exc:  # noqa: BLE001 - the storage is gone (the experiment is ending)
+            log.debug("Optuna trial of %s: %s", trial_id, exc)
+            return None
+        return optuna_record(frozen)
 
     def update_search_space(self, search_space: dict[str, Any]) -> None:
         log.warning("an Optuna study has no search space to update: its objective defines it")
@@ -197,6 +228,53 @@ class StudySource(Dispatcher):
                 log.debug("Optuna trial %d: %s", storage_id, exc)
 
 
+def counts_without_optuna_trial(status: str, message: str) -> bool:
+    """Whether a trial that ended before its runner created an Optuna trial counts in n_trials: only
+    when the runner exited by itself (FAILED with its own exit code 1 or 2: no optuna in the worker's
+    Python, no storage endpoint, an error before `study.ask()`), which each trial in its place would
+    repeat. One killed (a signal, or a shell's 128+N), lost or cancelled before `study.ask()` would
+    leave the study a trial short: another trial takes its place."""
+    return status == "FAILED" and re.match(r"exit code [12]\b", message) is not None
+
+
+def optuna_record(frozen: Any) -> dict[str, Any]:
+    """An Optuna trial as the experiment records it (the trial's parameter record's "optuna")."""
+    return {"number": frozen.number, "state": frozen.state.name, "params": dict(frozen.params),
+            "values": list(frozen.values) if frozen.values is not None else None}
+
+
+def with_optuna(record: str, seen: dict[str, Any]) -> str:
+    """The trial's parameter record with the Optuna trial's params as its parameters (what `trials`,
+    the WebUI and export show) and the Optuna trial itself under "optuna"."""
+    try:
+        data = json.loads(record)
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    return json.dumps({**data, "parameters": seen["params"], "optuna": seen})
+
+
+def keep_optuna_record(ts: Any, experiment: Experiment, trial_id: str, seen: dict[str, Any]) -> None:
+    """Record on the manager's loop, in the experiment's store and its summary, the Optuna trial
+    that NNI trial `trial_id` ran (until now its params were in the study alone)."""
+    from nni_manager.types import HyperParameters
+
+    detail = ts.core.trials.by_id.get(trial_id)
+    if detail is None:
+        return
+    hp = detail.form.hyper_parameters
+    value = with_optuna(hp.value, seen)
+    store = ts.core.trials.store
+    with store.transaction():
+        store.add_parameter(trial_id, hp.index, value)
+        ts.core.trials.change(detail, form=dataclasses.replace(detail.form,
+                                                               hyper_parameters=HyperParameters(value, hp.index)))
+    summary = experiment.trials.get(trial_id)
+    if summary is not None:
+        summary.parameters, summary.hyper_params = dict(seen["params"]), value
+
+
 class _Study:
     """What the hub asks of the study (hub/study.StudyService). It notes which Optuna trials each
     of our trials created (CreateNewTrial's answer, before the runner sees it): those are the ones
@@ -222,9 +300,13 @@ class _Study:
 class StudyExperiment(Experiment):
     """An ordinary experiment whose trials are the study's."""
 
-    def __init__(self, config: ExperimentConfig, *, study: StudySpec, storage: Any, **kwargs: Any) -> None:
+    def __init__(self, config: ExperimentConfig, *, study: StudySpec, storage: Any,
+                 source: str | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.study = study
         self.storage = storage
+        self.source = source  # the CONFIG.yml path (or mapping) `resume` builds the config from again
+        self._uncounted: set[str] = set()
+        self._resumed_created: dict[str, list[int]] = {}
         super().__init__(config, **kwargs)
         directions = storage.get_study_directions(storage.get_study_id_from_name(study.study_name))
         self.optimize_mode = directions[0].name.lower()  # the summary's best trial: by the first objective
@@ -232,15 +314,81 @@ class StudyExperiment(Experiment):
     def _check_config(self) -> None:
         check_spec(self.study)
 
+    def _trial_count(self) -> int:
+        return len(self.trials) - len(self._uncounted)
+
+    async def _resume(self, ts: Any) -> list[dict[str, Any]]:
+        """The earlier runs' trials, and which of them count: those whose Optuna trial is in the
+        study (a FAIL left by a stop included, as Optuna counts it), or that ended FAILED by
+        themselves (counts_without_optuna_trial); a resumed study runs to n_trials of them."""
+        history = await super()._resume(ts)
+        if self._resumed:
+            ended = {i for i in self._resumed if self.trials[i].status.is_terminal}
+            self._resumed_created = await asyncio.to_thread(self._ours_in_study, ended)
+            for trial_id in ended - set(self._resumed_created):
+                t = self.trials[trial_id]
+                if not counts_without_optuna_trial(t.status.value, t.message):
+                    self._uncounted.add(trial_id)
+        return history
+
+    def _ours_in_study(self, ended: set[str]) -> dict[str, list[int]]:
+        """{our trial id: the storage ids of its Optuna trials}; those of ended trials still RUNNING
+        (the manager was killed before it could tell the study) are marked FAIL now."""
+        from optuna.trial import TrialState
+
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        ours: dict[str, list[int]] = {}
+        for t in self.storage.get_all_trials(study_id, deepcopy=False):
+            attrs = t.system_attrs
+            if attrs.get(ATTR_EXPERIMENT) != self.experiment_id or not attrs.get(ATTR_TRIAL):
+                continue
+            ours.setdefault(attrs[ATTR_TRIAL], []).append(t._trial_id)
+            if t.state == TrialState.RUNNING and attrs[ATTR_TRIAL] in ended:
+                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                log.info("Optuna trial %d of NNI trial %s was left RUNNING: marked FAIL", t.number, attrs[ATTR_TRIAL])
+        return ours
+
     async def _make_dispatcher(self, ts: Any, experiment_dir: Path) -> Dispatcher:
+        save_spec(ts.core.trials.store, self.study, self.source)
         proxy = StorageProxy(self.storage, experiment_dir / "study.sock")
         await proxy.start()
         hub = ts.core.hub
         source = StudySource(self.storage, self.study.study_name, self.study.n_trials, ts.experiment_id, proxy)
+        source.created.update(self._resumed_created)
+        source.uncounted = self._uncounted
+        source.counted_before = self._trial_count()
+        source.message_of = lambda trial_id: self.trials[trial_id].message if trial_id in self.trials else ""
         hub.study = _Study(proxy, ts, source.created)
 
         def forget() -> None:
             hub.study = None
 
         source.on_stop = forget
+        source.on_record = functools.partial(keep_optuna_record, ts, self)
         return source
+
+
+SPEC_SETTING = "optuna_study"  # the experiment store's setting: what `nni-manager resume` runs again
+
+
+def save_spec(store: Any, spec: StudySpec, source: str | Mapping[str, Any] | None) -> None:
+    """Keep the study's command line in the experiment's store for `resume`: the storage URL only
+    when it holds no password (else `resume` reads it from NNI_MANAGER_STUDY_STORAGE again)."""
+    from urllib.parse import urlsplit
+
+    try:
+        secret = urlsplit(spec.storage_url).password is not None
+    except ValueError:
+        secret = True
+    kept = {"target": spec.target, "study_name": spec.study_name, "n_trials": spec.n_trials,
+            "directions": spec.directions, "sampler": spec.sampler, "pruner": spec.pruner,
+            "storage": "" if secret else spec.storage_url,
+            "config": dict(source) if isinstance(source, Mapping) else source}
+    with store.transaction():
+        store.set_setting(SPEC_SETTING, json.dumps(kept))
+
+
+def saved_spec(store: Any) -> dict[str, Any] | None:
+    """What save_spec kept, or None for an experiment that ran no study."""
+    value = store.setting(SPEC_SETTING)
+    return json.loads(value) if value else None
