@@ -141,6 +141,7 @@ class Tunnel:
         self.namespace, self.pod, self.pool = namespace, pod, pool
         self._hub = hub  # the hub's listening "host:port" (known once it started)
         self._on_gone = on_gone  # re-creates the relay pod when the API server says it is gone
+        self._gone_lock = asyncio.Lock()  # one re-creation at a time: the pool's streams all fail together
         self._session: Any = None
         self._route = proxy.Route(None)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -211,8 +212,9 @@ class Tunnel:
                        f"account (RBAC; a WebSocket upgrade is checked as `get`, and from Kubernetes 1.35 also `create`)")
             else:
                 why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
-            await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended
-                               urgent=e.status in (401, 403))
+            # 404: gone; 400: not scheduled; 500: the kubelet has no running sandbox for it (evicted,
+            # ended; streaming/errors.go): on_gone reads the pod and re-creates it only if it ended
+            await self._failed(why, gone=e.status in (400, 404, 500), urgent=e.status in (401, 403))
             return
         except aiohttp.ClientHttpProxyError as e:
             await self._failed(f"port-forward to pod {self.pod}: {proxy.refusal(e)}", urgent=True)
@@ -291,7 +293,8 @@ class Tunnel:
             log.info("hub tunnel: %s (retrying)", why)
         if gone and self._on_gone is not None:
             try:
-                await self._on_gone()
+                async with self._gone_lock:  # the next caller then finds the new pod and leaves it be
+                    await self._on_gone()
             except Exception as e:  # noqa: BLE001 - logged, retried with the next stream
                 log.warning("hub tunnel: cannot re-create the relay: %s", e)
         self._spawn(min(5.0, 0.2 * 2 ** min(self._failures, 5)))
