@@ -200,9 +200,17 @@ class Tunnel:
         import aiohttp
 
         paired = False
+        fresh = getattr(self._api, "fresh_credentials", None)
+        if fresh is not None:  # a client certificate renewed before it expires (exec plugins)
+            try:
+                await fresh()
+            except Exception as e:  # noqa: BLE001 - one line (KubeError says why), retried with backoff
+                await self._failed(f"cannot renew the credentials for the port-forward: {e}", urgent=True)
+                return
         try:
             r = self._route
             ws = await self._session.ws_connect(self._url(), protocols=(PROTOCOL,), headers=await self._headers(),
+                                                ssl=self._api.rest_client.ssl_context,  # its current certificate
                                                 heartbeat=30.0, max_msg_size=0, proxy=r.proxy, proxy_auth=r.auth,
                                                 proxy_headers=r.headers, server_hostname=r.server_hostname)
         except aiohttp.WSServerHandshakeError as e:

@@ -20,6 +20,7 @@ from aiohttp import web
 from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
+from .clientcerts import ClientCA
 from . import faults, oidc, rbac
 
 from .store import Store
@@ -66,6 +67,7 @@ class Auth:
         self.tokens: dict[str, rbac.Identity] = {}
         self.extra = rbac.Tokens()
         self.oidc: oidc.Issuer | None = None  # id-tokens of the emulator's OIDC issuer (--oidc-* flags)
+        self.client_ca: ClientCA | None = None  # --client-ca-file: client certificates it signed (clientcerts.py)
         for spec in specs:
             tok, _, rest = spec.partition("=")
             user, rules = rest, ""
@@ -88,7 +90,7 @@ class Auth:
     def user(self, request: web.Request, store: Store) -> rbac.Identity | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":  # the scheme is case-insensitive (in-cluster clients send "bearer")
-            return None
+            return self.client_ca.identify(request) if self.client_ca is not None else None
         token = token.strip()
         found = self.tokens.get(token) or self.extra.identify(store, token)
         return found or (self.oidc.authenticate(token) if self.oidc is not None else None)
@@ -527,6 +529,14 @@ class ApiServer:
                                                  bool(body.get("rbac", False)))
             stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             return web.json_response({"token": tok, "expirationTimestamp": stamp})
+        if parts == ["certificates"] and request.method == "POST" and self.auth.client_ca is not None:
+            # what a Pinniped / Teleport exec plugin obtains: a short-lived client certificate
+            cert, key, expires = self.auth.client_ca.issue(body.get("user", "cert-user"), list(body.get("groups", [])),
+                                                           float(body.get("lifetime", 60)))
+            stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return web.json_response({"certificate": cert, "key": key, "expirationTimestamp": stamp})
+        if parts == ["certificates"] and request.method == "GET" and self.auth.client_ca is not None:
+            return web.json_response({"issued": self.auth.client_ca.issued})
         if parts == ["tokens", "revoke"] and request.method == "POST":  # the identity provider revokes a token
             return web.json_response({"revoked": self.auth.extra.issued.pop(str(body.get("token")), None) is not None})
         if parts[:1] == ["oidc"]:
@@ -625,6 +635,8 @@ async def amain(args) -> None:
     server = ApiServer(store, kubelet, auth)
     tls = make_tls(state, ca_name="kube-emulator-ca", server_name="kube-apiserver",
                    extra_ips=("10.96.0.1",))  # netns only: the in-cluster `kubernetes` Service
+    auth.client_ca = ClientCA(state)
+    auth.client_ca.configure(tls)
     runner, port = await serve(server.app(), port=args.port, ssl_context=tls)
     api_port[0] = port
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)
