@@ -27,6 +27,11 @@ class KubeError(BackendError):
 
 # the authorizer's own words (RBAC, webhook authorizers): `User "u" cannot create resource "pods" ...`
 RBAC_DENIAL = re.compile(r'cannot [a-z]+ resource "')
+# the quota admission plug-in's refusal of one more object (`count/<resource>`, or the older names)
+QUOTA_COUNT = re.compile(r"exceeded quota: (?P<quota>[^,\s]+), requested: (?P<key>[a-z0-9./-]+)=1, "
+                         r"used: (?P=key)=(?P<used>\d+), limited: (?P=key)=(?P<limit>\d+)")
+COUNTED = frozenset({"pods", "secrets", "configmaps", "services", "persistentvolumeclaims", "replicationcontrollers",
+                     "resourcequotas"})
 
 
 def admission_fix(message: str) -> str:
@@ -67,6 +72,14 @@ def api_error(e: Exception, doing: str) -> KubeError:
     if status == 401:
         return KubeError(f"{doing}: the cluster refused the credentials (401 Unauthorized): check the token or "
                          "certificate in your kubeconfig (`kubectl auth whoami`)")
+    counted = QUOTA_COUNT.search(message) if status == 403 else None
+    if counted and (counted["key"].startswith("count/") or counted["key"] in COUNTED):
+        quota, key, used, limit = counted["quota"], counted["key"], counted["used"], counted["limit"]
+        what = key.removeprefix("count/").split(".")[0]
+        return KubeError(f"{doing}: the namespace's ResourceQuota {quota} allows no more {what} ({key}: {used} used "
+                         f"of {limit}; 403 from quota admission, not RBAC): delete what other experiments left "
+                         f"(`nni-manager cleanup`, `kubectl get {what}`) or ask for a higher {key} "
+                         f"(`kubectl describe resourcequota {quota}`)")
     if status == 403 and "exceeded quota" in message:
         return KubeError(f"{doing}: the namespace's ResourceQuota refuses it (403): {message}; raise the quota "
                          "(`kubectl describe resourcequota`) or lower cpuNumber / memorySize / gpuNumber")
