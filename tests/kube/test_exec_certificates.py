@@ -35,7 +35,8 @@ def _issue(kube, lifetime: float) -> dict:
     return kube._call("POST", "/emulator/v1/certificates", {"user": "alice", "groups": ["devs"], "lifetime": lifetime})
 
 
-def test_the_emulator_refuses_an_expired_client_certificate_on_its_next_request(kube, tmp_path: Path) -> None:
+def test_the_emulator_refuses_an_expired_client_certificate_on_its_next_request(kube_factory, tmp_path: Path) -> None:
+    kube = kube_factory(client_ca=True)
     issued = _issue(kube, 2.0)
     (tmp_path / "c.pem").write_text(issued["certificate"])
     (tmp_path / "k.pem").write_text(issued["key"])
@@ -61,7 +62,8 @@ def test_the_emulator_refuses_an_expired_client_certificate_on_its_next_request(
     plain.close()
 
 
-def test_the_client_renews_an_exec_plugins_client_certificate(kube, tmp_path: Path) -> None:
+def test_the_client_renews_an_exec_plugins_client_certificate(kube_factory, tmp_path: Path) -> None:
+    kube = kube_factory(client_ca=True)
     from kubernetes.aio import client as aio
 
     path, runs = cert_plugin.kubeconfig(kube, tmp_path, LIFETIME)
@@ -96,7 +98,7 @@ TRIAL = textwrap.dedent("""
 def test_an_experiment_outlives_its_client_certificates(kube_factory, short_dir: Path) -> None:
     """`nni-manager run` with certificates living LIFETIME s, a run several times as long, agents
     reaching the hub only through the tunnel (its port-forwards authenticate with the certificate)."""
-    kube = kube_factory(pod_network="bridged")
+    kube = kube_factory(pod_network="bridged", client_ca=True)
     base = short_dir
     kubeconfig, runs = cert_plugin.kubeconfig(kube, base, LIFETIME)
     trials = 3

@@ -81,10 +81,14 @@ def program_config_map_name(experiment_id: str) -> str:
 
 
 def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: str,
-                  pod_overrides: dict[str, Any] | None = None, expire_s: float = 0.0) -> list[dict[str, Any]]:
+                  pod_overrides: dict[str, Any] | None = None, expire_s: float = 0.0,
+                  annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay.
     `token_sha256`: the relay token's digest (relay_token.relay_digest), which the relay checks; the
-    relay ends (its pod Succeeded) after `expire_s` seconds without the manager (0: never)."""
+    relay ends (its pod Succeeded) after `expire_s` seconds without the manager (0: never).
+    `annotations`: the config's podAnnotations, on the relay pod as on the trials' (a mesh's opt-out,
+    `sidecar.istio.io/inject: "false"`: an injected proxy would keep the pod Running after the relay
+    ended, and a NetworkPolicy or mesh policy may key on them)."""
     name = relay_name(experiment_id)
     labels = relay_labels(experiment_id)
     meta = {"name": name, "namespace": namespace, "labels": labels}
@@ -92,7 +96,7 @@ def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: 
     program_sha256 = hashlib.sha256(program.encode()).hexdigest()
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
                   "metadata": {**meta, "name": program_config_map_name(experiment_id)}, "data": {RELAY_FILE: program}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": {**SAFE_TO_EVICT, **(annotations or {})}}, "spec": {
         "restartPolicy": "OnFailure",  # a crash is restarted; its own end (the manager gone for good) is final
         "terminationGracePeriodSeconds": 2,
         "containers": [{

@@ -600,6 +600,12 @@ def parse_args(argv=None):
     p.add_argument("--host-netns", action="store_true",
                    help="bridged: a namespace for the node / the user's host on the bridge (10.244.0.2), "  # netns only
                         "for NAT-style port-forwards to the root loopback (POST /emulator/v1/network/forward)")
+    p.add_argument("--sidecar-image", default=None,
+                   help="Istio's sidecar injector: pods in namespaces labelled istio-injection=enabled get an "
+                        "istio-proxy container of this image unless they opt out (sidecar.py)")
+    p.add_argument("--client-ca", action="store_true",
+                   help="authenticate client certificates of the emulator's client CA (STATE/client-ca.crt) and "
+                        "issue short-lived ones (POST /emulator/v1/certificates): clientcerts.py")
     return p.parse_args(argv)
 
 
@@ -610,6 +616,7 @@ async def amain(args) -> None:
     instance = args.instance_id or secrets.token_hex(8)
     store = Store(instance)
     store.history = deque(maxlen=args.watch_history)
+    store.sidecar_image = args.sidecar_image
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] + args.namespace:
         if store.get(NAMESPACES, None, ns) is None:
             store.create(NAMESPACES, {"metadata": {"name": ns}})
@@ -635,8 +642,9 @@ async def amain(args) -> None:
     server = ApiServer(store, kubelet, auth)
     tls = make_tls(state, ca_name="kube-emulator-ca", server_name="kube-apiserver",
                    extra_ips=("10.96.0.1",))  # netns only: the in-cluster `kubernetes` Service
-    auth.client_ca = ClientCA(state)
-    auth.client_ca.configure(tls)
+    if args.client_ca:
+        auth.client_ca = ClientCA(state)
+        auth.client_ca.configure(tls)
     runner, port = await serve(server.app(), port=args.port, ssl_context=tls)
     api_port[0] = port
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)

@@ -59,6 +59,7 @@ class Store:
         self.history = deque(maxlen=HISTORY)
         self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
         self.policy = Policy()
+        self.sidecar_image: str | None = None  # --sidecar-image: Istio's injector in labelled namespaces (sidecar.py)
         self.gc = GarbageCollector(self)
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
@@ -143,6 +144,8 @@ class Store:
             raise already_exists(res, md["name"])
         self._default(res, obj)
         if res == PODS:
+            from . import sidecar  # mutating admission first: the validating plug-ins see the sidecar
+            sidecar.inject(self.get(NAMESPACES, None, ns), obj, self.sidecar_image)
             self._admit_pod(obj)
         elif res in (SECRETS, CONFIGMAPS, SERVICES):
             self._admit_count(res, ns, md["name"])
