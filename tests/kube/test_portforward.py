@@ -127,3 +127,30 @@ def test_bridged_pods_cannot_reach_the_hosts_loopback(kube_factory):
         hv1.create_namespaced_pod(NS, pod_body("probe", "", container={"command": ["python3", "-c", probe]}))
         pod = wait_phase(host, hv1, "probe", timeout=30)
         assert pod.status.phase == "Failed"
+
+
+def test_portforward_to_an_evicted_pod_is_the_kubelets_500(kube_factory):
+    """The API server hands the upgrade to the kubelet, which has no running sandbox for an evicted
+    pod: 500 with its bare error text (streaming/errors.go), not the 400 an unscheduled pod gets."""
+    kube = kube_factory(pod_network="bridged")
+    v1 = kube.core()
+    v1.create_namespaced_pod(NS, pod_body("idle", "", container={"command": ["python3", "-c", ECHO]}))
+    _running(kube, v1, "idle")
+    pf, sock = _forwarded(kube, v1, "idle", 7071)  # accepted while it runs
+    sock.close()
+    pf.close()
+    kube.evict(NS, "idle")
+    wait_phase(kube, v1, "idle", phases=("Failed",), timeout=30)
+    with pytest.raises(ApiException) as e:
+        portforward(v1.connect_get_namespaced_pod_portforward, "idle", NS, ports="7071")
+    assert "500" in str(e.value) and f'pod not found ("idle_{NS}")' in str(e.value), e.value
+    # a pod no node can hold stays unscheduled: the API server itself answers 400
+    v1.create_namespaced_pod(NS, pod_body("huge", "sleep 60", container={
+        "resources": {"requests": {"cpu": "100000"}}}))
+    kube.wait_for(lambda: any(ev.reason == "FailedScheduling" for ev in v1.list_namespaced_event(NS).items
+                              if ev.involved_object.name == "huge"), 30, what="huge unschedulable")
+    with pytest.raises(ApiException) as e:
+        portforward(v1.connect_get_namespaced_pod_portforward, "huge", NS, ports="7071")
+    assert "400" in str(e.value) and "does not have a host assigned" in str(e.value), e.value
+    for name in ("idle", "huge"):
+        v1.delete_namespaced_pod(name, NS, grace_period_seconds=0)

@@ -170,7 +170,8 @@ class Kube(EmulatorHandle):
 
 def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_groups=(), namespaces=(),
                    pod_start_delay: float = 0.05, watch_history: int | None = None, default_images: bool = True,
-                   pod_network: str = "host", host_netns: bool = False) -> Kube:
+                   pod_network: str = "host", host_netns: bool = False, client_ca: bool = False,
+                   sidecar_image: str | None = None) -> Kube:
     if crd_groups:
         schemas_dir()  # custom resources are validated with the published schemas: SchemasMissing skips
     state = base / f"kube-{secrets.token_hex(3)}"
@@ -204,6 +205,10 @@ def start_emulator(base: Path, *, nodes=None, images=None, tokens=None, crd_grou
         args += ["--pod-network", pod_network]
     if host_netns:
         args += ["--host-netns"]
+    if client_ca:  # client-certificate authentication (emulator/clientcerts.py)
+        args += ["--client-ca"]
+    if sidecar_image:  # Istio's sidecar injection in namespaces labelled istio-injection=enabled (emulator/sidecar.py)
+        args += ["--sidecar-image", sidecar_image]
     proc = start_emulator_process("tests.support.kube.emulator", state, args, what="Kubernetes emulator",
                                   drop_env=("KUBE_EMULATOR_",), state_flag="--state-dir")
     return Kube(state, proc, token, instance)

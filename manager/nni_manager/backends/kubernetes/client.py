@@ -27,6 +27,11 @@ class KubeError(BackendError):
 
 # the authorizer's own words (RBAC, webhook authorizers): `User "u" cannot create resource "pods" ...`
 RBAC_DENIAL = re.compile(r'cannot [a-z]+ resource "')
+# the quota admission plug-in's refusal of one more object (`count/<resource>`, or the older names)
+QUOTA_COUNT = re.compile(r"exceeded quota: (?P<quota>[^,\s]+), requested: (?P<key>[a-z0-9./-]+)=1, "
+                         r"used: (?P=key)=(?P<used>\d+), limited: (?P=key)=(?P<limit>\d+)")
+COUNTED = frozenset({"pods", "secrets", "configmaps", "services", "persistentvolumeclaims", "replicationcontrollers",
+                     "resourcequotas"})
 
 
 def admission_fix(message: str) -> str:
@@ -67,6 +72,14 @@ def api_error(e: Exception, doing: str) -> KubeError:
     if status == 401:
         return KubeError(f"{doing}: the cluster refused the credentials (401 Unauthorized): check the token or "
                          "certificate in your kubeconfig (`kubectl auth whoami`)")
+    counted = QUOTA_COUNT.search(message) if status == 403 else None
+    if counted and (counted["key"].startswith("count/") or counted["key"] in COUNTED):
+        quota, key, used, limit = counted["quota"], counted["key"], counted["used"], counted["limit"]
+        what = key.removeprefix("count/").split(".")[0]
+        return KubeError(f"{doing}: the namespace's ResourceQuota {quota} allows no more {what} ({key}: {used} used "
+                         f"of {limit}; 403 from quota admission, not RBAC): delete what other experiments left "
+                         f"(`nni-manager cleanup`, `kubectl get {what}`) or ask for a higher {key} "
+                         f"(`kubectl describe resourcequota {quota}`)")
     if status == 403 and "exceeded quota" in message:
         return KubeError(f"{doing}: the namespace's ResourceQuota refuses it (403): {message}; raise the quota "
                          "(`kubectl describe resourcequota`) or lower cpuNumber / memorySize / gpuNumber")
@@ -101,6 +114,7 @@ SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_BUDGET_S = 120.0  # one call keeps retrying this long (an API server restart takes tens of seconds)
 IN_CLUSTER_REREAD_S = 60.0  # projected service-account tokens rotate: re-read the file this often
+RETIRE_S = 600.0  # a connection pool made with a replaced client certificate is closed this much later
 EXPIRY_SKEW_S = 1.0  # renew an exec plugin's or OIDC id-token this long before it expires
 
 
@@ -191,6 +205,10 @@ class Credentials:
         self._read_at = time.monotonic()
         cfg.refresh_api_key_hook = self._before_request
 
+    def stale(self) -> bool:
+        """Whether the credentials are about to expire (or, in a cluster, are due to be re-read)."""
+        return self._stale()
+
     def _stale(self) -> bool:
         if self.in_cluster:
             return time.monotonic() - self._read_at > IN_CLUSTER_REREAD_S
@@ -230,6 +248,13 @@ def _retry_after(headers: Any, default: float) -> float:
 _CLIENT_CLASS: Any = None
 
 
+def _tls_context(cfg: Any) -> Any:
+    """The TLS context the official client builds from `cfg` (CA, client certificate, verification)."""
+    from kubernetes.aio.client.rest import RESTClientObject
+
+    return RESTClientObject(cfg).ssl_context  # builds no session: that is made on the first request
+
+
 def _client_class() -> Any:
     """ApiClient that refreshes credentials on 401 and waits out 429 / 5xx / a dropped connection."""
     global _CLIENT_CLASS
@@ -240,6 +265,8 @@ def _client_class() -> Any:
 
     class RetryingApiClient(client.ApiClient):
         credentials: Credentials
+        cert_pair: tuple[Any, Any] = (None, None)  # the client certificate and key files the TLS context holds
+        retired: list[tuple[float, Any]]  # (when to close it, a pool made with an earlier certificate)
         # False while the experiment starts: a server that cannot be reached then is a wrong
         # address or a network problem to report at once, not a restart to wait out
         retry_connections = True
@@ -252,6 +279,39 @@ def _client_class() -> Any:
                     headers[setting["key"]] = setting["value"]
             return headers
 
+        async def fresh_credentials(self) -> None:
+            """Client certificates (an exec plugin's: Pinniped, Teleport) renewed before they expire, and
+            in use: a token is renewed by the configuration's hook, a certificate is not (no header), and
+            the TLS context holds it. A new context also keeps new requests off pooled connections
+            holds it: a new pool (session) with a new context keeps new requests off the connections
+            opened with the old certificate, which the API server refuses (401) on their next request
+            once it has expired. The old pool is closed RETIRE_S later (its watches may still stream)."""
+            cfg = self.configuration
+            if cfg.cert_file and self.credentials.stale():
+                await self.credentials.refresh(cfg, stale_only=True)
+            pair = (cfg.cert_file, cfg.key_file)
+            now = time.monotonic()
+            while self.retired and (closing := self.retired[0])[0] <= now:
+                self.retired.pop(0)
+                await closing[1].close()
+            if pair == self.cert_pair:
+                return
+            rest = self.rest_client
+            rest.ssl_context = _tls_context(cfg)
+            if rest.pool_manager is not None:
+                self.retired.append((now + RETIRE_S, rest.pool_manager))
+                rest.pool_manager = None  # the next request makes a new one with the new context
+            if rest.retry_client is not None:  # bound to the old pool (only with configuration.retries)
+                self.retired.append((now + RETIRE_S, rest.retry_client))
+                rest.retry_client = None
+            self.cert_pair = pair
+
+        async def close(self) -> None:
+            for _, pool in self.retired:
+                await pool.close()
+            self.retired.clear()
+            await super().close()
+
         async def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
                            post_params: Any = None, _request_timeout: Any = None,
                            _preload_content: bool = True) -> Any:
@@ -259,6 +319,7 @@ def _client_class() -> Any:
             deadline = loop.time() + RETRY_BUDGET_S
             delay, refreshed = 0.5, False
             while True:
+                await self.fresh_credentials()
                 sent_token = self.configuration.api_key.get("BearerToken")
                 try:
                     resp = await super().call_api(method, url, header_params, body, post_params,
@@ -310,4 +371,6 @@ async def load_client(kube: KubeConfig) -> Any:
         kube.namespace = credentials.namespace
     api = _client_class()(configuration=cfg)
     api.credentials = credentials
+    api.cert_pair = (cfg.cert_file, cfg.key_file)  # what its TLS context was built with
+    api.retired = []
     return api

@@ -1,4 +1,5 @@
-"""`auth-provider: oidc` kubeconfig users, refreshed as kubectl's oidc plugin does.
+"""`auth-provider: oidc` kubeconfig users, refreshed as kubectl's oidc plugin does (and the expiry
+of client certificates that exec plugins return, which the official loader drops).
 
 The official client's own OIDC refresh cannot be used: `kubernetes.aio` hands aiohttp the CA file's
 path as an SSL context (a TypeError whenever `idp-certificate-authority-data` is set), turns TLS
@@ -140,6 +141,16 @@ def write_back(path: str, content: dict) -> None:
         raise
 
 
+def certificate_expiry(path: str) -> datetime.datetime | None:
+    """A PEM certificate's notAfter (an exec plugin's; its expirationTimestamp is not kept), or None."""
+    from cryptography import x509
+
+    try:
+        return x509.load_pem_x509_certificate(Path(path).read_bytes()).not_valid_after_utc
+    except (OSError, ValueError):
+        return None
+
+
 def loader_class() -> Any:
     """The official KubeConfigLoader with OIDC users refreshed by `refresh` above."""
     from kubernetes.aio.config.kube_config import KubeConfigLoader
@@ -149,6 +160,15 @@ def loader_class() -> Any:
         force_refresh = False  # after a 401: the id-token looks valid but the API server refused it
         skew_s = 1.0
         oidc_expiry: datetime.datetime | None = None
+
+        async def load_from_exec_plugin(self) -> Any:
+            """The official exec provider, and the expiry of the client certificate a plugin returned
+            (Pinniped, Teleport): it keeps only a token's, so an expiring certificate was never renewed."""
+            done = await super().load_from_exec_plugin()
+            cert_file = self.__dict__.get("cert_file")
+            if done and cert_file and getattr(self, "exec_plugin_expiry", None) is None:
+                self.exec_plugin_expiry = certificate_expiry(cert_file)
+            return done
 
         async def _load_oid_token(self) -> str:
             current: Any = self._current_context  # set by set_active_context before authentication loads

@@ -81,10 +81,14 @@ def program_config_map_name(experiment_id: str) -> str:
 
 
 def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: str,
-                  pod_overrides: dict[str, Any] | None = None, expire_s: float = 0.0) -> list[dict[str, Any]]:
+                  pod_overrides: dict[str, Any] | None = None, expire_s: float = 0.0,
+                  annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """The ConfigMap (the relay program), the Pod and the ClusterIP Service of the relay.
     `token_sha256`: the relay token's digest (relay_token.relay_digest), which the relay checks; the
-    relay ends (its pod Succeeded) after `expire_s` seconds without the manager (0: never)."""
+    relay ends (its pod Succeeded) after `expire_s` seconds without the manager (0: never).
+    `annotations`: the config's podAnnotations, on the relay pod as on the trials' (a mesh's opt-out,
+    `sidecar.istio.io/inject: "false"`: an injected proxy would keep the pod Running after the relay
+    ended, and a NetworkPolicy or mesh policy may key on them)."""
     name = relay_name(experiment_id)
     labels = relay_labels(experiment_id)
     meta = {"name": name, "namespace": namespace, "labels": labels}
@@ -92,7 +96,7 @@ def relay_objects(experiment_id: str, namespace: str, image: str, token_sha256: 
     program_sha256 = hashlib.sha256(program.encode()).hexdigest()
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
                   "metadata": {**meta, "name": program_config_map_name(experiment_id)}, "data": {RELAY_FILE: program}}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": dict(SAFE_TO_EVICT)}, "spec": {
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, "annotations": {**SAFE_TO_EVICT, **(annotations or {})}}, "spec": {
         "restartPolicy": "OnFailure",  # a crash is restarted; its own end (the manager gone for good) is final
         "terminationGracePeriodSeconds": 2,
         "containers": [{
@@ -141,6 +145,7 @@ class Tunnel:
         self.namespace, self.pod, self.pool = namespace, pod, pool
         self._hub = hub  # the hub's listening "host:port" (known once it started)
         self._on_gone = on_gone  # re-creates the relay pod when the API server says it is gone
+        self._gone_lock = asyncio.Lock()  # one re-creation at a time: the pool's streams all fail together
         self._session: Any = None
         self._route = proxy.Route(None)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -199,9 +204,17 @@ class Tunnel:
         import aiohttp
 
         paired = False
+        fresh = getattr(self._api, "fresh_credentials", None)
+        if fresh is not None:  # a client certificate renewed before it expires (exec plugins)
+            try:
+                await fresh()
+            except Exception as e:  # noqa: BLE001 - one line (KubeError says why), retried with backoff
+                await self._failed(f"cannot renew the credentials for the port-forward: {e}", urgent=True)
+                return
         try:
             r = self._route
             ws = await self._session.ws_connect(self._url(), protocols=(PROTOCOL,), headers=await self._headers(),
+                                                ssl=self._api.rest_client.ssl_context,  # its current certificate
                                                 heartbeat=30.0, max_msg_size=0, proxy=r.proxy, proxy_auth=r.auth,
                                                 proxy_headers=r.headers, server_hostname=r.server_hostname)
         except aiohttp.WSServerHandshakeError as e:
@@ -211,8 +224,9 @@ class Tunnel:
                        f"account (RBAC; a WebSocket upgrade is checked as `get`, and from Kubernetes 1.35 also `create`)")
             else:
                 why = f"the API server refused the port-forward to pod {self.pod}: {e.status} {e.message}"
-            await self._failed(why, gone=e.status in (400, 404),  # gone, or not running: re-created if it ended
-                               urgent=e.status in (401, 403))
+            # 404: gone; 400: not scheduled; 500: the kubelet has no running sandbox for it (evicted,
+            # ended; streaming/errors.go): on_gone reads the pod and re-creates it only if it ended
+            await self._failed(why, gone=e.status in (400, 404, 500), urgent=e.status in (401, 403))
             return
         except aiohttp.ClientHttpProxyError as e:
             await self._failed(f"port-forward to pod {self.pod}: {proxy.refusal(e)}", urgent=True)
@@ -291,7 +305,8 @@ class Tunnel:
             log.info("hub tunnel: %s (retrying)", why)
         if gone and self._on_gone is not None:
             try:
-                await self._on_gone()
+                async with self._gone_lock:  # the next caller then finds the new pod and leaves it be
+                    await self._on_gone()
             except Exception as e:  # noqa: BLE001 - logged, retried with the next stream
                 log.warning("hub tunnel: cannot re-create the relay: %s", e)
         self._spawn(min(5.0, 0.2 * 2 ** min(self._failures, 5)))

@@ -4,7 +4,8 @@ port-forward` and the official client (`kubernetes.stream.portforward`).
 Protocol `v4.channel.k8s.io` (also accepted: `v5.channel.k8s.io`): per listed port i a data
 channel 2i and an error channel 2i+1; every binary frame starts with its channel byte; the first
 frame on each channel is the port, 2 bytes little-endian. One TCP connection into the pod per
-port per request. The connection is dialled inside the pod's own network namespace (with
+port per request. A pod that is not running: 400 while unscheduled (the API server), else 500
+from the kubelet (no running sandbox: an evicted or ended pod). The connection is dialled inside the pod's own network namespace (with
 `--pod-network bridged`), so a port on the pod's 127.0.0.1 is reachable, as through the kubelet.
 """
 from __future__ import annotations
@@ -72,7 +73,12 @@ async def serve(request: web.Request, store, netns_of, ns: str, name: str) -> we
     netns = netns_of(pod["metadata"]["uid"])
     ports = _ports(request.query.getall("ports", []))
     if (pod.get("status") or {}).get("phase") != "Running":
-        raise ApiError(400, "BadRequest", f"unable to upgrade connection: pod {name} is not running")
+        if not pod["spec"].get("nodeName"):  # the API server: no kubelet to send it to
+            raise ApiError(400, "BadRequest", f"pod {name} does not have a host assigned")
+        # the kubelet: the pod has no running sandbox (not started yet, or evicted / failed / ended);
+        # its streaming server answers 500 with the bare error text, which the API server passes on
+        # (Kubelet.GetPortForward lists running pods only; streaming/errors.go WriteError)
+        return web.Response(status=500, text=f'pod not found ("{name}_{ns}")')
     ws = web.WebSocketResponse(protocols=PROTOCOLS, max_msg_size=0, autoping=True)
     if not ws.can_prepare(request).ok or ws.can_prepare(request).protocol is None:
         raise bad_request("unable to upgrade connection: the request must be a WebSocket upgrade offering "

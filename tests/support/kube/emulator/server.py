@@ -20,6 +20,7 @@ from aiohttp import web
 from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
+from .clientcerts import ClientCA
 from . import faults, oidc, rbac
 
 from .store import Store
@@ -66,6 +67,7 @@ class Auth:
         self.tokens: dict[str, rbac.Identity] = {}
         self.extra = rbac.Tokens()
         self.oidc: oidc.Issuer | None = None  # id-tokens of the emulator's OIDC issuer (--oidc-* flags)
+        self.client_ca: ClientCA | None = None  # --client-ca-file: client certificates it signed (clientcerts.py)
         for spec in specs:
             tok, _, rest = spec.partition("=")
             user, rules = rest, ""
@@ -88,7 +90,7 @@ class Auth:
     def user(self, request: web.Request, store: Store) -> rbac.Identity | None:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":  # the scheme is case-insensitive (in-cluster clients send "bearer")
-            return None
+            return self.client_ca.identify(request) if self.client_ca is not None else None
         token = token.strip()
         found = self.tokens.get(token) or self.extra.identify(store, token)
         return found or (self.oidc.authenticate(token) if self.oidc is not None else None)
@@ -527,6 +529,14 @@ class ApiServer:
                                                  bool(body.get("rbac", False)))
             stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             return web.json_response({"token": tok, "expirationTimestamp": stamp})
+        if parts == ["certificates"] and request.method == "POST" and self.auth.client_ca is not None:
+            # what a Pinniped / Teleport exec plugin obtains: a short-lived client certificate
+            cert, key, expires = self.auth.client_ca.issue(body.get("user", "cert-user"), list(body.get("groups", [])),
+                                                           float(body.get("lifetime", 60)))
+            stamp = dt.datetime.fromtimestamp(expires, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return web.json_response({"certificate": cert, "key": key, "expirationTimestamp": stamp})
+        if parts == ["certificates"] and request.method == "GET" and self.auth.client_ca is not None:
+            return web.json_response({"issued": self.auth.client_ca.issued})
         if parts == ["tokens", "revoke"] and request.method == "POST":  # the identity provider revokes a token
             return web.json_response({"revoked": self.auth.extra.issued.pop(str(body.get("token")), None) is not None})
         if parts[:1] == ["oidc"]:
@@ -590,6 +600,12 @@ def parse_args(argv=None):
     p.add_argument("--host-netns", action="store_true",
                    help="bridged: a namespace for the node / the user's host on the bridge (10.244.0.2), "  # netns only
                         "for NAT-style port-forwards to the root loopback (POST /emulator/v1/network/forward)")
+    p.add_argument("--sidecar-image", default=None,
+                   help="Istio's sidecar injector: pods in namespaces labelled istio-injection=enabled get an "
+                        "istio-proxy container of this image unless they opt out (sidecar.py)")
+    p.add_argument("--client-ca", action="store_true",
+                   help="authenticate client certificates of the emulator's client CA (STATE/client-ca.crt) and "
+                        "issue short-lived ones (POST /emulator/v1/certificates): clientcerts.py")
     return p.parse_args(argv)
 
 
@@ -600,6 +616,7 @@ async def amain(args) -> None:
     instance = args.instance_id or secrets.token_hex(8)
     store = Store(instance)
     store.history = deque(maxlen=args.watch_history)
+    store.sidecar_image = args.sidecar_image
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] + args.namespace:
         if store.get(NAMESPACES, None, ns) is None:
             store.create(NAMESPACES, {"metadata": {"name": ns}})
@@ -625,6 +642,9 @@ async def amain(args) -> None:
     server = ApiServer(store, kubelet, auth)
     tls = make_tls(state, ca_name="kube-emulator-ca", server_name="kube-apiserver",
                    extra_ips=("10.96.0.1",))  # netns only: the in-cluster `kubernetes` Service
+    if args.client_ca:
+        auth.client_ca = ClientCA(state)
+        auth.client_ca.configure(tls)
     runner, port = await serve(server.app(), port=args.port, ssl_context=tls)
     api_port[0] = port
     store.api_url, store.ca_file = f"https://127.0.0.1:{port}", state / "ca.crt"  # for in-cluster clients (barrier)

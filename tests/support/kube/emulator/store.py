@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from . import admission, rbac, validation, webhooks
 from .gc import FOREGROUND, GarbageCollector, validate_owner_references
-from .api import (CONFIGMAPS, CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICEACCOUNTS, ApiError, FieldError, Resource,
+from .api import (CONFIGMAPS, CORE_RESOURCES, EVENTS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICEACCOUNTS, SERVICES, ApiError, FieldError, Resource,
                   Validator, WatchCallback, already_exists, conflict, invalid, not_found)
 from .policy import Policy
 from .util import json_merge_patch, now_rfc3339, parse_label_selector
@@ -59,6 +59,7 @@ class Store:
         self.history = deque(maxlen=HISTORY)
         self.service_account_token: Callable[[str, str], str] | None = None  # set by the server (rbac.Tokens)
         self.policy = Policy()
+        self.sidecar_image: str | None = None  # --sidecar-image: Istio's injector in labelled namespaces (sidecar.py)
         self.gc = GarbageCollector(self)
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
@@ -143,7 +144,11 @@ class Store:
             raise already_exists(res, md["name"])
         self._default(res, obj)
         if res == PODS:
+            from . import sidecar  # mutating admission first: the validating plug-ins see the sidecar
+            sidecar.inject(self.get(NAMESPACES, None, ns), obj, self.sidecar_image)
             self._admit_pod(obj)
+        elif res in (SECRETS, CONFIGMAPS, SERVICES):
+            self._admit_count(res, ns, md["name"])
         md["uid"] = str(uuid.uuid4())
         md["creationTimestamp"] = now_rfc3339()
         md["generation"] = 1
@@ -174,6 +179,21 @@ class Store:
                     raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: '
                                    f'{quota["metadata"]["name"]}, requested: {key}=1, used: {key}={used}, '
                                    f'limited: {key}={hard[key]}', {"name": name, "kind": "pods"})
+
+    def _admit_count(self, res: Resource, ns: str, name: str) -> None:
+        """ResourceQuota on object counts (`count/secrets`, or the older `secrets`; configmaps,
+        services alike): a create over a quota's hard limit is refused with the quota admission
+        plug-in's words (`plugin/pkg/admission/resourcequota`, `apiserver/pkg/admission/plugin/resourcequota`)."""
+        for quota in self.list(RESOURCEQUOTAS, ns):
+            hard = (quota.get("spec") or {}).get("hard") or {}
+            for key in (res.plural, f"count/{res.plural}"):
+                if key not in hard:
+                    continue
+                used = len(self.list(res, ns))
+                if used + 1 > int(hard[key]):
+                    raise ApiError(403, "Forbidden", f'{res.plural} "{name}" is forbidden: exceeded quota: '
+                                   f'{quota["metadata"]["name"]}, requested: {key}=1, used: {key}={used}, '
+                                   f'limited: {key}={hard[key]}', {"name": name, "kind": res.plural})
 
     def _validate(self, res: Resource, obj: dict, old: dict | None, field_validation: str) -> None:
         self.last_warnings = []
