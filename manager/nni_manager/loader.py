@@ -302,7 +302,7 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     config.training_service = ts_config
     if platform == "local":
         ts.bool_("reuseMode")  # NNI's canonical form carries it; local trials run the same either way
-    ts_config.options = backend.parse_config(ts, config)
+    ts_config.options = backend.parse_options(ts, config)
     if backend.trial_command_required and not config.trial_command:
         raise ConfigError("trialCommand", "is required", "add `trialCommand: python3 trial.py` (the command each trial runs)")
     ts.finish(where=f"for platform {platform}")

@@ -166,7 +166,11 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         self.studio: dict[str, str] = {}  # job name -> studio URL
         self.code: aml_code.CodeAsset | None = None  # the agent's code asset, once open() made sure of it
 
-    options_parser = staticmethod(parse_aml)
+    options_type = AmlConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> AmlConfig:
+        return parse_aml(section, config)
 
     @property
     def workspace(self) -> str:

@@ -131,7 +131,11 @@ class DlcBackend(RestJobBackend[DlcConfig]):
         super().__init__(config)
         self.client: Any = None
 
-    options_parser = staticmethod(parse_dlc)
+    options_type = DlcConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> DlcConfig:
+        return parse_dlc(section, config)
 
     def shape(self) -> Shape:
         return Shape((Role("", self.opts.pod_count),))

@@ -108,7 +108,11 @@ class DltsBackend(RestJobBackend[DltsConfig]):
         self.client: RestClient | None = None
         self.gpu_type = "<gpuType>"
 
-    options_parser = staticmethod(parse_dlts)
+    options_type = DltsConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> DltsConfig:
+        return parse_dlts(section, config)
 
     @property
     def reuse(self) -> bool:

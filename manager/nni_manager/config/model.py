@@ -11,13 +11,13 @@ from nni_manager.config.redaction import redacted_repr
 @dataclass
 class TrainingServiceConfig:
     """The `trainingService` section: the fields every platform shares. A platform's own
-    fields are parsed by its backend (`Backend.parse_config`) into `options`."""
+    fields are parsed by its backend (`Backend.parse_options`) into `options`."""
 
     platform: str
     use_active_gpu: bool | None = None
     max_trial_number_per_gpu: int = 1
     gpu_indices: list[int] | None = None
-    options: Any = None  # the backend's own config object (e.g. the remote machine list)
+    options: object = None  # the backend's own options (`Backend.options_type`; e.g. the remote machine list)
     nni_manager_ip: str | None = None
     # The hub agents dial on network platforms (clusters): a fixed port for firewalls
     # (`hubPort`; default: any free one, kept across manager restarts), TLS on unless

@@ -23,10 +23,11 @@ from typing import Any
 
 from nni_manager.service import constraints
 from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest, as_elastic,
-                                       HubKind, PlacementHints, Shape)
+                                       HubKind, PlacementHints, Shape, options_of)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
 from nni_manager.config.hybrid import HYBRID, HybridOptions
+from nni_manager.types import TrialJobDetail
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,21 @@ class _PartContext:
         return getattr(self._ctx, name)
 
 
-class HybridBackend(ElasticBackend[Any, Any]):
+class HybridBackend(ElasticBackend[HybridOptions, Any]):
     """Several platforms as one (NNI's hybrid mode): elastic when any part is (`elastic` is set per
-    experiment), the fixed parts' agents placed with the clusters' environments."""
+    experiment), the fixed parts' agents placed with the clusters' environments. Its options, the
+    list of services, are the loader's (`config.hybrid.parse`: each entry by its platform's
+    `parse_options`), not a section's."""
 
     platform = HYBRID
+    options_type = HybridOptions
 
     @classmethod
     def composed(cls, config: ExperimentConfig) -> HybridBackend:
         """The backend for this list of services. What the list implies of the class's ClassVars
         (which hub its agents reach, whether code ships, whether it is elastic, single-use
         credentials) is set on a class made for it, never on an instance."""
-        options: HybridOptions = config.training_service.options
+        options = options_of(config, HybridOptions)
         kinds: list[type[Backend[Any]]] = [backend_class(ts.platform) for ts in options.services]
         hubs = {k.hub for k in kinds}
         # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
@@ -85,9 +89,8 @@ class HybridBackend(ElasticBackend[Any, Any]):
         if type(self) is HybridBackend:
             raise TypeError("HybridBackend.composed(config) makes a hybrid backend (its class says what the list implies)")
         super().__init__(config)
-        options: HybridOptions = config.training_service.options
         self.parts: list[Backend[Any]] = [
-            kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, options.services)
+            kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, self.opts.services)
         ]
         self._owners: dict[str, Backend[Any]] = {}
         self._started: list[Backend[Any]] = []
@@ -105,14 +108,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
         return self if self.mixed else None
 
     # ------------------------------------------------------------------ elastic capacity
-    def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
         """The cluster part a trial's placementConstraint Device names by its platform, if any."""
         c = constraints.parse(trial.form.placement_constraint, None)
         if c.device is None:
             return None
         return next((p for p in self.elastic_parts if p.platform == c.device[0]), None)
 
-    def environment_backend(self, env_id: str, trial: Any = None) -> ElasticBackend[Any, Any]:
+    def environment_backend(self, env_id: str, trial: TrialJobDetail | None = None) -> ElasticBackend[Any, Any]:
         part = self._env_part.get(env_id)
         if part is None:
             if not self.elastic_parts:
@@ -124,7 +127,7 @@ class HybridBackend(ElasticBackend[Any, Any]):
             self._env_part[env_id] = part
         return part
 
-    def environment_fits(self, env_id: str, trial: Any) -> bool:
+    def environment_fits(self, env_id: str, trial: TrialJobDetail) -> bool:
         pinned = self.pinned_part(trial)
         return pinned is None or self._env_part.get(env_id) is pinned
 

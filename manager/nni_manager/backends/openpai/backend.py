@@ -50,7 +50,7 @@ from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shap
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
 from nni_manager.backends.rest_jobs import (Job, JobView, Reply, RestClient, RestError, RestJobBackend, StateTable,
                                              agent_boot)
-from nni_manager.config import ExperimentConfig
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,11 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         self._sha256: tuple[tuple[str, str], ...] = ()  # of every shipped file: the boot step checks them
         self.shipped_bytes = 0  # copied into the storage by this experiment (benchmarks read it)
 
-    options_parser = staticmethod(parse_openpai)
+    options_type = OpenpaiConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> OpenpaiConfig:
+        return parse_openpai(section, config)
 
     @property
     def reuse(self) -> bool:
