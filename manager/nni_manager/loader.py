@@ -82,7 +82,7 @@ def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfi
     return config
 
 
-def _is_nni_config(source: Any) -> bool:
+def _is_nni_config(source: object) -> bool:
     """A config object of NNI's Python API (any `nni.experiment.config` ConfigBase)."""
     return any(cls.__module__.startswith("nni.experiment.config") and cls.__name__ == "ConfigBase"
                for cls in type(source).__mro__)

@@ -31,7 +31,7 @@ TYPES: dict[str, tuple[int, str]] = {
 }
 
 
-def validate(space: Any, path: str = "searchSpace") -> None:
+def validate(space: object, path: str = "searchSpace") -> None:
     """Raise ConfigError naming the first wrong entry (e.g. `searchSpace.lr._value`)."""
     if not isinstance(space, dict):
         raise ConfigError(path, "must be a mapping of parameter names to {_type, _value}",
@@ -40,7 +40,7 @@ def validate(space: Any, path: str = "searchSpace") -> None:
         _validate_param(spec, f"{path}.{name}")
 
 
-def _validate_param(spec: Any, path: str) -> None:
+def _validate_param(spec: object, path: str) -> None:
     if not isinstance(spec, dict) or "_type" not in spec or "_value" not in spec:
         raise ConfigError(path, "must be a mapping with `_type` and `_value`",
                           "write e.g. `{_type: choice, _value: [1, 2, 3]}`")

@@ -130,7 +130,7 @@ def derive_audience(endpoint: str) -> str:
     return CLOUD_AUDIENCES.get(host, ARM)
 
 
-def _arm_error_words(status: int, body: Any) -> tuple[str, str]:
+def _arm_error_words(status: int, body: object) -> tuple[str, str]:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         err = body["error"]
         return str(err.get("code", "")), str(err.get("message", ""))[:500]
@@ -324,7 +324,7 @@ class AmlBackend(RestJobBackend[AmlConfig]):
                 raise
             return None
 
-    def _next_page(self, link: Any) -> str | None:
+    def _next_page(self, link: object) -> str | None:
         """ARM's nextLink, followed as given (it carries its own query) when it names the
         endpoint's host: the token is never sent elsewhere."""
         if not link:

@@ -81,7 +81,7 @@ def parse_dlts(ts: ConfigSection, config: ExperimentConfig) -> DltsConfig:
     return out
 
 
-def _dlts_error_words(status: int, body: Any) -> tuple[str, str]:
+def _dlts_error_words(status: int, body: object) -> tuple[str, str]:
     """The dashboard answers Koa's text bodies (403 "Invalid token") or RestAPI's {"error": ...}."""
     if isinstance(body, dict):
         return "", str(body.get("error") or body.get("result") or body)[:400]

@@ -56,10 +56,10 @@ class Reply:
     sent_auth: str = field(default="", repr=False)  # the Authorization header it answered
 
 
-ErrorWords = Callable[[int, Any], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
+ErrorWords = Callable[[int, object], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
 
 
-def _default_error_words(status: int, body: Any) -> tuple[str, str]:
+def _default_error_words(status: int, body: object) -> tuple[str, str]:
     if isinstance(body, dict):
         inner = body.get("error")
         err = inner if isinstance(inner, dict) else body

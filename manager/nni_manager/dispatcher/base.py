@@ -74,7 +74,7 @@ class Dispatcher:
         self.last_activity = time.monotonic()
 
 
-def parameter_record(parameter_id: Any, parameters: Any, index: int = 0, trial_id: str | None = None) -> str:
+def parameter_record(parameter_id: object, parameters: object, index: int = 0, trial_id: str | None = None) -> str:
     """A ParameterRecord JSON (nni-training-service.md §1.3)."""
     record: dict[str, Any] = {"parameter_id": parameter_id, "parameter_source": "algorithm",
                               "parameters": parameters, "parameter_index": index}

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,6 +27,9 @@ from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_
 from nni_manager.experiment import Experiment
 from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
+
+if TYPE_CHECKING:
+    from nni_manager.service import TrainingService
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +220,7 @@ class StudyExperiment(Experiment):
     def _check_config(self) -> None:
         check_spec(self.study)
 
-    async def _make_dispatcher(self, ts: Any, experiment_dir: Path) -> Dispatcher:
+    async def _make_dispatcher(self, ts: TrainingService, experiment_dir: Path) -> Dispatcher:
         proxy = StorageProxy(self.storage, experiment_dir / "study.sock")
         await proxy.start()
         hub = ts.core.hub

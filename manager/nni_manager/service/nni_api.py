@@ -388,7 +388,7 @@ class TrainingService:
         return trial_id
 
 
-def _redacted(value: Any) -> Any:
+def _redacted(value: object) -> Any:
     """The config as stored in experiment.db: secret values replaced by "***" (config.py's one
     secret rule, `is_secret`, which reprs and the manager's log follow too)."""
     return redacted(value)

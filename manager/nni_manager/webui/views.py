@@ -25,7 +25,7 @@ METRIC_KEYS = ("timestamp", "trialJobId", "parameterId", "type", "sequence", "da
 _quote = json.encoder.encode_basestring  # a str as JSON with ensure_ascii=False (C)
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     """Node's JSON.stringify: no spaces, UTF-8 as is."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -106,7 +106,7 @@ def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, An
     return job
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     return _quote(v) if type(v) is str else str(v) if type(v) is int else dumps(v)
 
 

@@ -60,7 +60,7 @@ STATES = StateTable({"WAITING": "waiting", "RUNNING": "running", "STOPPING": "st
                "SUCCEEDED": "succeeded", "FAILED": "failed"})
 
 
-def _pai_error_words(status: int, body: Any) -> tuple[str, str]:
+def _pai_error_words(status: int, body: object) -> tuple[str, str]:
     """PAI's error body is {"code", "message"}; rate limiting answers plain text."""
     if isinstance(body, dict):
         return str(body.get("code", "")), str(body.get("message", ""))[:400]
