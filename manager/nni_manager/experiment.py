@@ -32,6 +32,7 @@ from nni_manager.dispatcher.base import parameter_record
 from nni_manager.metrics import decode_metric_value, metric_number, metric_value
 from nni_manager.types import (
     HyperParameters,
+    SearchSpace,
     TrialJobApplicationForm,
     TrialJobDetail,
     TrialJobMetric,
@@ -220,7 +221,7 @@ class Experiment:
     def live_count(self) -> int:
         return len(self._live)
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         """NNI's UPDATE_SEARCH_SPACE: trials requested from now on come from the new space."""
         from nni_manager.search_space import validate
 

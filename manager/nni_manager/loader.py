@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from nni_manager.types import SearchSpace
 from nni_manager.annotations import search_space as annotated_search_space
 from nni_manager.backends import registry
 from nni_manager.config import hybrid as config_hybrid
@@ -325,7 +326,7 @@ def _bind_address(ts: ConfigSection) -> str | None:
     return bare
 
 
-def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict[str, Any] | None:
+def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> SearchSpace | None:
     """The search space, checked against NNI's format, except for a customised tuner: it may
     define its own (NNI leaves validation to each tuner)."""
 

@@ -150,7 +150,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class AmlBackend(RestJobBackend[AmlConfig]):
+class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
     platform = "aml"
     service = "AML"
     states = STATES

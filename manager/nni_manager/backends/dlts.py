@@ -96,7 +96,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class DltsBackend(RestJobBackend[DltsConfig]):
+class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
     platform = "dlts"
     service = "DLTS"
     states = STATES

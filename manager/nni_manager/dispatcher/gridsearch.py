@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
+from nni_manager.types import SearchSpace
+
 Key = tuple[Any, ...]
 
 
@@ -45,7 +47,7 @@ class Spec:
         return True
 
 
-def format_search_space(space: dict[str, Any], parent: Key = ()) -> dict[Key, Spec]:
+def format_search_space(space: SearchSpace, parent: Key = ()) -> dict[Key, Spec]:
     result: dict[Key, Spec] = {}
     for name, spec in space.items():
         if name == "_name":
@@ -115,7 +117,7 @@ def _assign(params: dict[str, Any], key: Key, x: Any) -> None:
 class GridSearch:
     """The algorithm's state; `next()` gives the next new point, None once fully explored."""
 
-    def __init__(self, space: dict[str, Any]) -> None:
+    def __init__(self, space: SearchSpace) -> None:
         self.space = format_search_space(space)
         if not self.space:
             raise ValueError("the search space is empty")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from nni_manager.types import SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_record
 from nni_manager.experiment import Experiment
@@ -137,7 +138,7 @@ class StudySource(Dispatcher):
         self._offered = 0
         self._tasks: set[asyncio.Future[None]] = set()
 
-    async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
+    async def start(self, events: DispatcherEvents, search_space: SearchSpace,
                     history: list[dict[str, Any]]) -> None:
         self._events = events
         self._offered = len(history)
@@ -156,7 +157,7 @@ class StudySource(Dispatcher):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         log.warning("an Optuna study has no search space to update: its objective defines it")
 
     async def stop(self) -> None:

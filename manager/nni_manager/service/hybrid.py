@@ -46,6 +46,7 @@ class _PartContext:
 
     def __init__(self, ctx: BackendContext, part: Backend[Any], hybrid: HybridBackend) -> None:
         self._ctx, self._part, self._owners, self._hybrid = ctx, part, hybrid._owners, hybrid
+        self.experiment_id, self.experiment_dir = ctx.experiment_id, ctx.experiment_dir
 
     def environments(self) -> list[EnvironmentRequest]:
         return [e for e in self._ctx.environments() if self._hybrid.environment_backend(e.env_id) is self._part]
@@ -55,8 +56,20 @@ class _PartContext:
         self._owners[spec.agent_id] = self._part
         return spec
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        self._ctx.agent_failed(agent_id, reason, failed=failed)
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        self._ctx.agent_status(agent_id, message)
+
+    def agent_url(self, agent_id: str, url: str) -> None:
+        self._ctx.agent_url(agent_id, url)
+
+    def agent_connected(self, agent_id: str) -> bool:
+        return self._ctx.agent_connected(agent_id)
+
+    def hub_listen_address(self) -> str:
+        return self._ctx.hub_listen_address()
 
 
 class HybridBackend(ElasticBackend[HybridOptions, Any]):

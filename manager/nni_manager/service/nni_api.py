@@ -110,7 +110,7 @@ class TrainingService:
                 await self._hub.stop()
             if self._store is not None:
                 self._store.close()
-            if self._storage_mounted:
+            if self._storage_mounted and self.config.shared_storage is not None:
                 await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
             experiment_lock.release(self.experiment_dir)
             self._cleaned = True
@@ -195,7 +195,7 @@ class TrainingService:
             hub.send(agent_id, pb.Command(shutdown=pb.Shutdown(reason="the experiment was stopped")))
         await self._settle(timeout=self.config.trial_grace_period + 10)
         await self._backend.stop()
-        if self._storage_mounted:
+        if self._storage_mounted and self.config.shared_storage is not None:
             await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
         for env in core.agents.envs.values():
             if env.live:

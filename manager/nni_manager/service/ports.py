@@ -6,7 +6,7 @@ imports one way (core -> helpers) and says exactly which of the core's parts eac
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,7 +38,7 @@ class ElasticCore(Protocol):
 
     def send_start(self, t: TrialJobDetail, agent_id: str) -> None: ...
 
-    def spawn(self, awaitable: Any) -> None: ...
+    def spawn(self, awaitable: Awaitable[object]) -> None: ...
 
     def wake(self) -> None: ...
 

@@ -152,7 +152,7 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path, 
                    ((target.name, wheel_sha), *digests))
 
 
-class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
+class OpenpaiBackend(RestJobBackend[OpenpaiConfig, "dict[str, Any]"]):
     platform = "openpai"
     service = "OpenPAI"
     states = STATES
