@@ -92,11 +92,11 @@ def _is_nni_config(source: object) -> bool:
 def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
 
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
-    ts: Any = _training_service_section(root)
-    hybrid = ts if isinstance(ts, list) else config_hybrid.v1_sections(root, _V1_PLATFORM_SECTIONS, _V1_PLATFORM_NAMES)
+    found = _training_service_section(root)
+    hybrid = found if isinstance(found, list) else config_hybrid.v1_sections(root, _V1_PLATFORM_SECTIONS, _V1_PLATFORM_NAMES)
+    ts = None if isinstance(found, list) or hybrid is not None else found
     if hybrid is not None:  # hybrid mode: the shared fields move to the top, each service is parsed alone
         config_hybrid.hoist_shortcuts(root, hybrid, _SHORTCUTS)
-        ts = None
 
     def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[Any, str] | None:
         """A field allowed at the root, inside trainingService, or (v1) inside `trial`."""
@@ -199,7 +199,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     return config
 
 
-def _code_in_image(root: ConfigSection, ts: Any) -> bool:
+def _code_in_image(root: ConfigSection, ts: ConfigSection | None) -> bool:
     """Whether the platform named (v2 or v1) takes trialCodeDirectory as a folder of its image."""
 
     platform = None
@@ -215,13 +215,12 @@ def _code_in_image(root: ConfigSection, ts: Any) -> bool:
         return False
 
 
-def _training_service_section(root: ConfigSection) -> ConfigSection | None:
+def _training_service_section(root: ConfigSection) -> ConfigSection | list[ConfigSection] | None:
     value, path = root.take("trainingService")
     if value is _MISSING:
         return None
     if isinstance(value, list):  # hybrid mode
-
-        return config_hybrid.sections(value, path, root.base)  # type: ignore[return-value]
+        return config_hybrid.sections(value, path, root.base)
     return ConfigSection(value, path, root.base)
 
 

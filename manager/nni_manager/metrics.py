@@ -30,7 +30,7 @@ _loads = json.loads
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _parse(data: str) -> Any:
+def _parse(data: str) -> object:
     """json.loads(data), 2x faster for what metrics are (an object, no surrounding blanks): the
     WebUI's full dump parses a million of them. Anything else takes json.loads itself."""
     if type(data) is str and data[:1] == "{" and data[-1:] == "}":

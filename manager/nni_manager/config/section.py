@@ -265,7 +265,7 @@ def yaml_file(path: Path, field: str, fix_missing: str, fix_syntax: str = "fix t
         raise ConfigError(field, f"{path} is not valid YAML: {e}", fix_syntax) from None
 
 
-def _load_yaml(text: str, where: str) -> Any:
+def _load_yaml(text: str, where: str) -> object:
     import yaml
 
     try:
