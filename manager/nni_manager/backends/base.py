@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from nni_manager.types import TrialJobDetail
 
 HubKind = Literal["unix", "loopback", "network"]
-OptionsT = TypeVar("OptionsT")  # a platform's own options (its `trainingService` fields, parsed)
+OptionsT = TypeVar("OptionsT", covariant=True)  # a platform's own options (its `trainingService` fields, parsed); a
+# backend of unknown options is a Backend[object]
 RequestT = TypeVar("RequestT")  # what an elastic platform submits for one environment
 
 # placeholders of the dry run, where `provision` has the real secrets
@@ -445,7 +446,7 @@ def options_of(config: ExperimentConfig, kind: type[OptionsT]) -> OptionsT:
     return options
 
 
-def as_elastic(backend: Backend[Any]) -> ElasticBackend[Any, Any]:
+def as_elastic(backend: Backend[object]) -> ElasticBackend[Any, Any]:
     """The backend as the elastic core uses it: only an elastic backend gets there."""
     if not isinstance(backend, ElasticBackend):
         raise TypeError(f"{type(backend).__name__} is not an ElasticBackend")

@@ -191,7 +191,7 @@ class _Study:
     of our trials created (CreateNewTrial's answer, before the runner sees it): those are the ones
     to mark FAIL should the trial end without telling the study, however early it was killed."""
 
-    def __init__(self, proxy: StorageProxy, ts: Any, created: dict[str, list[int]]) -> None:
+    def __init__(self, proxy: StorageProxy, ts: TrainingService, created: dict[str, list[int]]) -> None:
         self._proxy, self._ts, self._created = proxy, ts, created
 
     def allows(self, agent_id: str, trial_id: str) -> bool:

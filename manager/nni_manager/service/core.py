@@ -79,7 +79,7 @@ class Background:
 
 
 class Core:
-    def __init__(self, *, config: ExperimentConfig, backend: Backend[Any], experiment_id: str, experiment_dir: Path,
+    def __init__(self, *, config: ExperimentConfig, backend: Backend[object], experiment_id: str, experiment_dir: Path,
                  trials: Trials, agents: Agents, hub: Hub, bundle: Bundle | None, listeners: Listeners,
                  wake: asyncio.Event, background: Background) -> None:
         self.config, self.backend = config, backend

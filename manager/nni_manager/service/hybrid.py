@@ -1,6 +1,6 @@
 """Hybrid mode: several training services feeding one pool of agents (NNI's hybrid mode).
 
-`HybridBackend` is the one Backend[Any] the core sees. It holds one backend per listed service,
+`HybridBackend` is the one Backend[object] the core sees. It holds one backend per listed service,
 each built with the experiment config narrowed to its own `trainingService` entry, so each
 bootstraps its own agents exactly as it would alone (local: a subprocess; remote: SSH).
 Every agent then joins the same hub and the same placement, which spreads trials (and GPU
@@ -32,7 +32,7 @@ from nni_manager.types import TrialJobDetail
 log = logging.getLogger(__name__)
 
 
-def make_backend(config: ExperimentConfig) -> Backend[Any]:
+def make_backend(config: ExperimentConfig) -> Backend[object]:
     """The backend for the config's platform; the hybrid composite for a list of services."""
     platform = config.training_service.platform
     if platform == HYBRID:
@@ -44,7 +44,7 @@ class _PartContext:
     """What one part sees of the core: everything, with the agents it adds remembered as its own,
     and only its own environments."""
 
-    def __init__(self, ctx: BackendContext, part: Backend[Any], hybrid: HybridBackend) -> None:
+    def __init__(self, ctx: BackendContext, part: Backend[object], hybrid: HybridBackend) -> None:
         self._ctx, self._part, self._owners, self._hybrid = ctx, part, hybrid._owners, hybrid
         self.experiment_id, self.experiment_dir = ctx.experiment_id, ctx.experiment_dir
 
@@ -87,7 +87,7 @@ class HybridBackend(ElasticBackend[HybridOptions, Any]):
         (which hub its agents reach, whether code ships, whether it is elastic, single-use
         credentials) is set on a class made for it, never on an instance."""
         options = options_of(config, HybridOptions)
-        kinds: list[type[Backend[Any]]] = [backend_class(ts.platform) for ts in options.services]
+        kinds: list[type[Backend[object]]] = [backend_class(ts.platform) for ts in options.services]
         hubs = {k.hub for k in kinds}
         # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
         # agents the network one (the tunnels then reach it on loopback: see hub_names).
@@ -98,15 +98,15 @@ class HybridBackend(ElasticBackend[HybridOptions, Any]):
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
         return composite(config, kinds)
 
-    def __init__(self, config: ExperimentConfig, kinds: list[type[Backend[Any]]]) -> None:
+    def __init__(self, config: ExperimentConfig, kinds: list[type[Backend[object]]]) -> None:
         if type(self) is HybridBackend:
             raise TypeError("HybridBackend.composed(config) makes a hybrid backend (its class says what the list implies)")
         super().__init__(config)
-        self.parts: list[Backend[Any]] = [
+        self.parts: list[Backend[object]] = [
             kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, self.opts.services)
         ]
-        self._owners: dict[str, Backend[Any]] = {}
-        self._started: list[Backend[Any]] = []
+        self._owners: dict[str, Backend[object]] = {}
+        self._started: list[Backend[object]] = []
         self._env_part: dict[str, ElasticBackend[Any, Any]] = {}
         self._turn = 0
         self.fixed_parts = [p for p in self.parts if not p.elastic]
@@ -184,7 +184,7 @@ class HybridBackend(ElasticBackend[HybridOptions, Any]):
         """The hub's window: the longest of the parts' (each agent still waits its own)."""
         return max(p.reconnect_window for p in self.parts)
 
-    def part_of(self, agent_id: str) -> Backend[Any] | None:
+    def part_of(self, agent_id: str) -> Backend[object] | None:
         return self._owners.get(agent_id)
 
     def agent_platform(self, agent_id: str) -> str:

@@ -60,7 +60,7 @@ class TrainingService:
         self.experiment_id = experiment_id or new_id(8)
         self.experiment_dir: Path = Path(config.experiment_working_directory).expanduser() / self.experiment_id
         self.platform = config.training_service.platform
-        self._backend: Backend[Any] = make_backend(config)  # hybrid mode: one backend per listed service
+        self._backend: Backend[object] = make_backend(config)  # hybrid mode: one backend per listed service
         self.reconnect_window = self._backend.reconnect_window
         self._listeners = Listeners()
         self._metadata: dict[str, str] = {}

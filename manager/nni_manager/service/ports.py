@@ -30,7 +30,7 @@ class ElasticCore(Protocol):
     core's ways to command an agent, start a trial, run background work and place again."""
 
     config: ExperimentConfig
-    backend: Backend[Any]
+    backend: Backend[object]
     agents: Agents
     trials: Trials
 
