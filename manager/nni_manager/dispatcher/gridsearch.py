@@ -18,7 +18,7 @@ from typing import Any
 
 from nni_manager.types import SearchSpace
 
-Key = tuple[Any, ...]
+Key = tuple["str | int", ...]  # a parameter's path: names, and the option index inside a nested choice
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,13 @@ def _is_nested(values: list[Any]) -> bool:
 
 
 def _assign(params: dict[str, Any], key: Key, x: Any) -> None:
-    if len(key) == 1:
-        params[key[0]] = x
-    elif isinstance(key[0], int):
+    head = key[0]
+    if isinstance(head, int):  # the option of a nested choice: its parameters sit beside `_name`
         _assign(params, key[1:], x)
+    elif len(key) == 1:  # a key ends with a name
+        params[head] = x
     else:
-        _assign(params.setdefault(key[0], {}), key[1:], x)
+        _assign(params.setdefault(head, {}), key[1:], x)
 
 
 class GridSearch:
