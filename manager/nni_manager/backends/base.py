@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from nni_manager.types import TrialJobDetail
 
 HubKind = Literal["unix", "loopback", "network"]
-OptionsT = TypeVar("OptionsT", covariant=True)  # a platform's own options (its `trainingService` fields, parsed); a
-# backend of unknown options is a Backend[object]
+# a platform's own options (its `trainingService` fields, parsed); covariant: a backend whose options
+# the caller does not know is a Backend[object]
+OptionsT = TypeVar("OptionsT", covariant=True)
+T = TypeVar("T")
 RequestT = TypeVar("RequestT")  # what an elastic platform submits for one environment
 
 # placeholders of the dry run, where `provision` has the real secrets
@@ -436,7 +438,7 @@ class MixedPool(Protocol):
         """The cluster platform the trial's placementConstraint names, if any (no machine takes it)."""
 
 
-def options_of(config: ExperimentConfig, kind: type[OptionsT]) -> OptionsT:
+def options_of(config: ExperimentConfig, kind: type[T]) -> T:
     """`config.training_service.options`, checked to be a `kind` (what a platform's `parse_options`
     made, or the hybrid list)."""
     options = config.training_service.options
