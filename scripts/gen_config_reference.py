@@ -1,6 +1,6 @@
 """Write docs/reference/config.md from the config parser itself (`--check`: fail if it is stale).
 
-The schema is the code: `nni_manager.loader` and each backend's `parse_config` read every field
+The schema is the code: `nni_manager.loader` and each backend's `parse_options` read every field
 through `ConfigSection`'s typed readers (`str_`, `int_`, `duration`, ...). This script parses one
 sample config per platform (and variants for optional sub-sections) with those readers recorded,
 which gives every field's YAML name, other accepted names, type and where it is read. A field's

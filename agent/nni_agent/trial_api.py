@@ -94,18 +94,18 @@ def get_next_parameter() -> Any:
     return record["parameters"]
 
 
-def report_intermediate_result(metric: Any) -> None:
+def report_intermediate_result(metric: object) -> None:
     """Report a PERIODICAL metric; sequence counts from 0 per process, as in NNI."""
     global _intermediate_seq
     _report("PERIODICAL", _intermediate_seq, metric)
     _intermediate_seq += 1
 
 
-def report_final_result(metric: Any) -> None:
+def report_final_result(metric: object) -> None:
     _report("FINAL", 0, metric)
 
 
-def _report(kind: str, sequence: int, metric: Any) -> None:
+def _report(kind: str, sequence: int, metric: object) -> None:
     if not _in_trial():
         print(f"{'Final' if kind == 'FINAL' else 'Intermediate'} result: {metric}", flush=True)
         return
@@ -118,7 +118,7 @@ def _report(kind: str, sequence: int, metric: Any) -> None:
     })
 
 
-def dump(value: Any) -> str:
+def dump(value: object) -> str:
     """JSON as NNI's `nni.dump` writes it for metric values: numpy scalars become numbers and
     arrays json_tricks' `{"__ndarray__": [...], "dtype": ..., "shape": [...]}`."""
     return json.dumps(value, default=_encode)

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from nni_manager.types import ParameterSpec, SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 
 FIELD = "useAnnotation"
@@ -35,10 +36,10 @@ _NUMERIC = ("randint", "uniform", "quniform", "loguniform", "qloguniform", "norm
 _NAS = ("mutable_layers", "training_update")
 
 
-def search_space(code_dir: Path, skip: Path | None = None) -> dict[str, Any]:
+def search_space(code_dir: Path, skip: Path | None = None) -> SearchSpace:
     """The search space the annotations under `code_dir` define (leaving out `skip`, the
     experiments' folder when it lies inside the code); writes nothing."""
-    space: dict[str, Any] = {}
+    space: SearchSpace = {}
     for path, module in _modules(code_dir, skip):
         _expand(path, module, space)
     if not space:
@@ -48,12 +49,12 @@ def search_space(code_dir: Path, skip: Path | None = None) -> dict[str, Any]:
     return space
 
 
-def expand(code_dir: Path, dst: Path, skip: Path | None = None) -> dict[str, Any]:
+def expand(code_dir: Path, dst: Path, skip: Path | None = None) -> SearchSpace:
     """Copy `code_dir` to `dst` with each annotated .py file rewritten; files without annotations
     are copied as they are, and `skip` (default: `dst`) is left out when inside the code, so a
     copy never contains itself. An existing `dst` is refreshed in place, not removed: a resumed
     experiment's running trials keep their working folder. Returns the search space."""
-    space: dict[str, Any] = {}
+    space: SearchSpace = {}
     left_out = (skip or dst).resolve()
 
     def ignore(folder: str, names: list[str]) -> list[str]:
@@ -102,7 +103,7 @@ def _modules(code_dir: Path, skip: Path | None = None) -> list[tuple[Path, str]]
     return found
 
 
-def _expand(path: Path, module: str, space: dict[str, Any]) -> str | None:
+def _expand(path: Path, module: str, space: SearchSpace) -> str | None:
     """The expanded source of one file (None when it has no annotation); adds to `space`."""
     source = path.read_bytes()
     try:
@@ -139,7 +140,7 @@ def _annotation(node: ast.stmt) -> str | None:
 class _Rewriter(ast.NodeVisitor):
     """Replaces the annotation strings of every statement list, in place."""
 
-    def __init__(self, path: Path, module: str, space: dict[str, Any]) -> None:
+    def __init__(self, path: Path, module: str, space: SearchSpace) -> None:
         self.path, self.module, self.space = path, module, space
         self.annotated = False
 
@@ -257,7 +258,7 @@ class _Rewriter(ast.NodeVisitor):
 
     def add(self, note: ast.stmt, name: str, func: str, values: list[Any]) -> str:
         key = f"{self.module}/{name}/{func}"
-        spec = {"_type": "choice" if func == "function_choice" else func, "_value": values}
+        spec: ParameterSpec = {"_type": "choice" if func == "function_choice" else func, "_value": values}
         if self.space.get(key, spec) != spec:
             raise self.error(note, f"`{name}` is annotated twice with different values",
                              "give each annotated parameter its own name")

@@ -27,12 +27,18 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
+from nni_manager.types import SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment as _Loop
 from nni_manager.experiment import ExperimentResult
+
+if TYPE_CHECKING:
+    from nni_manager.webui.server import WebServer
 
 __all__ = ["Experiment", "TrialHyperParameters", "TrialJob", "TrialMetricData", "TrialResult"]
 
@@ -149,10 +155,10 @@ class Experiment:
         self._loop_obj: _Loop | None = None
         self._thread: threading.Thread | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
-        self._stop_cb: Any = None
+        self._stop_cb: Callable[[], None] | None = None
         self._error: BaseException | None = None
         self._result: ExperimentResult | None = None
-        self._sigterm: Any = None
+        self._sigterm: Callable[[int, FrameType | None], None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -296,7 +302,7 @@ class Experiment:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
-        def on_term(signum: int, frame: Any) -> None:
+        def on_term(signum: int, frame: FrameType | None) -> None:
             if self._aio is not None and self._stop_cb is not None and not self._aio.is_closed():
                 try:
                     self._aio.call_soon_threadsafe(self._stop_cb)
@@ -398,7 +404,7 @@ class Experiment:
             stopped = asyncio.Event()
             self._stop_cb = stopped.set
 
-            def on_ready(server: Any) -> None:
+            def on_ready(server: WebServer) -> None:
                 self.port = server.port
                 ready.set()
             await serve_stored(directory, WebOptions(port=port), stopped=stopped, on_ready=on_ready)
@@ -500,7 +506,7 @@ class Experiment:
         """`value` as NNI writes durations: '90s', '10m', '2h', '1d'."""
         self._update_experiment_profile("maxExperimentDuration", value)
 
-    def update_search_space(self, value: dict[str, Any]) -> None:
+    def update_search_space(self, value: SearchSpace) -> None:
         self._update_experiment_profile("searchSpace", value)
 
     def update_max_trial_number(self, value: int) -> None:

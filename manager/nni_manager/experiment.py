@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
@@ -32,6 +32,7 @@ from nni_manager.dispatcher.base import parameter_record
 from nni_manager.metrics import decode_metric_value, metric_number, metric_value
 from nni_manager.types import (
     HyperParameters,
+    SearchSpace,
     TrialJobApplicationForm,
     TrialJobDetail,
     TrialJobMetric,
@@ -40,6 +41,9 @@ from nni_manager.types import (
 
 __all__ = ["DispatcherError", "Experiment", "NoWorkerError", "ExperimentResult", "TrialSummary", "decode_metric_value",
            "metric_number", "parameter_record"]
+
+if TYPE_CHECKING:
+    from nni_manager.service import TrainingService
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,7 @@ class Experiment:
         self._started = time.monotonic()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ts: Any = None
+        self._ts: TrainingService | None = None
 
     # -- public -------------------------------------------------------------------------
 
@@ -155,7 +159,7 @@ class Experiment:
             handler.close()
         return self.result()
 
-    async def _run(self, service: Any, experiment_dir: Path) -> None:
+    async def _run(self, service: TrainingService, experiment_dir: Path) -> None:
         async with service as ts:
             self._ts = ts
             ts.add_trial_job_metric_listener(self._on_metric)
@@ -191,7 +195,7 @@ class Experiment:
     def _check_config(self) -> None:
         check_algorithms(self.config)
 
-    async def _make_dispatcher(self, ts: Any, experiment_dir: Path) -> Dispatcher:
+    async def _make_dispatcher(self, ts: TrainingService, experiment_dir: Path) -> Dispatcher:
         """Where trials come from: the configured tuner (an Optuna study overrides it, optuna/study.py)."""
         return make_dispatcher(self.config, experiment_dir, resume=bool(self._resumed))
 
@@ -217,7 +221,7 @@ class Experiment:
     def live_count(self) -> int:
         return len(self._live)
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         """NNI's UPDATE_SEARCH_SPACE: trials requested from now on come from the new space."""
         from nni_manager.search_space import validate
 
@@ -252,7 +256,7 @@ class Experiment:
 
     def kill_trial(self, trial_id: str) -> None:
         trial = self.trials.get(trial_id)
-        if trial is None or trial.status.is_terminal or trial_id in self._early_stopped:
+        if trial is None or trial.status.is_terminal or trial_id in self._early_stopped or self._ts is None:
             return
         log.info("the assessor / advisor early-stops trial %s", trial_id)
         self._early_stopped.add(trial_id)
@@ -260,7 +264,7 @@ class Experiment:
 
     # -- the loop -----------------------------------------------------------------------
 
-    async def _loop(self, ts: Any) -> None:
+    async def _loop(self, ts: TrainingService) -> None:
         assert self.dispatcher is not None
         while True:
             if self.dispatcher.error is not None:
@@ -286,7 +290,7 @@ class Experiment:
             except asyncio.TimeoutError:
                 pass
 
-    def _stop_reason(self, ts: Any) -> tuple[str, bool]:
+    def _stop_reason(self, ts: TrainingService) -> tuple[str, bool]:
         """Why no more trials start, and whether that is a failure (no usable worker left)."""
         why = self._why_no_more_trials()
         if why:
@@ -317,7 +321,7 @@ class Experiment:
             return "the tuner has no more parameters"
         return ""
 
-    async def _submit(self, ts: Any, record: str) -> None:
+    async def _submit(self, ts: TrainingService, record: str) -> None:
         try:
             parsed = json.loads(record)
         except ValueError:
@@ -356,7 +360,7 @@ class Experiment:
         if not self._limit_reached():
             self.dispatcher.request_trials(1)
 
-    async def _enforce_trial_duration(self, ts: Any) -> None:
+    async def _enforce_trial_duration(self, ts: TrainingService) -> None:
         limit = self.config.max_trial_duration
         if limit is None:
             return
@@ -368,7 +372,7 @@ class Experiment:
                 self._early_stopped.add(trial.trial_id)
                 await ts.cancel_trial_job(trial.trial_id, is_early_stopped=True)
 
-    async def _cancel_all(self, ts: Any) -> None:
+    async def _cancel_all(self, ts: TrainingService) -> None:
         live = list(self._live)
         for trial_id in live:
             await ts.cancel_trial_job(trial_id)
@@ -377,7 +381,7 @@ class Experiment:
             self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await asyncio.sleep(0.05)
 
-    async def _resume(self, ts: Any) -> list[dict[str, Any]]:
+    async def _resume(self, ts: TrainingService) -> list[dict[str, Any]]:
         """Take over the trials of a resumed experiment: count them; their results, in NNI's
         IMPORT_DATA form ([{"parameter": ..., "value": ...}]), go to the new dispatcher."""
         from nni_manager.store import Store
@@ -457,7 +461,8 @@ class Experiment:
             except ValueError:
                 pass
         value = parameter_record(parsed.get("parameter_id"), parsed.get("parameters"), index, trial_id)
-        self._spawn(self._ts.update_trial_job(trial_id, TrialJobApplicationForm(-1, HyperParameters(value, index))))
+        if self._ts is not None:  # the service answers its own requests: it exists
+            self._spawn(self._ts.update_trial_job(trial_id, TrialJobApplicationForm(-1, HyperParameters(value, index))))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -483,6 +488,6 @@ def _log_file(experiment_dir: Path, level: str, secrets: set[str] | None = None)
     return handler
 
 
-def _no_usable_machine(ts: Any) -> str:
+def _no_usable_machine(ts: TrainingService) -> str:
     """Why no trial can ever run (every machine failed for good), or "" while some can."""
     return ts.unusable_reason()

@@ -155,7 +155,7 @@ def stop(ref: str, timeout: float = 120.0) -> ExperimentInfo:
     return target
 
 
-def _is_manager(pid: Any, entry: Any = None) -> bool:
+def _is_manager(pid: object, entry: object = None) -> bool:
     """Whether `pid` is a live nni-manager process (not a process that took a dead one's pid):
     the `nni-manager` command, or a Python script running `nni_manager.Experiment` that
     started before its manifest entry was made (a pid taken over later started after it)."""
@@ -174,7 +174,7 @@ def _is_manager(pid: Any, entry: Any = None) -> bool:
     return fields[0] != "Z" and began <= started / 1000 + 1
 
 
-def _is_cli(pid: Any) -> bool:
+def _is_cli(pid: object) -> bool:
     """Whether `pid` is a live `nni-manager` command (python -m nni_manager, nni-manager ...)."""
     if not isinstance(pid, int) or pid <= 0:
         return False

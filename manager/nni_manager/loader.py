@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from nni_manager.types import SearchSpace
 from nni_manager.annotations import search_space as annotated_search_space
 from nni_manager.backends import registry
 from nni_manager.config import hybrid as config_hybrid
@@ -82,7 +83,7 @@ def load_config(source: Any, *, base_dir: Path | None = None) -> ExperimentConfi
     return config
 
 
-def _is_nni_config(source: Any) -> bool:
+def _is_nni_config(source: object) -> bool:
     """A config object of NNI's Python API (any `nni.experiment.config` ConfigBase)."""
     return any(cls.__module__.startswith("nni.experiment.config") and cls.__name__ == "ConfigBase"
                for cls in type(source).__mro__)
@@ -91,11 +92,11 @@ def _is_nni_config(source: Any) -> bool:
 def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
 
     trial = root.section("trial")  # v1: trial.command / codeDir / gpuNum (+ k8s roles)
-    ts: Any = _training_service_section(root)
-    hybrid = ts if isinstance(ts, list) else config_hybrid.v1_sections(root, _V1_PLATFORM_SECTIONS, _V1_PLATFORM_NAMES)
+    found = _training_service_section(root)
+    hybrid = found if isinstance(found, list) else config_hybrid.v1_sections(root, _V1_PLATFORM_SECTIONS, _V1_PLATFORM_NAMES)
+    ts = None if isinstance(found, list) or hybrid is not None else found
     if hybrid is not None:  # hybrid mode: the shared fields move to the top, each service is parsed alone
         config_hybrid.hoist_shortcuts(root, hybrid, _SHORTCUTS)
-        ts = None
 
     def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[Any, str] | None:
         """A field allowed at the root, inside trainingService, or (v1) inside `trial`."""
@@ -198,7 +199,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     return config
 
 
-def _code_in_image(root: ConfigSection, ts: Any) -> bool:
+def _code_in_image(root: ConfigSection, ts: ConfigSection | None) -> bool:
     """Whether the platform named (v2 or v1) takes trialCodeDirectory as a folder of its image."""
 
     platform = None
@@ -214,13 +215,12 @@ def _code_in_image(root: ConfigSection, ts: Any) -> bool:
         return False
 
 
-def _training_service_section(root: ConfigSection) -> ConfigSection | None:
+def _training_service_section(root: ConfigSection) -> ConfigSection | list[ConfigSection] | None:
     value, path = root.take("trainingService")
     if value is _MISSING:
         return None
     if isinstance(value, list):  # hybrid mode
-
-        return config_hybrid.sections(value, path, root.base)  # type: ignore[return-value]
+        return config_hybrid.sections(value, path, root.base)
     return ConfigSection(value, path, root.base)
 
 
@@ -302,7 +302,7 @@ def _training_service(ts: ConfigSection | None, root: ConfigSection, trial: Conf
     config.training_service = ts_config
     if platform == "local":
         ts.bool_("reuseMode")  # NNI's canonical form carries it; local trials run the same either way
-    ts_config.options = backend.parse_config(ts, config)
+    ts_config.options = backend.parse_options(ts, config)
     if backend.trial_command_required and not config.trial_command:
         raise ConfigError("trialCommand", "is required", "add `trialCommand: python3 trial.py` (the command each trial runs)")
     ts.finish(where=f"for platform {platform}")
@@ -325,7 +325,7 @@ def _bind_address(ts: ConfigSection) -> str | None:
     return bare
 
 
-def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> dict[str, Any] | None:
+def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> SearchSpace | None:
     """The search space, checked against NNI's format, except for a customised tuner: it may
     define its own (NNI leaves validation to each tuner)."""
 

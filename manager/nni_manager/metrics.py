@@ -30,7 +30,7 @@ _loads = json.loads
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _parse(data: str) -> Any:
+def _parse(data: str) -> object:
     """json.loads(data), 2x faster for what metrics are (an object, no surrounding blanks): the
     WebUI's full dump parses a million of them. Anything else takes json.loads itself."""
     if type(data) is str and data[:1] == "{" and data[-1:] == "}":
@@ -83,7 +83,7 @@ def metric_message(data: str, where: str, trial_id: str = "") -> dict[str, Any] 
     return message
 
 
-def decode_metric_value(value: Any) -> Any:
+def decode_metric_value(value: object) -> Any:
     """Metric values travel JSON-encoded inside the metric JSON (NNI >= 1.4)."""
     if isinstance(value, str):
         try:
@@ -100,7 +100,7 @@ def metric_value(data: str, where: str, trial_id: str = "") -> Any:
     return None if message is None else decode_metric_value(message.get("value"))
 
 
-def metric_number(value: Any) -> float | None:
+def metric_number(value: object) -> float | None:
     """NNI's metric rule: a number, or a dict whose "default" is a number."""
     if isinstance(value, dict):
         value = value.get("default")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from statistics import NormalDist
 from typing import Any
 
+from nni_manager.types import ParameterSpec, SearchSpace
 from nni_manager.config import ConfigError
 
 # _type -> (number of _value items, a usage example for error messages)
@@ -31,7 +32,7 @@ TYPES: dict[str, tuple[int, str]] = {
 }
 
 
-def validate(space: Any, path: str = "searchSpace") -> None:
+def validate(space: object, path: str = "searchSpace") -> None:
     """Raise ConfigError naming the first wrong entry (e.g. `searchSpace.lr._value`)."""
     if not isinstance(space, dict):
         raise ConfigError(path, "must be a mapping of parameter names to {_type, _value}",
@@ -40,7 +41,7 @@ def validate(space: Any, path: str = "searchSpace") -> None:
         _validate_param(spec, f"{path}.{name}")
 
 
-def _validate_param(spec: Any, path: str) -> None:
+def _validate_param(spec: object, path: str) -> None:
     if not isinstance(spec, dict) or "_type" not in spec or "_value" not in spec:
         raise ConfigError(path, "must be a mapping with `_type` and `_value`",
                           "write e.g. `{_type: choice, _value: [1, 2, 3]}`")
@@ -92,12 +93,12 @@ def _clean(x: float) -> float:
     return float(f"{x:.12g}")
 
 
-def sample(space: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+def sample(space: SearchSpace, rng: random.Random) -> dict[str, Any]:
     """One random point of a validated search space."""
     return {name: _sample_param(spec, rng) for name, spec in space.items()}
 
 
-def _sample_param(spec: dict[str, Any], rng: random.Random) -> Any:
+def _sample_param(spec: ParameterSpec, rng: random.Random) -> Any:
     kind, v = spec["_type"], spec["_value"]
     if kind == "choice":
         return _option(rng.choice(v), rng)
@@ -127,7 +128,7 @@ def _option(option: Any, rng: random.Random) -> Any:
     return option
 
 
-def grid(space: dict[str, Any], points: int = 5) -> Iterator[dict[str, Any]]:
+def grid(space: SearchSpace, points: int = 5) -> Iterator[dict[str, Any]]:
     """Every combination of per-parameter grids, in order. Discrete types (choice, randint,
     quniform, qloguniform) are enumerated exactly; continuous ones get `points` evenly
     spaced values (in log space for log types, by quantiles for normal types)."""
@@ -137,7 +138,7 @@ def grid(space: dict[str, Any], points: int = 5) -> Iterator[dict[str, Any]]:
         yield dict(zip(names, combo))
 
 
-def _axis(spec: dict[str, Any], points: int) -> list[Any]:
+def _axis(spec: ParameterSpec, points: int) -> list[Any]:
     kind, v = spec["_type"], spec["_value"]
     if kind == "choice":
         values: list[Any] = []

@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nni_manager.config import ConfigError, ExperimentConfig
 
+if TYPE_CHECKING:
+    from nni_manager.backends.base import Backend
 
-def preflight(config: ExperimentConfig, *, tuner: bool = True) -> Any:  # -> Backend
+
+def preflight(config: ExperimentConfig, *, tuner: bool = True) -> Backend[object]:
     """Check everything that needs no network; returns the backend it built for the check.
     `tuner=False`: trials come from elsewhere (an Optuna study), not a tuner and search space."""
     from nni_manager.dispatcher import check_algorithms
@@ -27,7 +30,7 @@ def preflight(config: ExperimentConfig, *, tuner: bool = True) -> Any:  # -> Bac
     return backend
 
 
-def _check_manager_address(backend: Any) -> None:
+def _check_manager_address(backend: Backend[object]) -> None:
     """A network hub needs the address agents dial, unless the backend finds it (a cluster's
     route, a relay): the same line hub_setup.plan gives at start, now before anything starts."""
     from nni_manager.backends.base import Backend

@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, TypedDict
+
+
+# One parameter of an NNI search space: `{"_type": "choice", "_value": [...]}` (its values are the
+# user's: numbers, strings, or nested spaces for a choice); the space maps names onto them.
+ParameterSpec = TypedDict("ParameterSpec", {"_type": str, "_value": list[Any]})
+SearchSpace = Dict[str, ParameterSpec]
 
 
 class TrialJobStatus(str, enum.Enum):

@@ -29,7 +29,7 @@ _STYLE = {
 }
 
 
-def fmt_value(value: Any) -> str:
+def fmt_value(value: object) -> str:
     """Compact numbers (4 significant digits) and nested choices (`sgd(lr=0.01)`)."""
     if isinstance(value, bool) or value is None:
         return str(value)

@@ -20,10 +20,11 @@ from nni_manager.backends.base import BackendError, ElasticBackend
 class FlakyBackend(ElasticBackend):
     """Elastic: every environment it is asked for fails the way `fails` says."""
     platform = "flaky"
+    options_type = dict
     hub = "unix"
 
     @classmethod
-    def parse_config(cls, section, config):
+    def parse_options(cls, section, config):
         return {"fails": section.str_("fails", required=True)}
 
     async def start(self, ctx):

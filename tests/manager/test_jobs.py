@@ -102,10 +102,17 @@ class Queued:
     comment: str = ""
 
 
+@dataclass
+class Options:
+    poll_interval: float | None = 60.0  # the loop never polls on its own here: the tests call poll()
+    connect_timeout: float | None = None
+
+
 class Pbs(JobBackend):
     """A PBS-like scheduler in memory: what a new batch platform costs (the trio and a table)."""
 
     platform = "pbs"
+    options_type = Options
     service = "PBS"
     states = StateTable.of(waiting=["Q", "H"], running=["R"], unknown=["E"], succeeded=["F"], failed=["X"],
                            stopped=["C"], default="stopped")
@@ -183,12 +190,6 @@ class Ctx:
 
     def environments(self) -> list[EnvironmentRequest]:
         return self.envs
-
-
-@dataclass
-class Options:
-    poll_interval: float | None = 60.0  # the loop never polls on its own here: the tests call poll()
-    connect_timeout: float | None = None
 
 
 def backend(ctx: Ctx, **options: Any) -> Pbs:

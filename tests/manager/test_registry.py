@@ -18,9 +18,10 @@ from nni_manager.config import ConfigError
 
 class ToyBackend(Backend):
     platform = "toy"
+    options_type = dict
 
     @classmethod
-    def parse_config(cls, section, config):
+    def parse_options(cls, section, config):
         nodes = section.int_("nodes", minimum=1, required=True)
         return {"nodes": nodes}
 

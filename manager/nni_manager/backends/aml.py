@@ -130,7 +130,7 @@ def derive_audience(endpoint: str) -> str:
     return CLOUD_AUDIENCES.get(host, ARM)
 
 
-def _arm_error_words(status: int, body: Any) -> tuple[str, str]:
+def _arm_error_words(status: int, body: object) -> tuple[str, str]:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         err = body["error"]
         return str(err.get("code", "")), str(err.get("message", ""))[:500]
@@ -150,7 +150,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class AmlBackend(RestJobBackend[AmlConfig]):
+class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
     platform = "aml"
     service = "AML"
     states = STATES
@@ -166,7 +166,11 @@ class AmlBackend(RestJobBackend[AmlConfig]):
         self.studio: dict[str, str] = {}  # job name -> studio URL
         self.code: aml_code.CodeAsset | None = None  # the agent's code asset, once open() made sure of it
 
-    options_parser = staticmethod(parse_aml)
+    options_type = AmlConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> AmlConfig:
+        return parse_aml(section, config)
 
     @property
     def workspace(self) -> str:
@@ -320,7 +324,7 @@ class AmlBackend(RestJobBackend[AmlConfig]):
                 raise
             return None
 
-    def _next_page(self, link: Any) -> str | None:
+    def _next_page(self, link: object) -> str | None:
         """ARM's nextLink, followed as given (it carries its own query) when it names the
         endpoint's host: the token is never sent elsewhere."""
         if not link:

@@ -18,13 +18,17 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from nni_manager.config import ConfigSection, ExperimentConfig
+    from nni_manager.types import TrialJobDetail
 
 HubKind = Literal["unix", "loopback", "network"]
-OptionsT = TypeVar("OptionsT")  # a platform's own options (its `trainingService` fields, parsed)
+# a platform's own options (its `trainingService` fields, parsed); covariant: a backend whose options
+# the caller does not know is a Backend[object]
+OptionsT = TypeVar("OptionsT", covariant=True)
+T = TypeVar("T")
 RequestT = TypeVar("RequestT")  # what an elastic platform submits for one environment
 
 # placeholders of the dry run, where `provision` has the real secrets
@@ -191,13 +195,13 @@ class HubRoute:
 class Backend(abc.ABC, Generic[OptionsT]):
     """Base of every platform backend, generic in the platform's options (`opts`). A platform
     derives from `FixedBackend` (`start`, `stop`) or `ElasticBackend` (`provision`, `release` too),
-    sets `platform`, and declares how its `trainingService` fields are read: `options_parser`."""
+    sets `platform`, and reads its own `trainingService` fields: `parse_options`, whose result is
+    `opts`, of the class's `options_type`."""
 
     platform: ClassVar[str]
-    # Reads this platform's own `trainingService` fields (everything the core did not take) into
-    # its options object, raising `ConfigError` naming the field and the fix; None: no extra field.
-    # A staticmethod: `options_parser = staticmethod(parse_slurm)`.
-    options_parser: ClassVar["staticmethod[[ConfigSection, ExperimentConfig], Any] | None"] = None
+    # The class of this platform's options: what `parse_options` returns (`type(None)` where the
+    # platform takes no field of its own); `opts` checks the config holds one.
+    options_type: type[OptionsT]
     # How long a silent agent's trials stay alive by default (`trainingService.reconnectWindow`
     # overrides it): the hub waits this long for the agent, and the agent for its manager.
     default_reconnect_window: ClassVar[float] = 60.0
@@ -222,19 +226,24 @@ class Backend(abc.ABC, Generic[OptionsT]):
         if cls.elastic and not any(c.__name__ == "ElasticBackend" and c.__module__ == __name__ for c in cls.__mro__):
             raise TypeError(f"{cls.__qualname__} sets elastic = True: derive it from "
                             "nni_manager.backends.base.ElasticBackend instead (provision, release, shape, reuse)")
+        if "parse_options" in vars(cls) and not hasattr(cls, "options_type"):
+            raise TypeError(f"{cls.__qualname__} has parse_options but no options_type: set it to the class "
+                            "parse_options returns (type(None) for none)")
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def parse_config(cls, section: ConfigSection, config: ExperimentConfig) -> Any:
-        """This platform's options, kept in `config.training_service.options` (`opts`): what
-        `options_parser` reads; None where the platform takes no field of its own."""
-        parser = cls.options_parser
-        return None if parser is None else parser(section, config)
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> OptionsT:
+        """Read this platform's own `trainingService` fields (everything the core did not take) into
+        its options, an `options_type`, raising `ConfigError` naming the field and the fix. The
+        loader keeps them in `config.training_service.options`; the backend reads them as `opts`."""
+        raise NotImplementedError(f"platform {cls.platform} does not say how its trainingService fields are read "
+                                  "(parse_options)")
 
     @property
     def opts(self) -> OptionsT:
-        """The platform's options, as `parse_config` made them."""
-        return cast(OptionsT, self.config.training_service.options)
+        """The platform's options, as `parse_options` made them (checked: a config whose options are
+        another platform's is a bug of ours, not a silent wrong read)."""
+        return options_of(self.config, self.options_type)
 
     @property
     def reconnect_window(self) -> float:
@@ -375,13 +384,13 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
         return [(f"{env_id}-{r.name}-{i}" if r.name else (f"{env_id}-{i}" if r.replicas > 1 else env_id), r.name, i)
                 for r in self.shape().roles for i in range(r.replicas)]
 
-    def environment_backend(self, env_id: str, trial: Any = None) -> ElasticBackend[Any, Any]:
+    def environment_backend(self, env_id: str, trial: TrialJobDetail | None = None) -> ElasticBackend[Any, Any]:
         """Elastic capacity: the backend that makes (and is asked about) environment `env_id`;
         `trial` is the waiting trial it is made for, when the core knows one. A backend is its
         own; hybrid mode answers with one of its parts (service/hybrid.py)."""
         return self
 
-    def environment_fits(self, env_id: str, trial: Any) -> bool:
+    def environment_fits(self, env_id: str, trial: TrialJobDetail) -> bool:
         """Whether a waiting trial may run on that environment (hybrid mode: its part is the one
         the trial's placementConstraint names, if it names one)."""
         return True
@@ -425,11 +434,21 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
 class MixedPool(Protocol):
     """What the core asks of a pool of fixed machines and cluster platforms (`Backend.mixed_pool`)."""
 
-    def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
         """The cluster platform the trial's placementConstraint names, if any (no machine takes it)."""
 
 
-def as_elastic(backend: Backend[Any]) -> ElasticBackend[Any, Any]:
+def options_of(config: ExperimentConfig, kind: type[T]) -> T:
+    """`config.training_service.options`, checked to be a `kind` (what a platform's `parse_options`
+    made, or the hybrid list)."""
+    options = config.training_service.options
+    if not isinstance(options, kind):
+        raise TypeError(f"the {config.training_service.platform} options are a {type(options).__name__}, "
+                        f"not a {kind.__name__}")
+    return options
+
+
+def as_elastic(backend: Backend[object]) -> ElasticBackend[Any, Any]:
     """The backend as the elastic core uses it: only an elastic backend gets there."""
     if not isinstance(backend, ElasticBackend):
         raise TypeError(f"{type(backend).__name__} is not an ElasticBackend")

@@ -23,13 +23,16 @@ import json
 import logging
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nni_manager.backends.base import EnvironmentRequest, Role, Shape
 from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.rest_jobs import (Job, JobView, RestError, RestJobBackend, agent_boot, literal_secret_lines,
                                              parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
+
+if TYPE_CHECKING:
+    from alibabacloud_pai_dlc20201203.models import CreateJobRequest
 
 JOB_TYPES = ("TFJob", "PyTorchJob")  # NNI's choices (dlcUtil.py)
 # DLC's job states -> the REST-job phases (NNI: dlcEnvironmentService.ts refreshEnvironmentsStatus)
@@ -120,7 +123,7 @@ def parse_dlc(ts: ConfigSection, config: ExperimentConfig) -> DlcConfig:
     return out
 
 
-class DlcBackend(RestJobBackend[DlcConfig]):
+class DlcBackend(RestJobBackend[DlcConfig, "CreateJobRequest"]):
     platform = "dlc"
     service = "PAI-DLC"
     states = STATES
@@ -131,7 +134,11 @@ class DlcBackend(RestJobBackend[DlcConfig]):
         super().__init__(config)
         self.client: Any = None
 
-    options_parser = staticmethod(parse_dlc)
+    options_type = DlcConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> DlcConfig:
+        return parse_dlc(section, config)
 
     def shape(self) -> Shape:
         return Shape((Role("", self.opts.pod_count),))
@@ -218,7 +225,7 @@ class DlcBackend(RestJobBackend[DlcConfig]):
             return f"{env.env_id}-${{RANK:-0}}"
         return f"{env.env_id}-$NNI_DLC_INDEX"
 
-    def job_request(self, env: EnvironmentRequest, name: str) -> Any:
+    def job_request(self, env: EnvironmentRequest, name: str) -> CreateJobRequest:
         from alibabacloud_pai_dlc20201203.models import CreateJobRequest, DataSourceItem, JobSpec, ResourceConfig
 
         o = self.opts
@@ -249,7 +256,7 @@ class DlcBackend(RestJobBackend[DlcConfig]):
                                 user_command="set -eu\n" + "\n".join(lines), workspace_id=o.workspace_id,
                                 resource_id=str(o.resource["resource_id"]) if o.resource else None)
 
-    def render_request(self, request: Any) -> str:
+    def render_request(self, request: CreateJobRequest) -> str:
         body = request.to_map()
         command = body.get("UserCommand", "")
         for line in command.splitlines():
@@ -268,7 +275,7 @@ class DlcBackend(RestJobBackend[DlcConfig]):
         found = [j.to_map() for j in body.jobs or [] if j.display_name == name]
         return found[0] if found else None
 
-    async def submit(self, job: Job, request: Any) -> None:
+    async def submit(self, job: Job, request: CreateJobRequest) -> None:
         # CreateJob is not idempotent (display names are not unique): after an unclear failure the
         # job may exist, so look for it by name first, and never retry the call itself
         known = await self._find(job.name)

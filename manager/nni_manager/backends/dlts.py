@@ -81,7 +81,7 @@ def parse_dlts(ts: ConfigSection, config: ExperimentConfig) -> DltsConfig:
     return out
 
 
-def _dlts_error_words(status: int, body: Any) -> tuple[str, str]:
+def _dlts_error_words(status: int, body: object) -> tuple[str, str]:
     """The dashboard answers Koa's text bodies (403 "Invalid token") or RestAPI's {"error": ...}."""
     if isinstance(body, dict):
         return "", str(body.get("error") or body.get("result") or body)[:400]
@@ -96,7 +96,7 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class DltsBackend(RestJobBackend[DltsConfig]):
+class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
     platform = "dlts"
     service = "DLTS"
     states = STATES
@@ -108,7 +108,11 @@ class DltsBackend(RestJobBackend[DltsConfig]):
         self.client: RestClient | None = None
         self.gpu_type = "<gpuType>"
 
-    options_parser = staticmethod(parse_dlts)
+    options_type = DltsConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> DltsConfig:
+        return parse_dlts(section, config)
 
     @property
     def reuse(self) -> bool:

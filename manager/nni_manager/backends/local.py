@@ -18,6 +18,7 @@ import psutil
 
 from nni_manager.backends.agent_command import AgentCommand
 from nni_manager.backends.base import BackendContext, FixedBackend, DryRun, PlacementHints
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 AGENT_NAME = "local"
 
@@ -29,6 +30,11 @@ class LocalBackend(FixedBackend[None]):
     default_reconnect_window = 30.0
     hub = "unix"  # the agent uses hub.sock, in the owner-only experiment directory
     ships_code = False  # the agent reads trialCodeDirectory in place
+    options_type = type(None)  # no field of its own
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> None:
+        return None
 
     _proc: subprocess.Popen[bytes] | None = None
     _pid: int | None = None

@@ -25,15 +25,18 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import AgentCommand, Sh
-from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest
+from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, RequestT
 from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for the shared job pattern)
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_INTERVAL, Job, JobBackend, JobOptionsT, JobView, Phase, StateTable, parse_watch_fields,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,10 @@ class Reply:
     sent_auth: str = field(default="", repr=False)  # the Authorization header it answered
 
 
-ErrorWords = Callable[[int, Any], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
+ErrorWords = Callable[[int, object], tuple[str, str]]  # (status, body) -> (code, message) in the platform's words
 
 
-def _default_error_words(status: int, body: Any) -> tuple[str, str]:
+def _default_error_words(status: int, body: object) -> tuple[str, str]:
     if isinstance(body, dict):
         inner = body.get("error")
         err = inner if isinstance(inner, dict) else body
@@ -98,11 +101,11 @@ class RestClient:
         self.timeout, self.attempts, self.max_backoff = timeout, attempts, max_backoff
         self.backoff = default_backoff() if backoff is None else backoff
         self._ssl = ssl
-        self._session: Any = None
+        self._session: aiohttp.ClientSession | None = None
         self._closed = False  # closed for good: a late request (a submission still waiting) is refused
         self.requests = 0  # sent, retries included (benchmarks and tests read it)
 
-    async def _get_session(self) -> Any:
+    async def _get_session(self) -> aiohttp.ClientSession:
         import aiohttp
 
         if self._closed:
@@ -252,7 +255,7 @@ def literal_secret_lines(token: str, ca_certificate: bytes) -> tuple[list[str], 
             [f'printf "%s\\n" {q(ca_certificate.decode().strip())} > "$NNI_AGENT_DIR/ca.crt"'])
 
 
-class RestJobBackend(JobBackend[JobOptionsT, Any]):
+class RestJobBackend(JobBackend[JobOptionsT, RequestT]):
     """Base of the REST-job platforms: one environment = one job (see the module docstring)."""
 
     stop_job_on_cancel = True
@@ -266,14 +269,14 @@ class RestJobBackend(JobBackend[JobOptionsT, Any]):
         "read the job sees; the token is single-use, spent when the agent enrols; shown here as a placeholder")
 
     @abc.abstractmethod
-    def job_request(self, env: EnvironmentRequest, name: str) -> Any:
+    def job_request(self, env: EnvironmentRequest, name: str) -> RequestT:
         """The request that creates the job of `env` (with its secrets)."""
 
     @abc.abstractmethod
-    def render_request(self, request: Any) -> str:
+    def render_request(self, request: RequestT) -> str:
         """The request for people (dry run, logs): secrets masked."""
 
-    async def prepare(self, job: Job, env: EnvironmentRequest) -> Any:
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> RequestT:
         return self.build_request(env)  # job.name is the env's job_name
 
     def refused(self, job: Job, error: Exception) -> Exception:
@@ -281,7 +284,7 @@ class RestJobBackend(JobBackend[JobOptionsT, Any]):
         return RestError(f"{self.service} refused job {job.name}: {error}", status, code)
 
     # ------------------------------------------------------------------ dry run
-    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> Any:
+    def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> RequestT:
         return self.job_request(env, self.job_name(env.env_id, env.trial_id))
 
     def render(self) -> DryRun:

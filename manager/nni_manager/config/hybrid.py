@@ -41,7 +41,7 @@ def sections(value: list[Any], path: str, base: Path) -> list[ConfigSection]:
     return [ConfigSection(v, f"{path}[{i}]", base) for i, v in enumerate(value)]
 
 
-def _peek(section: ConfigSection, name: str) -> Any:
+def _peek(section: ConfigSection, name: str) -> object:
     wanted = canonical_key(name)
     return next((v for k, v in section.data.items() if canonical_key(k) == wanted), None)
 

@@ -5,19 +5,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nni_manager.types import SearchSpace
 from nni_manager.config.redaction import redacted_repr
+from nni_manager.config.shared_storage import SharedStorageConfig
 
 
 @dataclass
 class TrainingServiceConfig:
     """The `trainingService` section: the fields every platform shares. A platform's own
-    fields are parsed by its backend (`Backend.parse_config`) into `options`."""
+    fields are parsed by its backend (`Backend.parse_options`) into `options`."""
 
     platform: str
     use_active_gpu: bool | None = None
     max_trial_number_per_gpu: int = 1
     gpu_indices: list[int] | None = None
-    options: Any = None  # the backend's own config object (e.g. the remote machine list)
+    options: object = None  # the backend's own options (`Backend.options_type`; e.g. the remote machine list)
     nni_manager_ip: str | None = None
     # The hub agents dial on network platforms (clusters): a fixed port for firewalls
     # (`hubPort`; default: any free one, kept across manager restarts), TLS on unless
@@ -78,7 +80,7 @@ class ExperimentConfig:
     max_trial_duration: float | None = None  # seconds
     experiment_working_directory: Path = field(default_factory=lambda: Path("~/nni-experiments").expanduser())
     experiment_name: str | None = None
-    search_space: dict[str, Any] | None = None
+    search_space: SearchSpace | None = None
     tuner: TunerConfig | None = None  # the tuner, or the advisor (NNI's canonical form moves it here)
     assessor: TunerConfig | None = None
     tuner_gpu_indices: list[int] | None = None
@@ -95,9 +97,9 @@ class ExperimentConfig:
     # wheels of the agent's dependencies for workers whose Python lacks them and has no index
     # (`agentWheelhouse`: fill it with `pip download`); the manager's cache and pip come first/last
     agent_wheelhouse: Path | None = None
-    # NNI's `sharedStorage` (nni_manager.shared_storage.SharedStorageConfig): NFS or an Azure blob
-    # container every worker mounts, where trials work and write their outputs
-    shared_storage: Any = None
+    # NNI's `sharedStorage`: NFS or an Azure blob container every worker mounts, where trials work
+    # and write their outputs
+    shared_storage: SharedStorageConfig | None = None
 
     def __repr__(self) -> str:  # by the secret rule (each section's repr hides its own)
         return redacted_repr(self)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 # dataclasses' repr(), and `SecretFormatter` masks the values it finds in the manager's log.
 #
@@ -64,7 +67,7 @@ def is_secret(name: str) -> bool:
     return last in ("url", "uri") and any(w in _DATA_SERVICES for w in words[:-1])
 
 
-def is_secret_value(name: str, value: Any) -> bool:
+def is_secret_value(name: str, value: object) -> bool:
     """Whether `value` (of a field or variable called `name`) is a secret by what it holds: a URL
     with a password (a proxy's: any credentials) in `*_URL`, `*_URI`, `*_PROXY`."""
     if not isinstance(value, str) or "@" not in value:
@@ -83,7 +86,7 @@ def _credentials(url: str, proxy: bool) -> bool:
     return bool(password) or (proxy and bool(user))
 
 
-def is_secret_entry(name: str, value: Any) -> bool:
+def is_secret_entry(name: str, value: object) -> bool:
     """The secret rule for one entry: by its name (`is_secret`) or by its value (`is_secret_value`)."""
     return is_secret(name) or is_secret_value(name, value)
 
@@ -104,7 +107,7 @@ def redacted(value: Any, name: str = "") -> Any:
     return value
 
 
-def redacted_repr(obj: Any) -> str:
+def redacted_repr(obj: DataclassInstance) -> str:
     """repr() of a config dataclass by the secret rule: secret fields are left out, secrets inside
     its mappings shown as "***"; a nested dataclass uses its own repr."""
     shown = (f"{f.name}={redacted(getattr(obj, f.name), f.name)!r}" for f in dataclasses.fields(obj)
@@ -112,7 +115,7 @@ def redacted_repr(obj: Any) -> str:
     return f"{type(obj).__name__}({', '.join(shown)})"
 
 
-def secret_values(value: Any, name: str = "") -> set[str]:
+def secret_values(value: object, name: str = "") -> set[str]:
     """Every secret string in a config (an ExperimentConfig, a backend's options, a dict), found
     by the same rule: what `SecretFormatter` masks."""
     found: set[str] = set()
@@ -135,7 +138,7 @@ def secret_values(value: Any, name: str = "") -> set[str]:
     return found
 
 
-def _strings(value: Any) -> list[str]:
+def _strings(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict):

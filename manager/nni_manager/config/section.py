@@ -28,7 +28,7 @@ MISSING = _MISSING  # what ConfigSection.take returns for an absent (or null) fi
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def canonical_key(key: Any) -> str:
+def canonical_key(key: object) -> str:
     """NNI's rule for config keys (nni/experiment/config/utils/internal.py `case_insensitive`):
     case and underscores do not matter, so `trial_command`, `TrialCommand` and `trialCommand`
     name one field. Values (search spaces, classArgs, env) keep their keys as written."""
@@ -204,7 +204,7 @@ class ConfigSection:
             raise ConfigError(self.at(str(key)), "unknown field" + (f" {where}" if where else ""), hint)
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
@@ -214,7 +214,7 @@ def _resolve(value: str, base: Path) -> Path:
     return path if path.is_absolute() else (base / path).resolve()
 
 
-def parse_duration(value: Any, field: str, *, allow_zero: bool = False) -> float:
+def parse_duration(value: object, field: str, *, allow_zero: bool = False) -> float:
     """NNI durations: seconds as a number, or "45s", "30m", "1.5h", "1d"."""
     seconds: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -236,7 +236,7 @@ _SIZE_UNITS = {"": 1 / (1 << 20), "b": 1 / (1 << 20), "k": 1 / 1024, "kb": 1 / 1
                "g": 1024, "gb": 1024, "t": 1 << 20, "tb": 1 << 20, "ki": 1 / 1024, "mi": 1, "gi": 1024, "ti": 1 << 20}
 
 
-def parse_size_mb(value: Any, field_path: str) -> int:
+def parse_size_mb(value: object, field_path: str) -> int:
     """NNI memory sizes: an integer of MB, or "8gb", "8192mb", "8Gi" ..."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         mb = float(value)
@@ -265,7 +265,7 @@ def yaml_file(path: Path, field: str, fix_missing: str, fix_syntax: str = "fix t
         raise ConfigError(field, f"{path} is not valid YAML: {e}", fix_syntax) from None
 
 
-def _load_yaml(text: str, where: str) -> Any:
+def _load_yaml(text: str, where: str) -> object:
     import yaml
 
     try:

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Protocol
 
+from nni_manager.types import SearchSpace
 from nni_manager.dispatcher.tuners import Tuner
 from nni_manager.metrics import checked, decode_metric_value, metric_number
 
@@ -46,7 +47,7 @@ class Dispatcher:
         self.last_activity = time.monotonic()
         self.error: str | None = None  # set once the algorithm failed for good
 
-    async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
+    async def start(self, events: DispatcherEvents, search_space: SearchSpace,
                     history: list[dict[str, Any]]) -> None:
         """INITIALIZE with the search space (and IMPORT_DATA `history` of a resumed experiment)."""
         raise NotImplementedError
@@ -60,7 +61,7 @@ class Dispatcher:
     def trial_end(self, trial_id: str, event: str, hyper_params: str) -> None:
         """TRIAL_END with the terminal status name and the trial's ParameterRecord string."""
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         raise NotImplementedError
 
     async def stop(self) -> None:
@@ -74,7 +75,7 @@ class Dispatcher:
         self.last_activity = time.monotonic()
 
 
-def parameter_record(parameter_id: Any, parameters: Any, index: int = 0, trial_id: str | None = None) -> str:
+def parameter_record(parameter_id: object, parameters: object, index: int = 0, trial_id: str | None = None) -> str:
     """A ParameterRecord JSON (nni-training-service.md §1.3)."""
     record: dict[str, Any] = {"parameter_id": parameter_id, "parameter_source": "algorithm",
                               "parameters": parameters, "parameter_index": index}
@@ -93,7 +94,7 @@ class BuiltinDispatcher(Dispatcher):
         self._next_parameter_id = 0
         self._params: dict[Any, dict[str, Any]] = {}
 
-    async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
+    async def start(self, events: DispatcherEvents, search_space: SearchSpace,
                     history: list[dict[str, Any]]) -> None:
         self._events = events
         if history:
@@ -131,5 +132,5 @@ class BuiltinDispatcher(Dispatcher):
             return
         self.tuner.trial_end(parameter_id, event == "SUCCEEDED")
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         self.tuner.update_search_space(search_space)

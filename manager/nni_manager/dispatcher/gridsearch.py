@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-Key = tuple[Any, ...]
+from nni_manager.types import SearchSpace
+
+Key = tuple["str | int", ...]  # a parameter's path: names, and the option index inside a nested choice
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Spec:
         return True
 
 
-def format_search_space(space: dict[str, Any], parent: Key = ()) -> dict[Key, Spec]:
+def format_search_space(space: SearchSpace, parent: Key = ()) -> dict[Key, Spec]:
     result: dict[Key, Spec] = {}
     for name, spec in space.items():
         if name == "_name":
@@ -104,18 +106,19 @@ def _is_nested(values: list[Any]) -> bool:
 
 
 def _assign(params: dict[str, Any], key: Key, x: Any) -> None:
-    if len(key) == 1:
-        params[key[0]] = x
-    elif isinstance(key[0], int):
+    head = key[0]
+    if isinstance(head, int):  # the option of a nested choice: its parameters sit beside `_name`
         _assign(params, key[1:], x)
+    elif len(key) == 1:  # a key ends with a name
+        params[head] = x
     else:
-        _assign(params.setdefault(key[0], {}), key[1:], x)
+        _assign(params.setdefault(head, {}), key[1:], x)
 
 
 class GridSearch:
     """The algorithm's state; `next()` gives the next new point, None once fully explored."""
 
-    def __init__(self, space: dict[str, Any]) -> None:
+    def __init__(self, space: SearchSpace) -> None:
         self.space = format_search_space(space)
         if not self.space:
             raise ValueError("the search space is empty")

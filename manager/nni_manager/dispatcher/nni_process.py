@@ -33,9 +33,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nni_manager.types import SearchSpace
 from nni_manager.dispatcher.base import Dispatcher, DispatcherError, DispatcherEvents
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +71,8 @@ class NniDispatcher(Dispatcher):
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self._events: DispatcherEvents | None = None
-        self._ws: Any = None
-        self._runner: Any = None
+        self._ws: web.WebSocketResponse | None = None
+        self._runner: web.AppRunner | None = None
         self._secret = secrets.token_urlsafe(32)  # the channel's URL path: only our child knows it
         self._claimed = False  # set before the first connection's handshake: a second is refused
         self._connected = asyncio.Event()
@@ -90,7 +94,7 @@ class NniDispatcher(Dispatcher):
     def trial_end(self, trial_id: str, event: str, hyper_params: str) -> None:
         self._send("EN", json.dumps({"trial_job_id": trial_id, "event": event, "hyper_params": hyper_params}))
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         self._send("SS", json.dumps(search_space))
 
     def _send(self, kind: str, content: str) -> None:
@@ -100,7 +104,7 @@ class NniDispatcher(Dispatcher):
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
+    async def start(self, events: DispatcherEvents, search_space: SearchSpace,
                     history: list[dict[str, Any]]) -> None:
         from aiohttp import web
 
@@ -161,7 +165,7 @@ class NniDispatcher(Dispatcher):
             self._fail(f"did not {what} within {timeout:g} s")
             raise DispatcherError(self.error or "")
 
-    async def _handle(self, request: Any) -> Any:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import WSMsgType, web
 
         if not hmac.compare_digest(request.match_info["secret"].encode(), self._secret.encode()):
@@ -190,7 +194,7 @@ class NniDispatcher(Dispatcher):
             self._closed.set()
         return ws
 
-    async def _sender(self, ws: Any) -> None:
+    async def _sender(self, ws: web.WebSocketResponse) -> None:
         while True:
             command = await self._outbox.get()
             if command is None:

@@ -10,6 +10,7 @@ import json
 import random
 from typing import Any
 
+from nni_manager.types import SearchSpace
 from nni_manager import search_space as ss
 from nni_manager.config import ConfigError, TunerConfig
 from nni_manager.dispatcher.gridsearch import GridSearch
@@ -22,7 +23,7 @@ class Tuner:
 
     class_args: tuple[str, ...] = ("optimize_mode",)
 
-    def __init__(self, space: dict[str, Any], optimize_mode: str = "maximize") -> None:
+    def __init__(self, space: SearchSpace, optimize_mode: str = "maximize") -> None:
         self.space = space
         self.optimize_mode = optimize_mode
 
@@ -36,7 +37,7 @@ class Tuner:
     def trial_end(self, parameter_id: int, success: bool) -> None:
         """A trial ended (also without a final metric)."""
 
-    def update_search_space(self, space: dict[str, Any]) -> None:
+    def update_search_space(self, space: SearchSpace) -> None:
         """A new search space (NNI's UPDATE_SEARCH_SPACE)."""
         self.space = space
 
@@ -57,7 +58,7 @@ class RandomTuner(Tuner):
     class_args = ("optimize_mode", "seed")
     _RETRIES = 100
 
-    def __init__(self, space: dict[str, Any], optimize_mode: str = "maximize", seed: int | None = None) -> None:
+    def __init__(self, space: SearchSpace, optimize_mode: str = "maximize", seed: int | None = None) -> None:
         super().__init__(space, optimize_mode)
         self._rng = random.Random(seed)
         self._seen: set[str] = set()
@@ -80,11 +81,11 @@ class GridSearchTuner(Tuner):
     """NNI's GridSearch (nni_manager.dispatcher.gridsearch): every combination of categorical values, and
     numerical parameters sampled progressively finer; exhausted once nothing new is left."""
 
-    def __init__(self, space: dict[str, Any], optimize_mode: str = "maximize") -> None:
+    def __init__(self, space: SearchSpace, optimize_mode: str = "maximize") -> None:
         super().__init__(space, optimize_mode)
         self._grid = GridSearch(space)
 
-    def update_search_space(self, space: dict[str, Any]) -> None:
+    def update_search_space(self, space: SearchSpace) -> None:
         super().update_search_space(space)
         self._grid = GridSearch(space)
 
@@ -104,7 +105,7 @@ def _key(params: dict[str, Any]) -> str:
 BUILTIN: dict[str, type[Tuner]] = {"Random": RandomTuner, "GridSearch": GridSearchTuner}
 
 
-def make_tuner(config: TunerConfig | None, space: dict[str, Any] | None) -> Tuner:
+def make_tuner(config: TunerConfig | None, space: SearchSpace | None) -> Tuner:
     """Build the configured tuner; every mistake is a ConfigError naming the field."""
     if config is None:
         raise ConfigError("tuner", "is required", "add `tuner: {name: Random}` (or GridSearch)")

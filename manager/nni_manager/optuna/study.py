@@ -22,16 +22,20 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from nni_manager.types import SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_record
 from nni_manager.experiment import Experiment
 from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
 from nni_agent.study_runner import ATTR_EXPERIMENT, ATTR_TRIAL
+
+if TYPE_CHECKING:
+    from nni_manager.service import TrainingService
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +162,7 @@ class StudySource(Dispatcher):
         self._offered = 0
         self._tasks: set[asyncio.Future[None]] = set()
 
-    async def start(self, events: DispatcherEvents, search_space: dict[str, Any],
+    async def start(self, events: DispatcherEvents, search_space: SearchSpace,
                     history: list[dict[str, Any]]) -> None:
         self._events = events
         self._offered = self.counted_before  # a resumed experiment's trials that count (StudyExperiment._resume)
@@ -199,7 +203,7 @@ class StudySource(Dispatcher):
             return None
         return optuna_record(frozen)
 
-    def update_search_space(self, search_space: dict[str, Any]) -> None:
+    def update_search_space(self, search_space: SearchSpace) -> None:
         log.warning("an Optuna study has no search space to update: its objective defines it")
 
     async def stop(self) -> None:
@@ -280,7 +284,7 @@ class _Study:
     of our trials created (CreateNewTrial's answer, before the runner sees it): those are the ones
     to mark FAIL should the trial end without telling the study, however early it was killed."""
 
-    def __init__(self, proxy: StorageProxy, ts: Any, created: dict[str, list[int]]) -> None:
+    def __init__(self, proxy: StorageProxy, ts: TrainingService, created: dict[str, list[int]]) -> None:
         self._proxy, self._ts, self._created = proxy, ts, created
 
     def allows(self, agent_id: str, trial_id: str) -> bool:
@@ -317,7 +321,7 @@ class StudyExperiment(Experiment):
     def _trial_count(self) -> int:
         return len(self.trials) - len(self._uncounted)
 
-    async def _resume(self, ts: Any) -> list[dict[str, Any]]:
+    async def _resume(self, ts: TrainingService) -> list[dict[str, Any]]:
         """The earlier runs' trials, and which of them count: those whose Optuna trial is in the
         study (a FAIL left by a stop included, as Optuna counts it), or that ended FAILED by
         themselves (counts_without_optuna_trial); a resumed study runs to n_trials of them."""
@@ -348,7 +352,7 @@ class StudyExperiment(Experiment):
                 log.info("Optuna trial %d of NNI trial %s was left RUNNING: marked FAIL", t.number, attrs[ATTR_TRIAL])
         return ours
 
-    async def _make_dispatcher(self, ts: Any, experiment_dir: Path) -> Dispatcher:
+    async def _make_dispatcher(self, ts: TrainingService, experiment_dir: Path) -> Dispatcher:
         save_spec(ts.core.trials.store, self.study, self.source)
         proxy = StorageProxy(self.storage, experiment_dir / "study.sock")
         await proxy.start()

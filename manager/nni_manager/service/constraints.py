@@ -11,8 +11,6 @@ error for the trial, with the reason, rather than a trial that waits forever.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 TYPES = ("None", "GPUNumber", "Device")
 
 
@@ -23,11 +21,11 @@ class Constraint:
     invalid: str = ""  # why it can never be met as written
 
 
-def _index(value: Any) -> bool:
+def _index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def parse(pc: Any, default_gpus: int | None) -> Constraint:
+def parse(pc: object, default_gpus: int | None) -> Constraint:
     """The trial's constraint; `default_gpus` is trialGpuNumber."""
     if not pc:
         return Constraint(default_gpus)

@@ -13,7 +13,7 @@ import logging
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
 
 log = logging.getLogger(__name__)
-Listener = Callable[..., Any]
+Listener = Callable[..., object]  # a coroutine one runs in the background
 STORAGE_ERRORS = (sqlite3.Error, OSError)  # the store cannot be written: a full disk, a lost mount
 
 
@@ -51,14 +51,14 @@ class Background:
     `drain` waits for it all at clean-up."""
 
     def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Future[object]] = set()
 
-    def spawn(self, awaitable: Any) -> None:
-        task = asyncio.ensure_future(awaitable)
+    def spawn(self, awaitable: Awaitable[object]) -> None:
+        task: asyncio.Future[object] = asyncio.ensure_future(awaitable)
         self.tasks.add(task)
         task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, task: asyncio.Future[object]) -> None:
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background task failed", exc_info=task.exception())
@@ -79,7 +79,7 @@ class Background:
 
 
 class Core:
-    def __init__(self, *, config: ExperimentConfig, backend: Backend[Any], experiment_id: str, experiment_dir: Path,
+    def __init__(self, *, config: ExperimentConfig, backend: Backend[object], experiment_id: str, experiment_dir: Path,
                  trials: Trials, agents: Agents, hub: Hub, bundle: Bundle | None, listeners: Listeners,
                  wake: asyncio.Event, background: Background) -> None:
         self.config, self.backend = config, backend

@@ -6,7 +6,7 @@ loopback: also 127.0.0.1 TCP for tunnels, always with TLS from the experiment's 
 end of a tunnel is a port any local user may bind once the SSH link drops, and an agent must
 not hand its token to (or obey) whoever does. network: `hubBindAddress`:`hubPort` with TLS (the
 experiment's own CA unless the user brings a certificate), advertised to agents as `nniManagerIp`
-or through a backend's relay (`Backend[Any].hub_route`); the port is kept in the store so a
+or through a backend's relay (`Backend[object].hub_route`); the port is kept in the store so a
 restarted manager listens where running agents redial. The CA stays in the experiment
 directory, so a restarted manager is trusted by the agents already running.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import logging
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,18 +53,18 @@ def _every_interface(advertise: str) -> str:
         return "0.0.0.0"
 
 
-def _user_tls(ts: Any) -> TlsMaterial:
-    """The certificate the user brings, or one line naming the field that cannot be read."""
-    for field, path in (("hubCertFile", ts.hub_cert_file), ("hubKeyFile", ts.hub_key_file),
-                        ("hubCaFile", ts.hub_ca_file)):
+def _user_tls(cert: Path, key: Path, ca: Path | None) -> TlsMaterial:
+    """The certificate the user brings (hubCertFile, hubKeyFile, hubCaFile), or one line naming the
+    field that cannot be read."""
+    for field, path in (("hubCertFile", cert), ("hubKeyFile", key), ("hubCaFile", ca)):
         if path is not None and not os.access(path, os.R_OK):
             raise ConfigError(f"trainingService.{field}", f"cannot be read: {path}",
                               "give a readable PEM file (or remove hubCertFile and hubKeyFile: the experiment "
                               "then makes its own CA)")
-    return user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
+    return user_tls(cert, key, ca)
 
 
-async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
+async def plan(backend: Backend[object], store: Store, experiment_dir: Path, experiment_id: str) -> HubPlan:
     """Bind one address, advertise another: `hubBindAddress` (default every interface, or the
     advertised address itself when that is loopback), `nniManagerIp` (an address or DNS name
     agents dial: a public IP, a NAT port-forward, a Service name), or the backend's relay."""
@@ -84,7 +83,7 @@ async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experi
             tls = (experiment_tls(experiment_dir / "tls", [host, *route.names, *backend.hub_names()], experiment_id)
                    if ts.hub_tls else None)
             if ts.hub_tls and ts.hub_cert_file is not None and ts.hub_key_file is not None:
-                tls = _user_tls(ts)
+                tls = _user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file)
         except BaseException:  # e.g. an unreadable hubCertFile: the relay just made must not outlive the refusal
             await backend.stop()
             raise
@@ -102,12 +101,12 @@ async def plan(backend: Backend[Any], store: Store, experiment_dir: Path, experi
     if not ts.hub_tls:
         return HubPlan(listen, None, advertise)
     if ts.hub_cert_file is not None and ts.hub_key_file is not None:
-        return HubPlan(listen, _user_tls(ts), advertise)
+        return HubPlan(listen, _user_tls(ts.hub_cert_file, ts.hub_key_file, ts.hub_ca_file), advertise)
     names = [advertise, *([bind] if bind not in ("0.0.0.0", "::") else []), *backend.hub_names()]
     return HubPlan(listen, experiment_tls(experiment_dir / "tls", names, experiment_id), advertise)
 
 
-async def listen_address(backend: Backend[Any], store: Store, experiment_dir: Path,
+async def listen_address(backend: Backend[object], store: Store, experiment_dir: Path,
                          experiment_id: str) -> tuple[str | None, TlsMaterial | None]:
     """(where the hub listens, its TLS material): `plan` without the advertised address."""
     p = await plan(backend, store, experiment_dir, experiment_id)

@@ -1,6 +1,6 @@
 """Hybrid mode: several training services feeding one pool of agents (NNI's hybrid mode).
 
-`HybridBackend` is the one Backend[Any] the core sees. It holds one backend per listed service,
+`HybridBackend` is the one Backend[object] the core sees. It holds one backend per listed service,
 each built with the experiment config narrowed to its own `trainingService` entry, so each
 bootstraps its own agents exactly as it would alone (local: a subprocess; remote: SSH).
 Every agent then joins the same hub and the same placement, which spreads trials (and GPU
@@ -23,15 +23,16 @@ from typing import Any
 
 from nni_manager.service import constraints
 from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest, as_elastic,
-                                       HubKind, PlacementHints, Shape)
+                                       HubKind, PlacementHints, Shape, options_of)
 from nni_manager.backends.registry import backend_class
 from nni_manager.config import ExperimentConfig
 from nni_manager.config.hybrid import HYBRID, HybridOptions
+from nni_manager.types import TrialJobDetail
 
 log = logging.getLogger(__name__)
 
 
-def make_backend(config: ExperimentConfig) -> Backend[Any]:
+def make_backend(config: ExperimentConfig) -> Backend[object]:
     """The backend for the config's platform; the hybrid composite for a list of services."""
     platform = config.training_service.platform
     if platform == HYBRID:
@@ -43,8 +44,9 @@ class _PartContext:
     """What one part sees of the core: everything, with the agents it adds remembered as its own,
     and only its own environments."""
 
-    def __init__(self, ctx: BackendContext, part: Backend[Any], hybrid: HybridBackend) -> None:
+    def __init__(self, ctx: BackendContext, part: Backend[object], hybrid: HybridBackend) -> None:
         self._ctx, self._part, self._owners, self._hybrid = ctx, part, hybrid._owners, hybrid
+        self.experiment_id, self.experiment_dir = ctx.experiment_id, ctx.experiment_dir
 
     def environments(self) -> list[EnvironmentRequest]:
         return [e for e in self._ctx.environments() if self._hybrid.environment_backend(e.env_id) is self._part]
@@ -54,23 +56,38 @@ class _PartContext:
         self._owners[spec.agent_id] = self._part
         return spec
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        self._ctx.agent_failed(agent_id, reason, failed=failed)
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        self._ctx.agent_status(agent_id, message)
+
+    def agent_url(self, agent_id: str, url: str) -> None:
+        self._ctx.agent_url(agent_id, url)
+
+    def agent_connected(self, agent_id: str) -> bool:
+        return self._ctx.agent_connected(agent_id)
+
+    def hub_listen_address(self) -> str:
+        return self._ctx.hub_listen_address()
 
 
-class HybridBackend(ElasticBackend[Any, Any]):
+class HybridBackend(ElasticBackend[HybridOptions, Any]):
     """Several platforms as one (NNI's hybrid mode): elastic when any part is (`elastic` is set per
-    experiment), the fixed parts' agents placed with the clusters' environments."""
+    experiment), the fixed parts' agents placed with the clusters' environments. Its options, the
+    list of services, are the loader's (`config.hybrid.parse`: each entry by its platform's
+    `parse_options`), not a section's."""
 
     platform = HYBRID
+    options_type = HybridOptions
 
     @classmethod
     def composed(cls, config: ExperimentConfig) -> HybridBackend:
         """The backend for this list of services. What the list implies of the class's ClassVars
         (which hub its agents reach, whether code ships, whether it is elastic, single-use
         credentials) is set on a class made for it, never on an instance."""
-        options: HybridOptions = config.training_service.options
-        kinds: list[type[Backend[Any]]] = [backend_class(ts.platform) for ts in options.services]
+        options = options_of(config, HybridOptions)
+        kinds: list[type[Backend[object]]] = [backend_class(ts.platform) for ts in options.services]
         hubs = {k.hub for k in kinds}
         # Unix-socket agents need nothing more; tunnels need the loopback TCP listener; cluster
         # agents the network one (the tunnels then reach it on loopback: see hub_names).
@@ -81,16 +98,15 @@ class HybridBackend(ElasticBackend[Any, Any]):
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
         return composite(config, kinds)
 
-    def __init__(self, config: ExperimentConfig, kinds: list[type[Backend[Any]]]) -> None:
+    def __init__(self, config: ExperimentConfig, kinds: list[type[Backend[object]]]) -> None:
         if type(self) is HybridBackend:
             raise TypeError("HybridBackend.composed(config) makes a hybrid backend (its class says what the list implies)")
         super().__init__(config)
-        options: HybridOptions = config.training_service.options
-        self.parts: list[Backend[Any]] = [
-            kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, options.services)
+        self.parts: list[Backend[object]] = [
+            kind(dataclasses.replace(config, training_service=ts)) for kind, ts in zip(kinds, self.opts.services)
         ]
-        self._owners: dict[str, Backend[Any]] = {}
-        self._started: list[Backend[Any]] = []
+        self._owners: dict[str, Backend[object]] = {}
+        self._started: list[Backend[object]] = []
         self._env_part: dict[str, ElasticBackend[Any, Any]] = {}
         self._turn = 0
         self.fixed_parts = [p for p in self.parts if not p.elastic]
@@ -105,14 +121,14 @@ class HybridBackend(ElasticBackend[Any, Any]):
         return self if self.mixed else None
 
     # ------------------------------------------------------------------ elastic capacity
-    def pinned_part(self, trial: Any) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
         """The cluster part a trial's placementConstraint Device names by its platform, if any."""
         c = constraints.parse(trial.form.placement_constraint, None)
         if c.device is None:
             return None
         return next((p for p in self.elastic_parts if p.platform == c.device[0]), None)
 
-    def environment_backend(self, env_id: str, trial: Any = None) -> ElasticBackend[Any, Any]:
+    def environment_backend(self, env_id: str, trial: TrialJobDetail | None = None) -> ElasticBackend[Any, Any]:
         part = self._env_part.get(env_id)
         if part is None:
             if not self.elastic_parts:
@@ -124,7 +140,7 @@ class HybridBackend(ElasticBackend[Any, Any]):
             self._env_part[env_id] = part
         return part
 
-    def environment_fits(self, env_id: str, trial: Any) -> bool:
+    def environment_fits(self, env_id: str, trial: TrialJobDetail) -> bool:
         pinned = self.pinned_part(trial)
         return pinned is None or self._env_part.get(env_id) is pinned
 
@@ -168,7 +184,7 @@ class HybridBackend(ElasticBackend[Any, Any]):
         """The hub's window: the longest of the parts' (each agent still waits its own)."""
         return max(p.reconnect_window for p in self.parts)
 
-    def part_of(self, agent_id: str) -> Backend[Any] | None:
+    def part_of(self, agent_id: str) -> Backend[object] | None:
         return self._owners.get(agent_id)
 
     def agent_platform(self, agent_id: str) -> str:

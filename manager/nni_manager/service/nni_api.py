@@ -60,7 +60,7 @@ class TrainingService:
         self.experiment_id = experiment_id or new_id(8)
         self.experiment_dir: Path = Path(config.experiment_working_directory).expanduser() / self.experiment_id
         self.platform = config.training_service.platform
-        self._backend: Backend[Any] = make_backend(config)  # hybrid mode: one backend per listed service
+        self._backend: Backend[object] = make_backend(config)  # hybrid mode: one backend per listed service
         self.reconnect_window = self._backend.reconnect_window
         self._listeners = Listeners()
         self._metadata: dict[str, str] = {}
@@ -110,7 +110,7 @@ class TrainingService:
                 await self._hub.stop()
             if self._store is not None:
                 self._store.close()
-            if self._storage_mounted:
+            if self._storage_mounted and self.config.shared_storage is not None:
                 await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
             experiment_lock.release(self.experiment_dir)
             self._cleaned = True
@@ -195,7 +195,7 @@ class TrainingService:
             hub.send(agent_id, pb.Command(shutdown=pb.Shutdown(reason="the experiment was stopped")))
         await self._settle(timeout=self.config.trial_grace_period + 10)
         await self._backend.stop()
-        if self._storage_mounted:
+        if self._storage_mounted and self.config.shared_storage is not None:
             await asyncio.to_thread(shared_storage.release_local, self.config.shared_storage)
         for env in core.agents.envs.values():
             if env.live:
@@ -388,7 +388,7 @@ class TrainingService:
         return trial_id
 
 
-def _redacted(value: Any) -> Any:
+def _redacted(value: object) -> Any:
     """The config as stored in experiment.db: secret values replaced by "***" (config.py's one
     secret rule, `is_secret`, which reprs and the manager's log follow too)."""
     return redacted(value)

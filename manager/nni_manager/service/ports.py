@@ -6,7 +6,7 @@ imports one way (core -> helpers) and says exactly which of the core's parts eac
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ class ElasticCore(Protocol):
     core's ways to command an agent, start a trial, run background work and place again."""
 
     config: ExperimentConfig
-    backend: Backend[Any]
+    backend: Backend[object]
     agents: Agents
     trials: Trials
 
@@ -38,7 +38,7 @@ class ElasticCore(Protocol):
 
     def send_start(self, t: TrialJobDetail, agent_id: str) -> None: ...
 
-    def spawn(self, awaitable: Any) -> None: ...
+    def spawn(self, awaitable: Awaitable[object]) -> None: ...
 
     def wake(self) -> None: ...
 

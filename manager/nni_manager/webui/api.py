@@ -36,7 +36,7 @@ _MANAGER_LOGS = ("nnimanager.log", "dispatcher.log")
 _TOO_LARGE = f"[not shown: larger than {SERVE_LIMIT} bytes]\n".encode()
 
 
-def _json(obj: Any) -> web.Response:
+def _json(obj: object) -> web.Response:
     return web.Response(text=dumps(obj), content_type="application/json", headers=_CORS)
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nni_manager.config import ConfigError, parse_duration
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui import limits
 from nni_manager.webui.views import nni_params
+
+if TYPE_CHECKING:
+    from nni_manager.service import TrainingService
 
 READONLY = "Error: can not update experiment profile in readonly mode!"
 
@@ -130,7 +133,7 @@ class LiveExperiment(ExperimentSide):
     def config(self) -> Any:
         return self.experiment.config
 
-    def _ts(self) -> Any:
+    def _ts(self) -> TrainingService | None:
         return getattr(self.experiment, "_ts", None)
 
     def trials(self) -> Iterable[TrialJobDetail]:

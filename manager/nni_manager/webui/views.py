@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nni_manager.local_files import trial_log_path
 from nni_manager.types import TrialJobDetail, TrialJobStatus
+
+if TYPE_CHECKING:
+    from nni_manager.config import ExperimentConfig
 
 # What NNI's TrialHyperParameters accepts (nni/experiment/data.py); anything else raises there.
 _RECORD_KEYS = ("parameter_id", "parameter_source", "parameters", "parameter_index", "placement_constraint",
@@ -25,7 +28,7 @@ METRIC_KEYS = ("timestamp", "trialJobId", "parameterId", "type", "sequence", "da
 _quote = json.encoder.encode_basestring  # a str as JSON with ensure_ascii=False (C)
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     """Node's JSON.stringify: no spaces, UTF-8 as is."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
@@ -106,7 +109,7 @@ def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, An
     return job
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     return _quote(v) if type(v) is str else str(v) if type(v) is int else dumps(v)
 
 
@@ -155,7 +158,7 @@ def job_statistics(trials: Iterable[TrialJobDetail]) -> list[dict[str, Any]]:
     return [{"trialJobStatus": s, "trialJobNumber": n} for s, n in counts.items()]
 
 
-def _get(obj: Any, key: str, default: Any = None) -> Any:
+def _get(obj: object, key: str, default: object = None) -> Any:
     if isinstance(obj, dict):
         return obj.get(key, default)
     return getattr(obj, key, default)
@@ -168,7 +171,7 @@ def _duration(seconds: Any) -> str | None:
     return f"{int(seconds)}s" if seconds == int(seconds) else f"{seconds}s"
 
 
-def _algorithm(section: Any) -> dict[str, Any] | None:
+def _algorithm(section: object) -> dict[str, Any] | None:
     if section is None:
         return None
     out: dict[str, Any] = {}
@@ -180,7 +183,7 @@ def _algorithm(section: Any) -> dict[str, Any] | None:
     return out
 
 
-def nni_params(config: Any) -> dict[str, Any]:
+def nni_params(config: ExperimentConfig | Mapping[str, object]) -> dict[str, Any]:
     """The canonical camelCase v2 config NNI's WebUI reads (`/experiment`'s `params`), from our
     ExperimentConfig or its stored dict. Only fields NNI knows (so `nnictl view` validates it);
     backend options (machine lists, credentials) are left out."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from nni_manager.backends.base import EnvironmentRequest, Shape
+from nni_manager.backends.base import EnvironmentRequest, Shape, options_of
 from nni_manager.backends.kubernetes.client import api_error
 from nni_manager.backends.kubernetes.common import KubeBackend
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, _common
@@ -90,11 +90,15 @@ class AdlBackend(KubeBackend):
     code_in_image = True
     ships_code = False
 
-    options_parser = staticmethod(parse_adl)
+    options_type = AdlConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> AdlConfig:
+        return parse_adl(section, config)
 
     @property
     def adl(self) -> AdlConfig:
-        return cast(AdlConfig, self.opts)
+        return options_of(self.config, AdlConfig)
 
     def shape(self) -> Shape:
         return Shape()

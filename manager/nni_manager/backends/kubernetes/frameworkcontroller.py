@@ -19,7 +19,8 @@ from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
 from nni_manager.backends.kubernetes.podspec import merge_pod_spec
-from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
+from nni_manager.backends.kubernetes.config import KubeConfig, parse_frameworkcontroller
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
 BARRIER_DIR = "/mnt/frameworkbarrier"
@@ -57,7 +58,11 @@ class FrameworkControllerBackend(KubeBackend):
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     operator_name = "FrameworkController"
 
-    options_parser = staticmethod(parse_frameworkcontroller)
+    options_type = KubeConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
+        return parse_frameworkcontroller(section, config)
 
     def shape(self) -> Shape:
         roles = tuple(Role(r.name, r.replicas, r.command) for r in self.kube.roles)

@@ -12,8 +12,8 @@ from typing import Any
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import parse_kubeflow
-from nni_manager.config import ExperimentConfig
+from nni_manager.backends.kubernetes.config import KubeConfig, parse_kubeflow
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
     "tf-operator": ("TFJob", "tfjobs", "tfReplicaSpecs", "tensorflow"),
@@ -32,7 +32,11 @@ class KubeflowBackend(KubeBackend):
         kind, plural, _, _ = _KINDS[self.kube.operator]
         self.custom = ("kubeflow.org", self.kube.api_version, plural, kind)  # type: ignore[misc]
 
-    options_parser = staticmethod(parse_kubeflow)
+    options_type = KubeConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
+        return parse_kubeflow(section, config)
 
     def shape(self) -> Shape:
         roles = tuple(Role(r.name, r.replicas, r.command) for r in self.kube.roles)

@@ -9,13 +9,18 @@ from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import parse_pods
+from nni_manager.backends.kubernetes.config import KubeConfig, parse_pods
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 
 class PodsBackend(KubeBackend):
     platform = "kubernetes"
 
-    options_parser = staticmethod(parse_pods)
+    options_type = KubeConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
+        return parse_pods(section, config)
 
     def shape(self) -> Shape:
         return Shape()

@@ -50,7 +50,7 @@ from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shap
 from nni_manager.backends.openpai.config import OpenpaiConfig, parse_openpai
 from nni_manager.backends.rest_jobs import (Job, JobView, Reply, RestClient, RestError, RestJobBackend, StateTable,
                                              agent_boot)
-from nni_manager.config import ExperimentConfig
+from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ STATES = StateTable({"WAITING": "waiting", "RUNNING": "running", "STOPPING": "st
                "SUCCEEDED": "succeeded", "FAILED": "failed"})
 
 
-def _pai_error_words(status: int, body: Any) -> tuple[str, str]:
+def _pai_error_words(status: int, body: object) -> tuple[str, str]:
     """PAI's error body is {"code", "message"}; rate limiting answers plain text."""
     if isinstance(body, dict):
         return str(body.get("code", "")), str(body.get("message", ""))[:400]
@@ -152,7 +152,7 @@ def ship_through_storage(wheel_dir: Path, wheelhouse: Path | None, local: Path, 
                    ((target.name, wheel_sha), *digests))
 
 
-class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
+class OpenpaiBackend(RestJobBackend[OpenpaiConfig, "dict[str, Any]"]):
     platform = "openpai"
     service = "OpenPAI"
     states = STATES
@@ -166,7 +166,11 @@ class OpenpaiBackend(RestJobBackend[OpenpaiConfig]):
         self._sha256: tuple[tuple[str, str], ...] = ()  # of every shipped file: the boot step checks them
         self.shipped_bytes = 0  # copied into the storage by this experiment (benchmarks read it)
 
-    options_parser = staticmethod(parse_openpai)
+    options_type = OpenpaiConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> OpenpaiConfig:
+        return parse_openpai(section, config)
 
     @property
     def reuse(self) -> bool:

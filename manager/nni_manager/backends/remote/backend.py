@@ -33,7 +33,7 @@ from nni_manager.ssh.tunnel import RemoteForward
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 
 if TYPE_CHECKING:
-    from nni_manager.config import ExperimentConfig
+    from nni_manager.config import ConfigSection, ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,11 @@ class RemoteBackend(FixedBackend[RemoteConfig]):
     platform = "remote"
     default_reconnect_window = 600.0  # machines behind flaky links get ten minutes to come back
 
-    options_parser = staticmethod(remote_config.parse)
+    options_type = RemoteConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> RemoteConfig:
+        return remote_config.parse(section, config)
 
     @property
     def machine_list(self) -> list[MachineConfig]:

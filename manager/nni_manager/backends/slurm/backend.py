@@ -43,7 +43,7 @@ from nni_manager.backends.slurm import deps
 from nni_manager.backends.slurm.config import SlurmConfig, parse_slurm
 from nni_manager.backends.slurm.hosts import LocalHost, SlurmHost, command_line
 from nni_manager.backends.slurm.login import LoginNodeHost
-from nni_manager.config import ConfigError, ExperimentConfig
+from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_token
 from nni_manager.ssh.connection import (
     known_hosts_path,
@@ -97,7 +97,11 @@ class SlurmBackend(JobBackend[SlurmConfig, SlurmRequest]):
         self._relay: str | None = None  # loginNode: host:port of the relay the agents dial
         self._relay_lock = asyncio.Lock()
 
-    options_parser = staticmethod(parse_slurm)
+    options_type = SlurmConfig
+
+    @classmethod
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> SlurmConfig:
+        return parse_slurm(section, config)
 
     @property
     def reuse(self) -> bool:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from nni_manager.backends.jobs import parse_watch_fields
 from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_duration, parse_size_mb
@@ -72,7 +71,7 @@ class SlurmConfig:
     login_node: LoginNode | None = None
 
 
-def _time_limit(value: Any, path: str) -> str:
+def _time_limit(value: object, path: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return str(value)  # minutes, as Slurm reads a bare number
     if isinstance(value, str) and _SLURM_TIME.fullmatch(value.strip()):
@@ -88,7 +87,7 @@ def _time_limit(value: Any, path: str) -> str:
                       'write minutes (90), Slurm\'s format ("1-00:00:00", "2:00:00") or a duration ("2h")')
 
 
-def _lines(value: Any, path: str, what: str) -> list[str]:
+def _lines(value: object, path: str, what: str) -> list[str]:
     if isinstance(value, str):
         return value.splitlines()
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
