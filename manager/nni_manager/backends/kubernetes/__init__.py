@@ -1,7 +1,9 @@
 """Kubernetes platforms: plain pods (ours), Kubeflow TFJob / PyTorchJob, FrameworkController.
 
-common.py   the per-environment Secret, the agent wheel ConfigMap, pod templates, pod events ->
-            trial messages, re-attach, cleanup, dry run (the base of the three platforms)
+common.py   the base of the platforms: pod events -> trial messages, re-attach, cleanup, dry run
+objects.py  the objects built without a cluster: an environment's Secret and pods, the agent wheel
+            ConfigMap, the image pull Secret, the probe pod
+hub_relay.py  the hub relay's objects made, re-created when evicted, deleted at stop (tunnel.py: streams)
 client.py   the official asyncio client: credentials (renewed), retries of transient errors, one-line errors
 access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
 starting.py why an environment has no running pod yet (object conditions, Warning events)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.client import api_error
@@ -33,7 +33,7 @@ CHECKPOINT_DIR, SHARE_DIR = "/adaptdl/checkpoint", "/adaptdl/share"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 
-@dataclass
+@dataclass(repr=False)  # the redacted __repr__ of KubeConfig stays
 class AdlConfig(KubeConfig):
     adaptive: bool = False
     checkpoint_class: str | None = None
@@ -83,7 +83,7 @@ def parse_adl(ts: ConfigSection, config: ExperimentConfig) -> AdlConfig:
     return kube
 
 
-class AdlBackend(KubeBackend):
+class AdlBackend(KubeBackend[AdlConfig]):
     platform = "adl"
     custom = (GROUP, VERSION, PLURAL, KIND)
     operator_name = "AdaptDL scheduler (helm chart adaptdl-sched)"
@@ -94,7 +94,7 @@ class AdlBackend(KubeBackend):
 
     @property
     def adl(self) -> AdlConfig:
-        return cast(AdlConfig, self.opts)
+        return self.opts
 
     def shape(self) -> Shape:
         return Shape()

@@ -14,26 +14,25 @@ Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import dataclasses
-import json
 import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import yaml
 
-from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, owner, probe, starting, tunnel
+from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, starting, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
-from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
-from nni_manager.backends.kubernetes.podspec import merge_pod_spec
+from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
+from nni_manager.backends.kubernetes.hub_relay import HubRelay
+from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
+from nni_manager.backends.kubernetes import objects as kube_objects
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
@@ -44,40 +43,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-APP = "nni-kubernetes-trial"  # NNI's label value
-# The token Secret's file mode: readable by whatever user the image or the cluster picks (an image's
-# USER 1000, OpenShift's UID from the namespace's range), with no fsGroup of ours: a fixed group is
-# refused where the namespace prescribes a range (OpenShift's restricted-v2), and the pod is the
-# trial's own, so no other user shares its files.
-SECRET_MODE = 0o444
+__all__ = ["APP", "DRY_RUN_TRIAL", "KubeBackend", "labels", "selector"]
 DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
-STORAGE_MOUNT = "/tmp/mount"  # where NNI mounted `storage` (nfs, pvc) in every pod
 
 
-def storage_mount(storage: Storage | None) -> str:
-    """Where the experiment's storage is in the pods, or "" when nothing is mounted (azureStorage;
-    v1 `pvc: {path}`: wherever the Framework template mounts its claim)."""
-    if storage is None:
-        return ""
-    if storage.kind == "nfs" or storage.claim_name:
-        return STORAGE_MOUNT
-    return storage.path if storage.kind == "pvc" else ""
+KubeOptionsT = TypeVar("KubeOptionsT", bound=KubeConfig)  # the platform's own options class (config.py, adl.py)
 
 
-def labels(experiment_id: str, env: EnvironmentRequest | None = None) -> dict[str, str]:
-    out = {"app": APP, "expId": experiment_id}
-    if env is not None:
-        out["envId"] = env.env_id
-        if env.trial_id:
-            out["trialId"] = env.trial_id
-    return out
-
-
-def selector(items: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in items.items())
-
-
-class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
+class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
     """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
 
     hub = "network"
@@ -114,7 +87,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
 
     @property
-    def kube(self) -> KubeConfig:
+    def kube(self) -> KubeOptionsT:
         return self.opts
 
     @property
@@ -124,6 +97,20 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     @property
     def namespace(self) -> str:
         return self.kube.namespace
+
+    @property
+    def objects(self) -> Objects:
+        """What the objects are built from, now (objects.py builds them without a cluster)."""
+        ts = self.config.training_service
+        return Objects(self.kube, self.experiment_id, self.dry_run_hub(), ts.hub_tls, self.config.trial_grace_period,
+                       self.orphan_timeout, self.reuse, self.tunnelled, dict(self.agent_env), self._wheel,
+                       self._wheel_sha256, self._pull_secret, self._deps, self._relay_token)
+
+    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
+                     container: str, command_prefix: str = "") -> dict[str, Any]:
+        """The pod of one role (objects.Objects.pod_template)."""
+        return self.objects.pod_template(role, env, meta, container, command_prefix)
+
 
     # ------------------------------------------------------------------ subclass hooks
     experiment_id: str = "dryrun"  # set by start(); before it (render) a placeholder valid in names and labels
@@ -201,7 +188,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             await self._check_access()  # before the relay: a refused experiment leaves nothing behind
             await self._ensure_pull_secret()
             try:
-                cluster_ip = await self._ensure_relay(experiment_id)
+                cluster_ip = await self._relay().ensure()
             except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
                 await self._delete_relay()
                 raise
@@ -227,79 +214,13 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
         return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window)
 
-    async def _ensure_relay(self, experiment_id: str) -> str:
-        """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
-        Service's cluster IP."""
-        core, _ = await self._client()
-        ns = self.namespace
-        _, pod, service = [await self._owned(o) for o in self._relay_objects(experiment_id)]
-        name = pod["metadata"]["name"]
-        await self._ensure_relay_pod(pod)
-        try:
-            created = await core.create_namespaced_service(ns, service, field_validation="Strict")
-        except Exception as e:
-            if getattr(e, "status", None) != 409:
-                raise api_error(e, f"creating the hub relay's Service {name}") from None
-            created = await core.read_namespaced_service(name, ns)
-        cluster_ip = created.spec.cluster_ip
-        if not cluster_ip or cluster_ip == "None":
-            raise KubeError(f"the hub relay's Service {name} got no cluster IP; delete it and start again")
-        return cluster_ip
+    def _relay(self) -> HubRelay:
+        return HubRelay(self._core, self.namespace, self.experiment_id,
+                        lambda: self._relay_objects(self.experiment_id), self._owned)
 
-    async def _ensure_relay_program(self) -> None:
-        """The relay program's ConfigMap, before every relay pod: immutable and named for its content,
-        one already there is kept only when it holds the program (one someone planted or made again
-        under the name is replaced; the pod checks the program's sha256 besides)."""
-        core, _ = await self._client()
-        config_map = await self._owned(self._relay_objects(self.experiment_id)[0])  # the GC takes it after a crash
-        name = config_map["metadata"]["name"]
-        try:
-            await deps.ensure_config_map(core, self.namespace, name, config_map)
-        except agent_deps.DependencyError as e:
-            raise KubeError(str(e)) from None
-        except Exception as e:
-            raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
-
-    async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
-        core, _ = await self._client()
-        ns = self.namespace
-        pod = pod or await self._owned(self._relay_objects(self.experiment_id)[1])
-        name = pod["metadata"]["name"]
-        try:
-            existing = await core.read_namespaced_pod(name, ns)
-        except Exception as e:
-            if getattr(e, "status", None) != 404:
-                raise api_error(e, f"reading the hub relay pod {name}") from None
-            existing = None
-        if existing is not None and existing.status.phase in ("Failed", "Succeeded") or (
-                existing is not None and existing.metadata.deletion_timestamp):
-            log.warning("hub relay pod %s is %s: re-creating it", name, existing.status.phase)
-            try:
-                await core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-            except Exception:
-                pass
-            for _ in range(100):
-                try:
-                    await core.read_namespaced_pod(name, ns)
-                except Exception:
-                    break
-                await asyncio.sleep(0.1)
-            existing = None
-        if existing is None:
-            await self._ensure_relay_program()
-            try:
-                await core.create_namespaced_pod(ns, pod, field_validation="Strict")
-            except Exception as e:
-                if getattr(e, "status", None) == 403 and tunnel.SCC_REFUSAL in str(getattr(e, "body", "")):
-                    # OpenShift: the namespace's UID range, not ours; its SCC picks the relay's user
-                    log.info("the hub relay pod %s runs as a UID of the namespace's range (OpenShift SCC)", name)
-                    try:
-                        await core.create_namespaced_pod(ns, tunnel.without_fixed_user(pod), field_validation="Strict")
-                        return
-                    except Exception as again:
-                        e = again
-                if getattr(e, "status", None) != 409:
-                    raise api_error(e, f"creating the hub relay pod {name}") from None
+    async def _ensure_relay_pod(self) -> None:
+        """The relay pod again (the tunnel's `on_gone`: it ended or was evicted)."""
+        await self._relay().ensure_pod()
 
     def required_access(self) -> list[access.Need]:
         """Every verb the experiment uses in its namespace (checked at start)."""
@@ -379,7 +300,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         and its main object (pod, TFJob, Framework, AdaptDLJob), for `provision` and the dry run."""
         name = self.object_name(env.env_id)
         meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
-        return [self._secret(env, name, meta), self.main_object(env, name, meta)]
+        return [self.objects.secret(env, name, meta), self.main_object(env, name, meta)]
 
     def dry_run_hub(self) -> str:
         ts = self.config.training_service
@@ -548,69 +469,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _delete_relay(self) -> None:
         if not self.tunnelled or self._core is None:
             return
-        core, ns = self._core, self.namespace
-        name = tunnel.relay_name(self.experiment_id)
-        # the answers (the object or a Status, by server version) are not needed: not parsed
-        for what, call, called in (("Service", core.delete_namespaced_service_without_preload_content, name),
-                                   ("Pod", core.delete_namespaced_pod_without_preload_content, name),
-                                   ("ConfigMap", core.delete_namespaced_config_map_without_preload_content,
-                                    tunnel.program_config_map_name(self.experiment_id))):
-            try:
-                response = await call(called, ns)
-                if response.status >= 400 and response.status != 404:
-                    log.error("deleting the hub relay's %s %s: %s %s", what, name, response.status,
-                              (await response.read())[:300].decode(errors="replace"))
-            except Exception as e:
-                if getattr(e, "status", None) != 404:
-                    log.error("deleting the hub relay's %s %s: %s", what, name, api_error(e, "deleting"))
+        await self._relay().delete()
 
-    # ------------------------------------------------------------------ objects
-    def _secret(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
-        data = {m.agent_id: base64.b64encode(m.token.encode()).decode() for m in env.members}
-        if env.members and env.members[0].ca_certificate:
-            data["ca.crt"] = base64.b64encode(env.members[0].ca_certificate).decode()
-        if self.tunnelled:  # what the agents prove to the hub relay (the relay holds only its digest)
-            data[RELAY_TOKEN_FILE] = base64.b64encode(self._relay_token.encode()).decode()
-        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
-                "metadata": {**meta, "name": f"{name}-nni"}}
-
-    def _wheel_configmap_name(self) -> str:
-        assert self._wheel is not None
-        return f"nni-agent-{self.experiment_id.lower()}"
-
+    # ------------------------------------------------------------------ objects (objects.py builds them)
     async def _ensure_wheel_configmap(self) -> None:
         core, _ = await self._client()
-        assert self._wheel is not None
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
-                "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
-                             "labels": labels(self.experiment_id)},
-                "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
+        body = self.objects.wheel_config_map()
         try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
             await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], await self._owned(body))
         except agent_deps.DependencyError:
             raise  # one line already
         except Exception as e:
             raise api_error(e, "creating the agent ConfigMap") from None
-
-    def _dry_run_shared_objects(self) -> list[dict[str, Any]]:
-        """The per-experiment agent ConfigMap and image pull Secret as a dry run shows them: their
-        names and labels as made at start, placeholders for the wheel and the registry credentials
-        (never printed)."""
-        meta = {"namespace": self.namespace, "labels": labels(self.experiment_id)}
-        import nni_agent
-
-        wheel = self._wheel.path.name if self._wheel else f"nni_agent-{nni_agent.__version__}-py3-none-any.whl"
-        objects: list[dict[str, Any]] = [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"nni-agent-{self.experiment_id.lower()}", **meta},
-            "immutable": True, "data": {wheel: "<the manager's own agent wheel, as binaryData>"}}]
-        paths = sorted({str(r.private_registry_auth_path) for r in self.kube.roles if r.private_registry_auth_path})
-        if paths:
-            self._pull_secret = f"nni-registry-{self.experiment_id.lower()}"
-            objects.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                            "metadata": {"name": self._pull_secret, **meta},
-                            "stringData": {".dockerconfigjson": json.dumps({"auths": {f"<from {paths[0]}>": {}}})}})
-        return objects
 
     async def _ship_deps(self) -> None:
         """Per image: learn its Python (a probe pod, or the manager's cache of probes) and, where it
@@ -620,8 +490,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         for i, (image, role) in enumerate(sorted(roles.items())):
             report = deps.cached_probe(image)
             if report is None:
-                report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                               await self._owned(self._probe_pod(role, i)), image,
+                report = await probe.run_probe(core, self.namespace, kube_objects.probe_pod_name(self.experiment_id, i),
+                                               await self._owned(self.objects.probe_pod(role, i)), image,
                                                self.kube.environment_start_timeout)
                 if report is None:
                     continue
@@ -640,118 +510,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             log.info("the agent's dependencies for the image %s (%s): %d bytes in %d ConfigMaps, %d uploaded now",
                      image, worker.key, shipped.size, len(shipped.config_maps), uploaded)
 
-    def _probe_pod(self, role: RoleConfig, i: int) -> dict[str, Any]:
-        """A pod of the role's image (scheduled as its agent pods are) that only runs the boot step's check."""
-        name = f"nni-probe-{self.experiment_id.lower()}-{i}"
-        meta = {"name": name, "labels": {"app": deps.PROBE_APP, "expId": self.experiment_id}}
-        template = self.pod_template(role, None, meta, "probe")
-        spec = template["spec"]
-        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nni-secret"]
-        c = spec["containers"][0]
-        # podSpec.containers entries are named for the trial's container (`trial`, `tensorflow`, ...):
-        # the probe's one container takes the fields of those that only adjust it (securityContext,
-        # imagePullPolicy) instead of gaining a second, imageless container; sidecars stay out
-        for extra in spec["containers"][1:]:
-            if "image" not in extra:
-                merge_pod_spec(c, {k: copy.deepcopy(v) for k, v in extra.items() if k != "name"})
-        spec["containers"] = [c]
-        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
-        assert self._wheel is not None
-        command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
-                                     image=role.docker_image, wheel_sha256=self._wheel_sha256)
-        c["command"] = ["sh", "-c", deps.probe_script(command)]
-        c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
-        c.pop("terminationMessagePolicy", None)
-        for key in ("nodeSelector", "tolerations", "affinity"):  # any node runs the image: not the GPU pool's
-            spec.pop(key, None)
-        annotations = {**(template["metadata"].get("annotations") or {}), **tunnel.SAFE_TO_EVICT}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], **meta,
-                "namespace": self.namespace, "labels": meta["labels"], "annotations": annotations}, "spec": spec}
-
     async def _ensure_pull_secret(self) -> None:
-        paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
+        paths = kube_objects.pull_secret_paths(self.kube)
         if not paths:
             return
         core, _ = await self._client()
-        path = sorted(paths)[0]
-        name = f"nni-registry-{self.experiment_id.lower()}"
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                "metadata": {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id)},
-                "data": {".dockerconfigjson": base64.b64encode(path.read_bytes()).decode()}}
+        body = self.objects.pull_secret_object(paths[0])
         try:
             await core.create_namespaced_secret(self.namespace, await self._owned(body), field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:
                 raise api_error(e, "creating the image pull secret") from None
-        self._pull_secret = name
-
-    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
-                     container: str, command_prefix: str = "") -> dict[str, Any]:
-        """The pod of one role: the agent in the role's image, with resources as NNI set them."""
-        ts = self.config.training_service
-        hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
-               else host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>"))
-        tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
-        wheel = self._wheel.path.name if self._wheel else "nni_agent-<version>-py3-none-any.whl"
-        tag = self._wheel.tag if self._wheel else "<version>-<hash>"
-        command = boot.agent_command(hub, tls, self.orphan_timeout,
-                                     single_trial=bool(env.trial_id) if env else not self.reuse,
-                                     wheel=wheel, tag=tag, image=role.docker_image,
-                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256,
-                                     relay_token=self.tunnelled)
-        shipped = self._deps.get(role.docker_image)
-        if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py), verified by their digests
-            command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}",
-                                          sha256=command.sha256 + shipped.sha256)
-        resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
-        if role.gpu_number:
-            resources["nvidia.com/gpu"] = str(role.gpu_number)
-        env_vars = [
-            {"name": "NNI_AGENT_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        ]
-        if not role.gpu_number:  # the NVIDIA device plugin shows every GPU to containers asking for none
-            env_vars.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
-        env_vars += [{"name": k, "value": v} for k, v in self.agent_env.items()]
-        mounts = [{"name": "nni-secret", "mountPath": boot.SECRET_DIR, "readOnly": True},
-                  {"name": "nni-agent", "mountPath": boot.WHEEL_DIR, "readOnly": True},
-                  {"name": "nni-work", "mountPath": boot.WORK_DIR}]
-        secret_name = f"{meta['name']}-nni"
-        volumes: list[dict[str, Any]] = [
-            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": SECRET_MODE}},
-            {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
-            {"name": "nni-work", "emptyDir": {}},
-        ]
-        if shipped is not None:
-            mounts += shipped.mounts()
-            volumes += shipped.volumes()
-        storage = self.kube.storage
-        if storage is not None and (storage.kind == "nfs" or storage.claim_name):  # where NNI mounted it, for trial outputs
-            mounts.append({"name": "nni-vol", "mountPath": STORAGE_MOUNT})
-            volumes.append({"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
-                           if storage.kind == "nfs" else
-                           {"name": "nni-vol", "persistentVolumeClaim": {"claimName": storage.claim_name}})
-        spec: dict[str, Any] = {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": int(self.config.trial_grace_period) + 15,
-            "containers": [{
-                "name": container, "image": role.docker_image,
-                "command": boot.container_command(command, command_prefix),
-                "env": env_vars, "resources": {"requests": resources, "limits": dict(resources)},
-                "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
-            }],
-            "volumes": volumes,
-        }
-        if self._pull_secret:
-            spec["imagePullSecrets"] = [{"name": self._pull_secret}]
-        if self.kube.service_account_name:
-            spec["serviceAccountName"] = self.kube.service_account_name
-        spec = merge_pod_spec(spec, copy.deepcopy(self.kube.pod_spec))
-        if role.pod_spec:  # the role's own (a GPU worker's tolerations, a parameter server's memory)
-            spec = merge_pod_spec(spec, copy.deepcopy(role.pod_spec))
-        metadata: dict[str, Any] = {"labels": dict(meta["labels"])}
-        if self.kube.pod_annotations:
-            metadata["annotations"] = dict(self.kube.pod_annotations)
-        return {"metadata": metadata, "spec": spec}
+        self._pull_secret = body["metadata"]["name"]
 
     # ------------------------------------------------------------------ watching
     async def _reattach(self) -> None:
@@ -909,7 +679,11 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         env = self.dry_run_env(f"trial-{trial_id.lower()}" if trial_id else "env1")
         if trial_id:
             env = dataclasses.replace(env, trial_id=trial_id)
-        shared = self._dry_run_shared_objects()  # sets the pull secret's name, which the pods name
+        import nni_agent
+
+        if kube_objects.pull_secret_paths(self.kube):  # the pods name it
+            self._pull_secret = kube_objects.pull_secret_name(self.experiment_id)
+        shared = self.objects.dry_run_shared(nni_agent.__version__)
         secret, main = self.build_request(env)
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else

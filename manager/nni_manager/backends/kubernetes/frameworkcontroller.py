@@ -19,7 +19,7 @@ from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
 from nni_manager.backends.kubernetes.podspec import merge_pod_spec
-from nni_manager.backends.kubernetes.config import parse_frameworkcontroller
+from nni_manager.backends.kubernetes.config import FrameworkConfig, parse_frameworkcontroller
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
 BARRIER_DIR = "/mnt/frameworkbarrier"
@@ -51,7 +51,7 @@ def barrier_objects(name: str, namespace: str, accounts: list[str], with_account
     return out
 
 
-class FrameworkControllerBackend(KubeBackend):
+class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
     platform = "frameworkcontroller"
     trial_command_required = False
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")

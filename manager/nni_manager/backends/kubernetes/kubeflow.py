@@ -12,7 +12,7 @@ from typing import Any
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import parse_kubeflow
+from nni_manager.backends.kubernetes.config import KubeflowConfig, parse_kubeflow
 from nni_manager.config import ExperimentConfig
 
 _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
@@ -22,7 +22,7 @@ _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
 _REPLICA_TYPES = {"worker": "Worker", "ps": "PS", "master": "Master", "chief": "Chief", "evaluator": "Evaluator"}
 
 
-class KubeflowBackend(KubeBackend):
+class KubeflowBackend(KubeBackend[KubeflowConfig]):
     platform = "kubeflow"
     trial_command_required = False  # each role has its command
     operator_name = "Kubeflow training operator"

@@ -9,10 +9,10 @@ from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import parse_pods
+from nni_manager.backends.kubernetes.config import KubeConfig, parse_pods
 
 
-class PodsBackend(KubeBackend):
+class PodsBackend(KubeBackend[KubeConfig]):
     platform = "kubernetes"
 
     options_parser = staticmethod(parse_pods)
