@@ -27,13 +27,14 @@ import yaml
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, starting, tunnel
+from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.hub_relay import HubRelay
 from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
 from nni_manager.backends.kubernetes import objects as kube_objects
-from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
+from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
+from nni_manager.backends.kubernetes.watch import watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
 from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_digest, relay_token
@@ -71,17 +72,12 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         self._wheel_sha256 = ""  # the pods' command carries it: the boot step runs no other wheel
         self._watch: asyncio.Task[None] | None = None
         self._pull_secret: str | None = None
-        self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
-        self._fit_note = ""  # a request no present node holds (nodes.too_big): said while its pods wait
         self._tunnel: tunnel.Tunnel | None = None
         self._relay_token = ""  # the experiment's (tunnelled): agents prove it to the relay
         self._access_checked = False
-        self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
-        self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
-        self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
         self._start_check: asyncio.Task[None] | None = None
-        self._last_words: dict[str, str] = {}  # pod name -> what its last event said
+        self._tracker = self._new_tracker(None)  # start() makes the one that watches
         self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
         self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
         self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
@@ -149,6 +145,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             self._api = await load_client(self.kube)
             self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
         return self._core, self._custom
+
+    def _new_tracker(self, ctx: BackendContext | None) -> PodTracker:
+        return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
+                                   self.member_names, self.agent_of_pod), ctx)
+
+    async def _clients(self) -> tuple[Any, Any, Any]:
+        core, custom = await self._client()
+        return self._api, core, custom
 
     async def _close_client(self) -> None:
         """Close the ApiClient (and its aiohttp session) when the experiment stops before stop() would."""
@@ -257,6 +261,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
 
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
+        self._tracker = self._new_tracker(ctx)
         self.experiment_id = ctx.experiment_id
         core, custom = await self._client()
         self._api.retry_connections = False  # until started: an unreachable server is reported at once
@@ -290,9 +295,10 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             await self._tunnel.start()
         await self._reattach()
         ours = selector({"app": APP, "expId": self.experiment_id})
-        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
+        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
                                           name=f"{self.platform}-pod-watch")
-        self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
+        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
+                                                name=f"{self.platform}-start-check")
         self._api.retry_connections = True
 
     def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> list[dict[str, Any]]:
@@ -330,20 +336,20 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._starting[env.env_id] = time.monotonic()
+        self._tracker.starting[env.env_id] = time.monotonic()
 
     async def _note_fit(self) -> None:
         """A request bigger than every node now is said while its pod waits, never refused here: on
         an autoscaled cluster a node that holds it is made for the pending pod (the autoscaler says
         when it cannot, and the start deadline bounds the wait)."""
         if not self._nodes:  # unknown (nodes may not be listed), or no node yet (an autoscaler may add one)
-            self._fit_note = ""
+            self._tracker.fit_note = ""
             return
         problem = nodes.too_big(self.kube, self._nodes)
         if problem:  # nodes may have grown since start: look once more
             self._nodes = await nodes.list_nodes(self._api)
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
-        self._fit_note = problem
+        self._tracker.fit_note = problem
 
     async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
@@ -394,7 +400,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             await asyncio.sleep(0.2)
 
     async def release(self, env_id: str) -> None:
-        self._starting.pop(env_id, None)
+        self._tracker.starting.pop(env_id, None)
         core, custom = await self._client()
         name = self.object_name(env_id)
         await self._await_verdict(name)
@@ -563,113 +569,6 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         """The agent a pod runs: the pod's name (platforms whose operator names pods unpredictably
         say otherwise)."""
         return str(pod.get("metadata", {}).get("name", ""))
-
-    # ------------------------------------------------------------------ environments that do not start
-    async def _check_starts(self) -> None:
-        """Every `start_check_interval`: for environments not all of whose pods run, say why in the
-        cluster's words (object conditions, Warning events) and fail them after environmentStartTimeout."""
-        while True:
-            await asyncio.sleep(self.start_check_interval)
-            try:
-                await self._check_starts_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the API is retried below us; anything else must not stop the checks
-                log.warning("checking environments that have not started: %s", e)
-
-    async def _check_starts_once(self) -> None:
-        ctx = self._ctx
-        if ctx is None or not self._starting:
-            return
-        core, custom = await self._client()
-        refusals: dict[str, str] = {}
-        try:
-            events = [self._api.sanitize_for_serialization(e) for e in
-                      (await core.list_namespaced_event(self.namespace, field_selector="type=Warning")).items]
-            try:  # the cluster autoscaler's words are Normal events
-                events += [self._api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
-                    self.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
-            except Exception as e:
-                log.debug("listing the cluster autoscaler's events: %s", e)
-            self._warnings = starting.warnings_by_object(events)
-            refusals = starting.autoscaler_refusals(events)
-        except Exception as e:  # events are a courtesy (a Role without them still runs)
-            log.debug("listing events: %s", e)
-        timeout = self.kube.environment_start_timeout
-        for env_id, since in list(self._starting.items()):
-            pods = [n for n, _, _ in self.member_names(env_id)]
-            states = {n: self._pod_states.get(n) for n in pods}
-            if all(s in ("running", "succeeded", "failed", "oom", "gone") for s in states.values()):
-                self._starting.pop(env_id, None)  # started (or over: the pod events said so)
-                continue
-            words: dict[str, str] = {}
-            if not any(states.values()) and self.custom is not None:  # the operator has made no pod
-                group, version, plural, kind = self.custom
-                name = self.object_name(env_id)
-                try:
-                    obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
-                except Exception as e:
-                    obj = None if getattr(e, "status", None) == 404 else {}
-                said = starting.object_words(kind, name, obj, self._warnings.get(name, []), self.operator_name)
-                words = {n: said for n in pods}
-            else:
-                for n, state in states.items():
-                    if state in (None, "waiting"):
-                        base = self._last_words.get(n) or f"pod {n} has not started"
-                        extra = [w for w in self._warnings.get(n, []) if w not in base]
-                        if self._fit_note and "FailedScheduling" in base:
-                            extra.append(self._fit_note)
-                        words[n] = "; ".join([base, *extra])
-            refused = [n for n in words if n in refusals]
-            if refused:  # no node group's node would ever hold it: waiting cannot help
-                self._starting.pop(env_id, None)
-                why = self._last_words.get(refused[0]) or f"pod {refused[0]} has not started"
-                for n in pods:
-                    ctx.agent_failed(n, f"{why}; the cluster autoscaler cannot add a node that holds it "
-                                        f"(NotTriggerScaleUp: {refusals[refused[0]]}): lower cpuNumber / memorySize / "
-                                        "gpuNumber, fix podSpec.nodeSelector, or add a node group that fits", failed=True)
-                continue
-            if time.monotonic() - since > timeout:
-                self._starting.pop(env_id, None)
-                reason = next(iter(words.values()), "no pod started")
-                for n in pods:
-                    ctx.agent_failed(n, f"{reason} (not started within environmentStartTimeout, {timeout:g} s)",
-                                     failed=True)
-                continue
-            for n, said in words.items():
-                ctx.agent_status(n, said)
-
-    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
-        ctx = self._ctx
-        if ctx is None:
-            return
-        pod_name = pod.get("metadata", {}).get("name", "")
-        name = self.agent_of_pod(pod)
-        if kind == "DELETED":
-            state, words = "gone", f"pod {pod_name} was deleted"
-        else:
-            state, words = describe_pod(pod)
-        self._pod_states[name] = state
-        self._last_words[name] = words
-        if state == "waiting" and self._warnings.get(name):  # FailedMount, ... (from the start checks)
-            extra = "; ".join(w for w in self._warnings[name] if w not in words)
-            words += f"; {extra}" if extra else ""
-        if state == "waiting":
-            since = self._stuck_since.setdefault(name, time.monotonic()) if any(
-                r in words for r in STUCK_REASONS) else None
-            if since is not None and time.monotonic() - since > self.start_timeout:
-                ctx.agent_failed(name, f"{words} (for more than {self.start_timeout:g} s)", failed=True)
-                return
-            ctx.agent_status(name, words)
-        elif state == "running":
-            self._stuck_since.pop(name, None)
-            ctx.agent_status(name, words)
-        else:  # the pod is over: expected when its environment was released or its one trial ended
-            self._stuck_since.pop(name, None)
-            if state != "succeeded" or kind == "DELETED":
-                ctx.agent_failed(name, words, failed=state in ("oom", "failed") and kind != "DELETED")
-            else:
-                ctx.agent_failed(name, words)
 
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:
