@@ -22,7 +22,10 @@ from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 # ----------------------------------------------------------------------------- state tables
 
 JOB_PLATFORMS = {p: c for p in registry.platforms() if issubclass(c := registry.backend_class(p), JobBackend)}
-TABLES = {p: c.states for p, c in JOB_PLATFORMS.items()}
+# The Kubernetes operator platforms map their main object's states through the same tables (their
+# plain pods and AdaptDLJobs have no "stopped by someone else" state: tests/kube/test_options.py)
+TABLES = {**{p: c.states for p, c in JOB_PLATFORMS.items()},
+          **{p: registry.backend_class(p).states for p in ("kubeflow", "frameworkcontroller")}}
 
 
 def test_every_job_platform_is_here() -> None:
@@ -69,6 +72,11 @@ def test_every_platform_table_maps_onto_phases_and_its_ends(platform: str) -> No
     ("slurm", "OUT_OF_MEMORY", "failed"), ("slurm", "TIMEOUT", "failed"), ("slurm", "PREEMPTED", "stopped"),
     ("slurm", "NODE_FAIL", "stopped"), ("slurm", "CANCELLED", "stopped"),
     ("slurm", "A_STATE_SLURM_ADDS_LATER", "stopped"),  # not live: an ended job, as Slurm's unlisted states were
+    ("kubeflow", "Created", "waiting"), ("kubeflow", "Restarting", "running"), ("kubeflow", "Suspended", "stopped"),
+    ("kubeflow", "Succeeded", "succeeded"), ("kubeflow", "Failed", "failed"),
+    ("frameworkcontroller", "AttemptPreparing", "waiting"), ("frameworkcontroller", "AttemptDeleting", "running"),
+    ("frameworkcontroller", "StopFrameworkRequested", "stopped"), ("frameworkcontroller", "Failed", "failed"),
+    ("frameworkcontroller", "Completed", "unknown"),  # completed, its completion status not yet recorded
 ])
 def test_platform_state_maps_to_phase(platform: str, state: str, phase: str) -> None:
     assert TABLES[platform].phase(state) == phase

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.kubernetes.client import api_error
 from nni_manager.backends.kubernetes.common import KubeBackend
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, _common
@@ -87,6 +88,9 @@ class AdlBackend(KubeBackend[AdlConfig]):
     platform = "adl"
     custom = (GROUP, VERSION, PLURAL, KIND)
     operator_name = "AdaptDL scheduler (helm chart adaptdl-sched)"
+    # status.phase as the AdaptDL controller moves it (Stopping: a job being moved to other nodes)
+    states = StateTable.of(waiting=["", "Pending", "Starting"], running=["Running", "Stopping"],
+                           succeeded=["Succeeded"], failed=["Failed"])
     code_in_image = True
     ships_code = False
 
@@ -104,12 +108,6 @@ class AdlBackend(KubeBackend[AdlConfig]):
 
     def agent_of_pod(self, pod: dict[str, Any]) -> str:
         return str(((pod.get("metadata") or {}).get("labels") or {}).get("adaptdl/job", ""))
-
-    def object_state(self, obj: dict[str, Any]) -> str:
-        phase = (obj.get("status") or {}).get("phase", "")
-        if phase in ("Succeeded", "Failed"):
-            return "done"
-        return "running" if phase in ("Running", "Stopping") else "pending"
 
     def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
         a = self.adl

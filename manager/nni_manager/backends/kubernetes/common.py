@@ -27,6 +27,7 @@ import yaml
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
+from nni_manager.backends.jobs import Phase, StateTable
 from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
@@ -60,6 +61,9 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
     custom: ClassVar[tuple[str, str, str, str] | None] = None
     # how long an environment may stay stuck (image pull, crash loop) before it fails
     start_timeout: ClassVar[float] = 300.0
+    # the main object's states (`state_of`) mapped onto the job phases, as every job platform's (jobs.py)
+    states: ClassVar[StateTable] = StateTable.of(waiting=["Pending"], running=["Running"], succeeded=["Succeeded"],
+                                                 failed=["Failed"])  # a pod's status.phase
     start_check_interval: ClassVar[float] = 2.0  # how often environments without running pods are looked at
 
     def __init__(self, config: Any) -> None:
@@ -376,10 +380,13 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         return await custom.create_namespaced_custom_object(group, version, self.namespace, plural, obj,
                                                             field_validation="Strict")
 
-    def object_state(self, obj: dict[str, Any]) -> str:
-        """The main object as its operator sees it: "pending" (never ran), "running", or "done"
-        (the operator recorded the outcome). Platforms whose object has its own verdict override it."""
-        return "done"
+    def state_of(self, obj: dict[str, Any]) -> str:
+        """The main object's state as its operator records it (a key of `states`)."""
+        return str((obj.get("status") or {}).get("phase") or "")
+
+    def object_phase(self, obj: dict[str, Any]) -> Phase:
+        """The main object's phase (jobs.py's: waiting, running, succeeded, failed, stopped, unknown)."""
+        return self.states.phase(self.state_of(obj))
 
     async def _await_verdict(self, name: str) -> None:
         """reuseMode false: the trial is over and its replicas are ending by themselves; let the
@@ -395,7 +402,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
             except Exception:
                 return
-            if self.object_state(obj) != "running":
+            if self.object_phase(obj) != "running":
                 return
             await asyncio.sleep(0.2)
 

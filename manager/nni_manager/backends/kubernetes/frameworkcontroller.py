@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
@@ -26,6 +27,7 @@ BARRIER_DIR = "/mnt/frameworkbarrier"
 BARRIER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
 BARRIER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                     "seccompProfile": {"type": "RuntimeDefault"}}
+STOP_REQUESTED = -210  # CompletionCodeStopFrameworkRequested: executionType Stop
 BASE_PORT = 4000  # NNI gave role i containerPort 4000 + i
 RBAC = "rbac.authorization.k8s.io"
 # The barrier GETs its Framework (and the controller's own tooling lists/watches them).
@@ -56,6 +58,11 @@ class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
     trial_command_required = False
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     operator_name = "FrameworkController"
+    # FrameworkState (pkg/apis/frameworkcontroller/v1/types.go); a completed attempt by its completion type
+    states = StateTable.of(
+        waiting=["", "AttemptCreationPending", "AttemptCreationRequested", "AttemptPreparing"],
+        running=["AttemptRunning", "AttemptDeletionPending", "AttemptDeletionRequested", "AttemptDeleting"],
+        succeeded=["Succeeded"], failed=["Failed"], stopped=["StopFrameworkRequested"])
 
     options_parser = staticmethod(parse_frameworkcontroller)
 
@@ -64,11 +71,16 @@ class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
         return Shape(roles, Completion(min_failed={r.name: r.min_failed for r in self.kube.roles},
                                        min_succeeded={r.name: r.min_succeeded for r in self.kube.roles}))
 
-    def object_state(self, obj: dict[str, Any]) -> str:
-        state = (obj.get("status") or {}).get("state", "")
+    def state_of(self, obj: dict[str, Any]) -> str:
+        """status.state; once completed, how (the completion type, or that a stop was asked)."""
+        status = obj.get("status") or {}
+        state = str(status.get("state") or "")
         if state in ("AttemptCompleted", "Completed"):
-            return "done"
-        return "pending" if state in ("", "AttemptCreationPending", "AttemptCreationRequested", "AttemptPreparing") else "running"
+            completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
+            if completion.get("code") == STOP_REQUESTED:
+                return "StopFrameworkRequested"
+            return str((completion.get("type") or {}).get("name") or state)
+        return state
 
     def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
         return [(f"{object_name}-{r.name}-{i}", r.name, i) for r in self.kube.roles for i in range(r.replicas)]
