@@ -7,6 +7,7 @@ hub_relay.py  the hub relay's objects made, re-created when evicted, deleted at 
 client.py   the official asyncio client: credentials (renewed), retries of transient errors, one-line errors
 access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
 starting.py why an environment has no running pod yet (object conditions, Warning events)
+main_objects.py  an environment's main object (Pod or custom object) through one set of calls
 tracking.py pod events -> trial messages; environments that do not start (checked every 2 s) fail
 watch.py    list + watch of the experiment's pods (re-list after a gap); a pod's state in the cluster's words
 nodes.py    a request no present node holds: said while its pod waits (autoscalers add nodes)

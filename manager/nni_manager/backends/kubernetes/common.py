@@ -32,6 +32,7 @@ from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, t
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
 from nni_manager.backends.kubernetes.hub_relay import HubRelay
+from nni_manager.backends.kubernetes.main_objects import MainObjects
 from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
 from nni_manager.backends.kubernetes import objects as kube_objects
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
@@ -317,7 +318,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         return host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>")
 
     async def provision(self, env: EnvironmentRequest) -> None:
-        core, custom = await self._client()
+        core, _ = await self._client()
         await self._note_fit()
         name = self.object_name(env.env_id)
         secret, obj = [await self._owned(o) for o in self.build_request(env)]
@@ -328,7 +329,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
         created: dict[str, Any] | None
         try:
-            created = await self._create_main(obj)
+            created = await (await self._mains()).create(obj)
         except Exception as e:
             created = await self._existing_main(name, env) if getattr(e, "status", None) == 409 else None
             if created is None:
@@ -355,30 +356,20 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
         self._tracker.fit_note = problem
 
+    async def _mains(self) -> MainObjects:
+        core, custom = await self._client()
+        return MainObjects(self._api, core, custom, self.namespace, self.custom)
+
     async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
         answer, a restarted manager), or None when the name belongs to something else."""
-        core, custom = await self._client()
         try:
-            if self.custom is None:
-                found = self._api.sanitize_for_serialization(await core.read_namespaced_pod(name, self.namespace))
-            else:
-                group, version, plural, _ = self.custom
-                found = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+            found = await (await self._mains()).get(name)
         except Exception:
             return None
         mine = labels(self.experiment_id, env)
         have = (found.get("metadata") or {}).get("labels") or {}
         return found if all(have.get(k) == v for k, v in mine.items()) else None
-
-    async def _create_main(self, obj: dict[str, Any]) -> dict[str, Any]:
-        core, custom = await self._client()
-        if self.custom is None:
-            pod = await core.create_namespaced_pod(self.namespace, obj, field_validation="Strict")
-            return self._api.sanitize_for_serialization(pod)
-        group, version, plural, _ = self.custom
-        return await custom.create_namespaced_custom_object(group, version, self.namespace, plural, obj,
-                                                            field_validation="Strict")
 
     def state_of(self, obj: dict[str, Any]) -> str:
         """The main object's state as its operator records it (a key of `states`)."""
@@ -394,12 +385,11 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         before deleting it. Bounded: a stuck object is deleted anyway."""
         if self.custom is None or self.reuse:
             return
-        _, custom = await self._client()
-        group, version, plural, _ = self.custom
+        mains = await self._mains()
         deadline = time.monotonic() + self.config.trial_grace_period + 15
         while time.monotonic() < deadline:
             try:
-                obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+                obj = await mains.get(name)
             except Exception:
                 return
             if self.object_phase(obj) != "running":
@@ -408,16 +398,11 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
 
     async def release(self, env_id: str) -> None:
         self._tracker.starting.pop(env_id, None)
-        core, custom = await self._client()
+        core, _ = await self._client()
         name = self.object_name(env_id)
-        await self._await_verdict(name)
+        await self._await_verdict(name)  # then delete: the verdict first
         try:
-            if self.custom is None:
-                await core.delete_namespaced_pod(name, self.namespace, propagation_policy="Background")
-            else:
-                group, version, plural, _ = self.custom
-                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name,
-                                                             propagation_policy="Background")
+            await (await self._mains()).delete(name, propagation_policy="Background")
         except Exception as e:
             if getattr(e, "status", None) != 404:
                 log.warning("releasing %s: %s", name, api_error(e, f"deleting {name}"))
@@ -439,9 +424,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         ours = selector(labels(self.experiment_id))
         ns = self.namespace
         try:
-            if self.custom is not None:
-                group, version, plural, _ = self.custom
-                await custom.delete_collection_namespaced_custom_object(group, version, ns, plural, label_selector=ours)
+            await MainObjects(self._api, core, custom, ns, self.custom).delete_all(ours)
             await core.delete_collection_namespaced_pod(ns, label_selector=ours)
             await core.delete_collection_namespaced_secret(ns, label_selector=ours)
             await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
@@ -551,23 +534,11 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             await self._delete_object(name)
 
     async def _list_objects(self) -> list[str]:
-        core, custom = await self._client()
-        ours = selector(labels(self.experiment_id))
-        if self.custom is None:
-            pods = await core.list_namespaced_pod(self.namespace, label_selector=ours)
-            return [p.metadata.name for p in pods.items]
-        group, version, plural, _ = self.custom
-        listed = await custom.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=ours)
-        return [o["metadata"]["name"] for o in listed.get("items", [])]
+        return await (await self._mains()).names(selector(labels(self.experiment_id)))
 
     async def _delete_object(self, name: str) -> None:
-        core, custom = await self._client()
         try:
-            if self.custom is None:
-                await core.delete_namespaced_pod(name, self.namespace)
-            else:
-                group, version, plural, _ = self.custom
-                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name)
+            await (await self._mains()).delete(name)
         except Exception as e:
             if getattr(e, "status", None) != 404:
                 log.warning("deleting %s: %s", name, e)
