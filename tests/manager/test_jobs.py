@@ -22,7 +22,10 @@ from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 # ----------------------------------------------------------------------------- state tables
 
 JOB_PLATFORMS = {p: c for p in registry.platforms() if issubclass(c := registry.backend_class(p), JobBackend)}
-TABLES = {p: c.states for p, c in JOB_PLATFORMS.items()}
+# The Kubernetes operator platforms map their main object's states through the same tables (their
+# plain pods and AdaptDLJobs have no "stopped by someone else" state: tests/kube/test_options.py)
+TABLES = {**{p: c.states for p, c in JOB_PLATFORMS.items()},
+          **{p: registry.backend_class(p).states for p in ("kubeflow", "frameworkcontroller")}}
 
 
 def test_every_job_platform_is_here() -> None:
@@ -69,6 +72,11 @@ def test_every_platform_table_maps_onto_phases_and_its_ends(platform: str) -> No
     ("slurm", "OUT_OF_MEMORY", "failed"), ("slurm", "TIMEOUT", "failed"), ("slurm", "PREEMPTED", "stopped"),
     ("slurm", "NODE_FAIL", "stopped"), ("slurm", "CANCELLED", "stopped"),
     ("slurm", "A_STATE_SLURM_ADDS_LATER", "stopped"),  # not live: an ended job, as Slurm's unlisted states were
+    ("kubeflow", "Created", "waiting"), ("kubeflow", "Restarting", "running"), ("kubeflow", "Suspended", "stopped"),
+    ("kubeflow", "Succeeded", "succeeded"), ("kubeflow", "Failed", "failed"),
+    ("frameworkcontroller", "AttemptPreparing", "waiting"), ("frameworkcontroller", "AttemptDeleting", "running"),
+    ("frameworkcontroller", "StopFrameworkRequested", "stopped"), ("frameworkcontroller", "Failed", "failed"),
+    ("frameworkcontroller", "Completed", "unknown"),  # completed, its completion status not yet recorded
 ])
 def test_platform_state_maps_to_phase(platform: str, state: str, phase: str) -> None:
     assert TABLES[platform].phase(state) == phase
@@ -125,6 +133,7 @@ class Pbs(JobBackend):
         self.down = False  # the scheduler does not answer
         self.unlisted: set[str] = set()  # jobs qstat leaves out (as a scheduler lists only its newest)
         self.detail = False  # whether `qstat -f <ref>` answers (the `describe` hook)
+        self.replicas: dict[str, tuple[Phase, str]] = {}  # per-member states the listing carries (JobView.members)
 
     async def open(self) -> None:
         self.calls.append("open")
@@ -149,7 +158,8 @@ class Pbs(JobBackend):
         return self._view(job.ref, q) if q is not None and self.detail else None
 
     def _view(self, ref: str, q: Queued) -> JobView:
-        return JobView(q.name, self.states.phase(q.state), f"PBS job {ref} is {q.state}{q.comment}", ref)
+        return JobView(q.name, self.states.phase(q.state), f"PBS job {ref} is {q.state}{q.comment}", ref,
+                       members=dict(self.replicas))
 
     async def cancel(self, job: Job) -> None:
         self._answer("qdel")
@@ -439,5 +449,32 @@ def test_a_platform_that_lists_once_lists_until_the_listing_answers() -> None:
             assert [c for c in b.calls if c.startswith("qstat")] == ["qstat", "qstat", "qstat -f 7.pbs"]
         finally:
             await b.stop()
+
+    run(main())
+
+
+def test_a_member_the_listing_says_ended_ends_alone_while_its_job_runs_on() -> None:
+    """JobView.members (a replica's pod on Kubernetes): a failed member fails alone, once; the others
+    keep their job's words or their own; the job's end then ends only the members still there."""
+    ctx = Ctx()
+    b = backend(ctx)
+    spec = [AgentSpec(agent_id=f"w{i}", token="t", hub_address="10.0.0.1:8999",  # not dialed
+                      hub_unix_socket=Path("/dev/null")) for i in range(3)]
+
+    async def main() -> None:
+        await b.provision(EnvironmentRequest("env1", tuple(spec)))
+        b.queue["1.pbs"].state = "R"
+        ctx.connected.update({"w0", "w1", "w2"})
+        b.replicas = {"w1": ("failed", "pod w1 failed: OOMKilled"), "w2": ("waiting", "pod w2 pulls its image")}
+        await b.poll()
+        assert ctx.failed == [("w1", "pod w1 failed: OOMKilled", True)]
+        assert (ctx.status["w0"], ctx.status["w2"]) == ("PBS job 1.pbs is R", "pod w2 pulls its image")
+        assert ctx.status["w1"] == "PBS job nni_exp_exp1_env_1 is submitted"  # not told the job's words after its end
+        ctx.connected.discard("w1")
+        await b.poll()
+        assert len(ctx.failed) == 1  # once
+        b.queue["1.pbs"].state = "F"
+        await b.poll()
+        assert ctx.failed[1:] == [("w0", "PBS job 1.pbs is F", False), ("w2", "PBS job 1.pbs is F", False)]
 
     run(main())

@@ -6,7 +6,8 @@ A platform says only what differs, as TorchX's `Scheduler` and submitit's `InfoW
 - `submit(job, request)`: create the job from what `build_request(env)` made (the dry run renders
   the same request, for placeholder credentials; `prepare` writes what the job needs first);
 - `list_jobs()`: one call for every job of the experiment, each mapped onto a `JobView` through
-  the platform's `StateTable` (its states -> waiting / running / succeeded / failed / stopped);
+  the platform's `StateTable` (its states -> waiting / running / succeeded / failed / stopped),
+  optionally with each member's own phase (`JobView.members`: a failed replica fails its member);
 - `describe(job)` (optional): one tracked job the listing left out, from the platform's per-job
   detail (DLTS lists only its newest jobs; AML lists only live ones, and only at start and stop:
   `list_once`);
@@ -91,6 +92,10 @@ class JobView:
     ref: str = ""  # the platform's id of the job, when it is not its name
     settled: bool = True  # False while an ended job is still stopping (its processes may live)
     state: str = ""  # the platform's own state, as listed
+    # per member (agent id -> (phase, words)), where the platform says how each replica fares: a
+    # member that ended ends alone (a failed replica fails its member) while its job runs on, and
+    # a live member's own words replace the job's for it
+    members: Mapping[str, tuple[Phase, str]] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -109,7 +114,8 @@ class Job:
     done: bool = False
     released: bool = False
     missing: int = 0
-    last_words: str = ""
+    said: dict[str, str] = field(default_factory=dict)  # member -> the words it was last told
+    ended: set[str] = field(default_factory=set)  # members that ended alone (JobView.members)
     since: float = field(default_factory=time.monotonic)
     running_since: float | None = None  # when the platform first said the job runs
     hub: str = ""  # the address its agents dial
@@ -395,12 +401,22 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         return True
 
     # ------------------------------------------------------------------ watching
-    def _say(self, job: Job, words: str) -> None:
+    def _say(self, job: Job, words: str, members: Mapping[str, tuple[Phase, str]] | None = None) -> None:
         assert self.ctx is not None
-        if words != job.last_words:
-            job.last_words = words
-            for m in job.members:
-                self.ctx.agent_status(m, words)
+        for m in job.members:
+            said = (members or {}).get(m, ("", words))[1]
+            if m not in job.ended and job.said.get(m) != said:
+                job.said[m] = said
+                self.ctx.agent_status(m, said)
+
+    def _members_ended(self, job: Job, view: JobView) -> None:
+        """Members the listing says ended, while their job runs on, end alone."""
+        assert self.ctx is not None
+        for m, (phase, words) in view.members.items():
+            if phase not in LIVE_PHASES and m in job.members and m not in job.ended:
+                job.ended.add(m)
+                if not job.released:
+                    self.ctx.agent_failed(m, words, failed=phase == "failed")
 
     def _tell_url(self, job: Job) -> None:
         assert self.ctx is not None
@@ -462,12 +478,13 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
             if view.phase not in LIVE_PHASES:
                 await self._ended(job, view)
                 continue
+            self._members_ended(job, view)
             words = view.words
             if view.phase == "waiting":
                 words += f" (for {since(job.since, now)})"
             elif view.phase == "running":
                 job.running_since = job.running_since or now
-                if not all(self.ctx.agent_connected(m) for m in job.members):
+                if not all(self.ctx.agent_connected(m) for m in job.members if m not in job.ended):
                     if now - job.running_since > self.connect_timeout and not job.released:
                         await self._ended(job, JobView(
                             job.name, "failed", f"{self.job_label(job)} ran for {self.connect_timeout:g} s but its "
@@ -476,7 +493,7 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
                         continue
                     words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
                               f"yet: if this lasts, {self.check_hint(job)}")
-            self._say(job, words)
+            self._say(job, words, view.members)
 
     async def _views(self, everything: bool) -> dict[str, JobView]:
         """The listing (when `everything`), completed with `describe` for each tracked job it left out."""
@@ -503,4 +520,5 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
             return  # stopped by us: the core knows
         words = await self.ended_words(job, view)
         for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
-            self.ctx.agent_failed(m, words, failed=view.phase == "failed")
+            if m not in job.ended:  # told already (JobView.members)
+                self.ctx.agent_failed(m, words, failed=view.phase == "failed")

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nni_manager.backends.base import EnvironmentRequest, Shape, options_of
+from nni_manager.backends.base import EnvironmentRequest, Shape
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.kubernetes.client import api_error
 from nni_manager.backends.kubernetes.common import KubeBackend
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, _common
@@ -33,7 +34,7 @@ CHECKPOINT_DIR, SHARE_DIR = "/adaptdl/checkpoint", "/adaptdl/share"
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 
-@dataclass
+@dataclass(repr=False)  # the redacted __repr__ of KubeConfig stays
 class AdlConfig(KubeConfig):
     adaptive: bool = False
     checkpoint_class: str | None = None
@@ -83,10 +84,13 @@ def parse_adl(ts: ConfigSection, config: ExperimentConfig) -> AdlConfig:
     return kube
 
 
-class AdlBackend(KubeBackend):
+class AdlBackend(KubeBackend[AdlConfig]):
     platform = "adl"
     custom = (GROUP, VERSION, PLURAL, KIND)
     operator_name = "AdaptDL scheduler (helm chart adaptdl-sched)"
+    # status.phase as the AdaptDL controller moves it (Stopping: a job being moved to other nodes)
+    states = StateTable.of(waiting=["", "Pending", "Starting"], running=["Running", "Stopping"],
+                           succeeded=["Succeeded"], failed=["Failed"])
     code_in_image = True
     ships_code = False
 
@@ -98,7 +102,7 @@ class AdlBackend(KubeBackend):
 
     @property
     def adl(self) -> AdlConfig:
-        return options_of(self.config, AdlConfig)
+        return self.opts
 
     def shape(self) -> Shape:
         return Shape()
@@ -108,12 +112,6 @@ class AdlBackend(KubeBackend):
 
     def agent_of_pod(self, pod: dict[str, Any]) -> str:
         return str(((pod.get("metadata") or {}).get("labels") or {}).get("adaptdl/job", ""))
-
-    def object_state(self, obj: dict[str, Any]) -> str:
-        phase = (obj.get("status") or {}).get("phase", "")
-        if phase in ("Succeeded", "Failed"):
-            return "done"
-        return "running" if phase in ("Running", "Stopping") else "pending"
 
     def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
         a = self.adl

@@ -14,27 +14,29 @@ Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import dataclasses
-import json
 import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import yaml
 
-from nni_manager.backends.agent_command import DRY_RUN_SHA256
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
 from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.kubernetes import access, boot, deps, nodes, owner, probe, starting, tunnel
+from nni_manager.backends.jobs import Phase, StateTable
+from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
-from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, Storage
-from nni_manager.backends.kubernetes.podspec import merge_pod_spec
-from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod, watch_pods
+from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
+from nni_manager.backends.kubernetes.hub_relay import HubRelay
+from nni_manager.backends.kubernetes.main_objects import MainObjects
+from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
+from nni_manager.backends.kubernetes import objects as kube_objects
+from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
+from nni_manager.backends.kubernetes.watch import watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
 from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_digest, relay_token
@@ -44,40 +46,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-APP = "nni-kubernetes-trial"  # NNI's label value
-# The token Secret's file mode: readable by whatever user the image or the cluster picks (an image's
-# USER 1000, OpenShift's UID from the namespace's range), with no fsGroup of ours: a fixed group is
-# refused where the namespace prescribes a range (OpenShift's restricted-v2), and the pod is the
-# trial's own, so no other user shares its files.
-SECRET_MODE = 0o444
+__all__ = ["APP", "DRY_RUN_TRIAL", "KubeBackend", "labels", "selector"]
 DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
-STORAGE_MOUNT = "/tmp/mount"  # where NNI mounted `storage` (nfs, pvc) in every pod
 
 
-def storage_mount(storage: Storage | None) -> str:
-    """Where the experiment's storage is in the pods, or "" when nothing is mounted (azureStorage;
-    v1 `pvc: {path}`: wherever the Framework template mounts its claim)."""
-    if storage is None:
-        return ""
-    if storage.kind == "nfs" or storage.claim_name:
-        return STORAGE_MOUNT
-    return storage.path if storage.kind == "pvc" else ""
+KubeOptionsT = TypeVar("KubeOptionsT", bound=KubeConfig)  # the platform's own options class (config.py, adl.py)
 
 
-def labels(experiment_id: str, env: EnvironmentRequest | None = None) -> dict[str, str]:
-    out = {"app": APP, "expId": experiment_id}
-    if env is not None:
-        out["envId"] = env.env_id
-        if env.trial_id:
-            out["trialId"] = env.trial_id
-    return out
-
-
-def selector(items: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in items.items())
-
-
-class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
+class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
     """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
 
     hub = "network"
@@ -86,6 +62,9 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     custom: ClassVar[tuple[str, str, str, str] | None] = None
     # how long an environment may stay stuck (image pull, crash loop) before it fails
     start_timeout: ClassVar[float] = 300.0
+    # the main object's states (`state_of`) mapped onto the job phases, as every job platform's (jobs.py)
+    states: ClassVar[StateTable] = StateTable.of(waiting=["Pending"], running=["Running"], succeeded=["Succeeded"],
+                                                 failed=["Failed"])  # a pod's status.phase
     start_check_interval: ClassVar[float] = 2.0  # how often environments without running pods are looked at
 
     def __init__(self, config: Any) -> None:
@@ -98,23 +77,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         self._wheel_sha256 = ""  # the pods' command carries it: the boot step runs no other wheel
         self._watch: asyncio.Task[None] | None = None
         self._pull_secret: str | None = None
-        self._stuck_since: dict[str, float] = {}
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
-        self._fit_note = ""  # a request no present node holds (nodes.too_big): said while its pods wait
         self._tunnel: tunnel.Tunnel | None = None
         self._relay_token = ""  # the experiment's (tunnelled): agents prove it to the relay
         self._access_checked = False
-        self._starting: dict[str, float] = {}  # env id -> when provisioned, until all its pods run
-        self._pod_states: dict[str, str] = {}  # pod name -> describe_pod state (or "gone")
-        self._warnings: dict[str, list[str]] = {}  # object or pod name -> its newest Warning events
         self._start_check: asyncio.Task[None] | None = None
-        self._last_words: dict[str, str] = {}  # pod name -> what its last event said
+        self._tracker = self._new_tracker(None)  # start() makes the one that watches
         self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
         self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
         self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
 
     @property
-    def kube(self) -> KubeConfig:
+    def kube(self) -> KubeOptionsT:
         return self.opts
 
     @property
@@ -124,6 +98,20 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     @property
     def namespace(self) -> str:
         return self.kube.namespace
+
+    @property
+    def objects(self) -> Objects:
+        """What the objects are built from, now (objects.py builds them without a cluster)."""
+        ts = self.config.training_service
+        return Objects(self.kube, self.experiment_id, self.dry_run_hub(), ts.hub_tls, self.config.trial_grace_period,
+                       self.orphan_timeout, self.reuse, self.tunnelled, dict(self.agent_env), self._wheel,
+                       self._wheel_sha256, self._pull_secret, self._deps, self._relay_token)
+
+    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
+                     container: str, command_prefix: str = "") -> dict[str, Any]:
+        """The pod of one role (objects.Objects.pod_template)."""
+        return self.objects.pod_template(role, env, meta, container, command_prefix)
+
 
     # ------------------------------------------------------------------ subclass hooks
     experiment_id: str = "dryrun"  # set by start(); before it (render) a placeholder valid in names and labels
@@ -163,6 +151,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
         return self._core, self._custom
 
+    def _new_tracker(self, ctx: BackendContext | None) -> PodTracker:
+        return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
+                                   self.member_names, self.agent_of_pod), ctx)
+
+    async def _clients(self) -> tuple[Any, Any, Any]:
+        core, custom = await self._client()
+        return self._api, core, custom
+
     async def _close_client(self) -> None:
         """Close the ApiClient (and its aiohttp session) when the experiment stops before stop() would."""
         if self._core is not None:
@@ -201,7 +197,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             await self._check_access()  # before the relay: a refused experiment leaves nothing behind
             await self._ensure_pull_secret()
             try:
-                cluster_ip = await self._ensure_relay(experiment_id)
+                cluster_ip = await self._relay().ensure()
             except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
                 await self._delete_relay()
                 raise
@@ -227,79 +223,13 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
         return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window)
 
-    async def _ensure_relay(self, experiment_id: str) -> str:
-        """Create (or find again, after a restart) the relay's ConfigMap, Pod and Service; the
-        Service's cluster IP."""
-        core, _ = await self._client()
-        ns = self.namespace
-        _, pod, service = [await self._owned(o) for o in self._relay_objects(experiment_id)]
-        name = pod["metadata"]["name"]
-        await self._ensure_relay_pod(pod)
-        try:
-            created = await core.create_namespaced_service(ns, service, field_validation="Strict")
-        except Exception as e:
-            if getattr(e, "status", None) != 409:
-                raise api_error(e, f"creating the hub relay's Service {name}") from None
-            created = await core.read_namespaced_service(name, ns)
-        cluster_ip = created.spec.cluster_ip
-        if not cluster_ip or cluster_ip == "None":
-            raise KubeError(f"the hub relay's Service {name} got no cluster IP; delete it and start again")
-        return cluster_ip
+    def _relay(self) -> HubRelay:
+        return HubRelay(self._core, self.namespace, self.experiment_id,
+                        lambda: self._relay_objects(self.experiment_id), self._owned)
 
-    async def _ensure_relay_program(self) -> None:
-        """The relay program's ConfigMap, before every relay pod: immutable and named for its content,
-        one already there is kept only when it holds the program (one someone planted or made again
-        under the name is replaced; the pod checks the program's sha256 besides)."""
-        core, _ = await self._client()
-        config_map = await self._owned(self._relay_objects(self.experiment_id)[0])  # the GC takes it after a crash
-        name = config_map["metadata"]["name"]
-        try:
-            await deps.ensure_config_map(core, self.namespace, name, config_map)
-        except agent_deps.DependencyError as e:
-            raise KubeError(str(e)) from None
-        except Exception as e:
-            raise api_error(e, f"creating the hub relay's ConfigMap {name}") from None
-
-    async def _ensure_relay_pod(self, pod: dict[str, Any] | None = None) -> None:
-        core, _ = await self._client()
-        ns = self.namespace
-        pod = pod or await self._owned(self._relay_objects(self.experiment_id)[1])
-        name = pod["metadata"]["name"]
-        try:
-            existing = await core.read_namespaced_pod(name, ns)
-        except Exception as e:
-            if getattr(e, "status", None) != 404:
-                raise api_error(e, f"reading the hub relay pod {name}") from None
-            existing = None
-        if existing is not None and existing.status.phase in ("Failed", "Succeeded") or (
-                existing is not None and existing.metadata.deletion_timestamp):
-            log.warning("hub relay pod %s is %s: re-creating it", name, existing.status.phase)
-            try:
-                await core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-            except Exception:
-                pass
-            for _ in range(100):
-                try:
-                    await core.read_namespaced_pod(name, ns)
-                except Exception:
-                    break
-                await asyncio.sleep(0.1)
-            existing = None
-        if existing is None:
-            await self._ensure_relay_program()
-            try:
-                await core.create_namespaced_pod(ns, pod, field_validation="Strict")
-            except Exception as e:
-                if getattr(e, "status", None) == 403 and tunnel.SCC_REFUSAL in str(getattr(e, "body", "")):
-                    # OpenShift: the namespace's UID range, not ours; its SCC picks the relay's user
-                    log.info("the hub relay pod %s runs as a UID of the namespace's range (OpenShift SCC)", name)
-                    try:
-                        await core.create_namespaced_pod(ns, tunnel.without_fixed_user(pod), field_validation="Strict")
-                        return
-                    except Exception as again:
-                        e = again
-                if getattr(e, "status", None) != 409:
-                    raise api_error(e, f"creating the hub relay pod {name}") from None
+    async def _ensure_relay_pod(self) -> None:
+        """The relay pod again (the tunnel's `on_gone`: it ended or was evicted)."""
+        await self._relay().ensure_pod()
 
     def required_access(self) -> list[access.Need]:
         """Every verb the experiment uses in its namespace (checked at start)."""
@@ -336,6 +266,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
 
     async def start(self, ctx: BackendContext) -> None:
         self._ctx = ctx
+        self._tracker = self._new_tracker(ctx)
         self.experiment_id = ctx.experiment_id
         core, custom = await self._client()
         self._api.retry_connections = False  # until started: an unreachable server is reported at once
@@ -369,9 +300,10 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             await self._tunnel.start()
         await self._reattach()
         ours = selector({"app": APP, "expId": self.experiment_id})
-        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._pod_event),
+        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
                                           name=f"{self.platform}-pod-watch")
-        self._start_check = asyncio.create_task(self._check_starts(), name=f"{self.platform}-start-check")
+        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
+                                                name=f"{self.platform}-start-check")
         self._api.retry_connections = True
 
     def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> list[dict[str, Any]]:
@@ -379,14 +311,14 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         and its main object (pod, TFJob, Framework, AdaptDLJob), for `provision` and the dry run."""
         name = self.object_name(env.env_id)
         meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
-        return [self._secret(env, name, meta), self.main_object(env, name, meta)]
+        return [self.objects.secret(env, name, meta), self.main_object(env, name, meta)]
 
     def dry_run_hub(self) -> str:
         ts = self.config.training_service
         return host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>")
 
     async def provision(self, env: EnvironmentRequest) -> None:
-        core, custom = await self._client()
+        core, _ = await self._client()
         await self._note_fit()
         name = self.object_name(env.env_id)
         secret, obj = [await self._owned(o) for o in self.build_request(env)]
@@ -397,7 +329,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
         created: dict[str, Any] | None
         try:
-            created = await self._create_main(obj)
+            created = await (await self._mains()).create(obj)
         except Exception as e:
             created = await self._existing_main(name, env) if getattr(e, "status", None) == 409 else None
             if created is None:
@@ -409,50 +341,43 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._starting[env.env_id] = time.monotonic()
+        self._tracker.starting[env.env_id] = time.monotonic()
 
     async def _note_fit(self) -> None:
         """A request bigger than every node now is said while its pod waits, never refused here: on
         an autoscaled cluster a node that holds it is made for the pending pod (the autoscaler says
         when it cannot, and the start deadline bounds the wait)."""
         if not self._nodes:  # unknown (nodes may not be listed), or no node yet (an autoscaler may add one)
-            self._fit_note = ""
+            self._tracker.fit_note = ""
             return
         problem = nodes.too_big(self.kube, self._nodes)
         if problem:  # nodes may have grown since start: look once more
             self._nodes = await nodes.list_nodes(self._api)
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
-        self._fit_note = problem
+        self._tracker.fit_note = problem
+
+    async def _mains(self) -> MainObjects:
+        core, custom = await self._client()
+        return MainObjects(self._api, core, custom, self.namespace, self.custom)
 
     async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
         answer, a restarted manager), or None when the name belongs to something else."""
-        core, custom = await self._client()
         try:
-            if self.custom is None:
-                found = self._api.sanitize_for_serialization(await core.read_namespaced_pod(name, self.namespace))
-            else:
-                group, version, plural, _ = self.custom
-                found = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+            found = await (await self._mains()).get(name)
         except Exception:
             return None
         mine = labels(self.experiment_id, env)
         have = (found.get("metadata") or {}).get("labels") or {}
         return found if all(have.get(k) == v for k, v in mine.items()) else None
 
-    async def _create_main(self, obj: dict[str, Any]) -> dict[str, Any]:
-        core, custom = await self._client()
-        if self.custom is None:
-            pod = await core.create_namespaced_pod(self.namespace, obj, field_validation="Strict")
-            return self._api.sanitize_for_serialization(pod)
-        group, version, plural, _ = self.custom
-        return await custom.create_namespaced_custom_object(group, version, self.namespace, plural, obj,
-                                                            field_validation="Strict")
+    def state_of(self, obj: dict[str, Any]) -> str:
+        """The main object's state as its operator records it (a key of `states`)."""
+        return str((obj.get("status") or {}).get("phase") or "")
 
-    def object_state(self, obj: dict[str, Any]) -> str:
-        """The main object as its operator sees it: "pending" (never ran), "running", or "done"
-        (the operator recorded the outcome). Platforms whose object has its own verdict override it."""
-        return "done"
+    def object_phase(self, obj: dict[str, Any]) -> Phase:
+        """The main object's phase (jobs.py's: waiting, running, succeeded, failed, stopped, unknown)."""
+        return self.states.phase(self.state_of(obj))
 
     async def _await_verdict(self, name: str) -> None:
         """reuseMode false: the trial is over and its replicas are ending by themselves; let the
@@ -460,30 +385,24 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         before deleting it. Bounded: a stuck object is deleted anyway."""
         if self.custom is None or self.reuse:
             return
-        _, custom = await self._client()
-        group, version, plural, _ = self.custom
+        mains = await self._mains()
         deadline = time.monotonic() + self.config.trial_grace_period + 15
         while time.monotonic() < deadline:
             try:
-                obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+                obj = await mains.get(name)
             except Exception:
                 return
-            if self.object_state(obj) != "running":
+            if self.object_phase(obj) != "running":
                 return
             await asyncio.sleep(0.2)
 
     async def release(self, env_id: str) -> None:
-        self._starting.pop(env_id, None)
-        core, custom = await self._client()
+        self._tracker.starting.pop(env_id, None)
+        core, _ = await self._client()
         name = self.object_name(env_id)
-        await self._await_verdict(name)
+        await self._await_verdict(name)  # then delete: the verdict first
         try:
-            if self.custom is None:
-                await core.delete_namespaced_pod(name, self.namespace, propagation_policy="Background")
-            else:
-                group, version, plural, _ = self.custom
-                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name,
-                                                             propagation_policy="Background")
+            await (await self._mains()).delete(name, propagation_policy="Background")
         except Exception as e:
             if getattr(e, "status", None) != 404:
                 log.warning("releasing %s: %s", name, api_error(e, f"deleting {name}"))
@@ -505,9 +424,7 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         ours = selector(labels(self.experiment_id))
         ns = self.namespace
         try:
-            if self.custom is not None:
-                group, version, plural, _ = self.custom
-                await custom.delete_collection_namespaced_custom_object(group, version, ns, plural, label_selector=ours)
+            await MainObjects(self._api, core, custom, ns, self.custom).delete_all(ours)
             await core.delete_collection_namespaced_pod(ns, label_selector=ours)
             await core.delete_collection_namespaced_secret(ns, label_selector=ours)
             await core.delete_collection_namespaced_config_map(ns, label_selector=ours)
@@ -548,69 +465,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
     async def _delete_relay(self) -> None:
         if not self.tunnelled or self._core is None:
             return
-        core, ns = self._core, self.namespace
-        name = tunnel.relay_name(self.experiment_id)
-        # the answers (the object or a Status, by server version) are not needed: not parsed
-        for what, call, called in (("Service", core.delete_namespaced_service_without_preload_content, name),
-                                   ("Pod", core.delete_namespaced_pod_without_preload_content, name),
-                                   ("ConfigMap", core.delete_namespaced_config_map_without_preload_content,
-                                    tunnel.program_config_map_name(self.experiment_id))):
-            try:
-                response = await call(called, ns)
-                if response.status >= 400 and response.status != 404:
-                    log.error("deleting the hub relay's %s %s: %s %s", what, name, response.status,
-                              (await response.read())[:300].decode(errors="replace"))
-            except Exception as e:
-                if getattr(e, "status", None) != 404:
-                    log.error("deleting the hub relay's %s %s: %s", what, name, api_error(e, "deleting"))
+        await self._relay().delete()
 
-    # ------------------------------------------------------------------ objects
-    def _secret(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
-        data = {m.agent_id: base64.b64encode(m.token.encode()).decode() for m in env.members}
-        if env.members and env.members[0].ca_certificate:
-            data["ca.crt"] = base64.b64encode(env.members[0].ca_certificate).decode()
-        if self.tunnelled:  # what the agents prove to the hub relay (the relay holds only its digest)
-            data[RELAY_TOKEN_FILE] = base64.b64encode(self._relay_token.encode()).decode()
-        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
-                "metadata": {**meta, "name": f"{name}-nni"}}
-
-    def _wheel_configmap_name(self) -> str:
-        assert self._wheel is not None
-        return f"nni-agent-{self.experiment_id.lower()}"
-
+    # ------------------------------------------------------------------ objects (objects.py builds them)
     async def _ensure_wheel_configmap(self) -> None:
         core, _ = await self._client()
-        assert self._wheel is not None
-        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "immutable": True,
-                "metadata": {"name": self._wheel_configmap_name(), "namespace": self.namespace,
-                             "labels": labels(self.experiment_id)},
-                "binaryData": {self._wheel.path.name: base64.b64encode(self._wheel.path.read_bytes()).decode()}}
+        body = self.objects.wheel_config_map()
         try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
             await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], await self._owned(body))
         except agent_deps.DependencyError:
             raise  # one line already
         except Exception as e:
             raise api_error(e, "creating the agent ConfigMap") from None
-
-    def _dry_run_shared_objects(self) -> list[dict[str, Any]]:
-        """The per-experiment agent ConfigMap and image pull Secret as a dry run shows them: their
-        names and labels as made at start, placeholders for the wheel and the registry credentials
-        (never printed)."""
-        meta = {"namespace": self.namespace, "labels": labels(self.experiment_id)}
-        import nni_agent
-
-        wheel = self._wheel.path.name if self._wheel else f"nni_agent-{nni_agent.__version__}-py3-none-any.whl"
-        objects: list[dict[str, Any]] = [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"nni-agent-{self.experiment_id.lower()}", **meta},
-            "immutable": True, "data": {wheel: "<the manager's own agent wheel, as binaryData>"}}]
-        paths = sorted({str(r.private_registry_auth_path) for r in self.kube.roles if r.private_registry_auth_path})
-        if paths:
-            self._pull_secret = f"nni-registry-{self.experiment_id.lower()}"
-            objects.append({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                            "metadata": {"name": self._pull_secret, **meta},
-                            "stringData": {".dockerconfigjson": json.dumps({"auths": {f"<from {paths[0]}>": {}}})}})
-        return objects
 
     async def _ship_deps(self) -> None:
         """Per image: learn its Python (a probe pod, or the manager's cache of probes) and, where it
@@ -620,8 +486,8 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         for i, (image, role) in enumerate(sorted(roles.items())):
             report = deps.cached_probe(image)
             if report is None:
-                report = await probe.run_probe(core, self.namespace, f"nni-probe-{self.experiment_id.lower()}-{i}",
-                                               await self._owned(self._probe_pod(role, i)), image,
+                report = await probe.run_probe(core, self.namespace, kube_objects.probe_pod_name(self.experiment_id, i),
+                                               await self._owned(self.objects.probe_pod(role, i)), image,
                                                self.kube.environment_start_timeout)
                 if report is None:
                     continue
@@ -640,118 +506,18 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             log.info("the agent's dependencies for the image %s (%s): %d bytes in %d ConfigMaps, %d uploaded now",
                      image, worker.key, shipped.size, len(shipped.config_maps), uploaded)
 
-    def _probe_pod(self, role: RoleConfig, i: int) -> dict[str, Any]:
-        """A pod of the role's image (scheduled as its agent pods are) that only runs the boot step's check."""
-        name = f"nni-probe-{self.experiment_id.lower()}-{i}"
-        meta = {"name": name, "labels": {"app": deps.PROBE_APP, "expId": self.experiment_id}}
-        template = self.pod_template(role, None, meta, "probe")
-        spec = template["spec"]
-        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "nni-secret"]
-        c = spec["containers"][0]
-        # podSpec.containers entries are named for the trial's container (`trial`, `tensorflow`, ...):
-        # the probe's one container takes the fields of those that only adjust it (securityContext,
-        # imagePullPolicy) instead of gaining a second, imageless container; sidecars stay out
-        for extra in spec["containers"][1:]:
-            if "image" not in extra:
-                merge_pod_spec(c, {k: copy.deepcopy(v) for k, v in extra.items() if k != "name"})
-        spec["containers"] = [c]
-        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "nni-secret"]
-        assert self._wheel is not None
-        command = boot.agent_command("", False, 0, False, wheel=self._wheel.path.name, tag=self._wheel.tag,
-                                     image=role.docker_image, wheel_sha256=self._wheel_sha256)
-        c["command"] = ["sh", "-c", deps.probe_script(command)]
-        c["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
-        c.pop("terminationMessagePolicy", None)
-        for key in ("nodeSelector", "tolerations", "affinity"):  # any node runs the image: not the GPU pool's
-            spec.pop(key, None)
-        annotations = {**(template["metadata"].get("annotations") or {}), **tunnel.SAFE_TO_EVICT}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], **meta,
-                "namespace": self.namespace, "labels": meta["labels"], "annotations": annotations}, "spec": spec}
-
     async def _ensure_pull_secret(self) -> None:
-        paths = {r.private_registry_auth_path for r in self.kube.roles if r.private_registry_auth_path}
+        paths = kube_objects.pull_secret_paths(self.kube)
         if not paths:
             return
         core, _ = await self._client()
-        path = sorted(paths)[0]
-        name = f"nni-registry-{self.experiment_id.lower()}"
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                "metadata": {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id)},
-                "data": {".dockerconfigjson": base64.b64encode(path.read_bytes()).decode()}}
+        body = self.objects.pull_secret_object(paths[0])
         try:
             await core.create_namespaced_secret(self.namespace, await self._owned(body), field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:
                 raise api_error(e, "creating the image pull secret") from None
-        self._pull_secret = name
-
-    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
-                     container: str, command_prefix: str = "") -> dict[str, Any]:
-        """The pod of one role: the agent in the role's image, with resources as NNI set them."""
-        ts = self.config.training_service
-        hub = (env.members[0].hub_address if env and env.members and env.members[0].hub_address
-               else host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>"))
-        tls = bool(env.members[0].ca_certificate) if env and env.members else self.config.training_service.hub_tls
-        wheel = self._wheel.path.name if self._wheel else "nni_agent-<version>-py3-none-any.whl"
-        tag = self._wheel.tag if self._wheel else "<version>-<hash>"
-        command = boot.agent_command(hub, tls, self.orphan_timeout,
-                                     single_trial=bool(env.trial_id) if env else not self.reuse,
-                                     wheel=wheel, tag=tag, image=role.docker_image,
-                                     wheel_sha256=self._wheel_sha256 or DRY_RUN_SHA256,
-                                     relay_token=self.tunnelled)
-        shipped = self._deps.get(role.docker_image)
-        if shipped is not None:  # the agent's dependencies, in ConfigMaps (deps.py), verified by their digests
-            command = dataclasses.replace(command, parts=(deps.DEPS_DIR,), deps_to=f"{boot.WORK_DIR}/deps-{shipped.key}",
-                                          sha256=command.sha256 + shipped.sha256)
-        resources: dict[str, str] = {"cpu": f"{role.cpu_number:g}", "memory": f"{role.memory_mb}Mi"}
-        if role.gpu_number:
-            resources["nvidia.com/gpu"] = str(role.gpu_number)
-        env_vars = [
-            {"name": "NNI_AGENT_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        ]
-        if not role.gpu_number:  # the NVIDIA device plugin shows every GPU to containers asking for none
-            env_vars.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
-        env_vars += [{"name": k, "value": v} for k, v in self.agent_env.items()]
-        mounts = [{"name": "nni-secret", "mountPath": boot.SECRET_DIR, "readOnly": True},
-                  {"name": "nni-agent", "mountPath": boot.WHEEL_DIR, "readOnly": True},
-                  {"name": "nni-work", "mountPath": boot.WORK_DIR}]
-        secret_name = f"{meta['name']}-nni"
-        volumes: list[dict[str, Any]] = [
-            {"name": "nni-secret", "secret": {"secretName": secret_name, "defaultMode": SECRET_MODE}},
-            {"name": "nni-agent", "configMap": {"name": f"nni-agent-{self.experiment_id.lower()}"}},
-            {"name": "nni-work", "emptyDir": {}},
-        ]
-        if shipped is not None:
-            mounts += shipped.mounts()
-            volumes += shipped.volumes()
-        storage = self.kube.storage
-        if storage is not None and (storage.kind == "nfs" or storage.claim_name):  # where NNI mounted it, for trial outputs
-            mounts.append({"name": "nni-vol", "mountPath": STORAGE_MOUNT})
-            volumes.append({"name": "nni-vol", "nfs": {"server": storage.server, "path": storage.path}}
-                           if storage.kind == "nfs" else
-                           {"name": "nni-vol", "persistentVolumeClaim": {"claimName": storage.claim_name}})
-        spec: dict[str, Any] = {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": int(self.config.trial_grace_period) + 15,
-            "containers": [{
-                "name": container, "image": role.docker_image,
-                "command": boot.container_command(command, command_prefix),
-                "env": env_vars, "resources": {"requests": resources, "limits": dict(resources)},
-                "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
-            }],
-            "volumes": volumes,
-        }
-        if self._pull_secret:
-            spec["imagePullSecrets"] = [{"name": self._pull_secret}]
-        if self.kube.service_account_name:
-            spec["serviceAccountName"] = self.kube.service_account_name
-        spec = merge_pod_spec(spec, copy.deepcopy(self.kube.pod_spec))
-        if role.pod_spec:  # the role's own (a GPU worker's tolerations, a parameter server's memory)
-            spec = merge_pod_spec(spec, copy.deepcopy(role.pod_spec))
-        metadata: dict[str, Any] = {"labels": dict(meta["labels"])}
-        if self.kube.pod_annotations:
-            metadata["annotations"] = dict(self.kube.pod_annotations)
-        return {"metadata": metadata, "spec": spec}
+        self._pull_secret = body["metadata"]["name"]
 
     # ------------------------------------------------------------------ watching
     async def _reattach(self) -> None:
@@ -768,23 +534,11 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
             await self._delete_object(name)
 
     async def _list_objects(self) -> list[str]:
-        core, custom = await self._client()
-        ours = selector(labels(self.experiment_id))
-        if self.custom is None:
-            pods = await core.list_namespaced_pod(self.namespace, label_selector=ours)
-            return [p.metadata.name for p in pods.items]
-        group, version, plural, _ = self.custom
-        listed = await custom.list_namespaced_custom_object(group, version, self.namespace, plural, label_selector=ours)
-        return [o["metadata"]["name"] for o in listed.get("items", [])]
+        return await (await self._mains()).names(selector(labels(self.experiment_id)))
 
     async def _delete_object(self, name: str) -> None:
-        core, custom = await self._client()
         try:
-            if self.custom is None:
-                await core.delete_namespaced_pod(name, self.namespace)
-            else:
-                group, version, plural, _ = self.custom
-                await custom.delete_namespaced_custom_object(group, version, self.namespace, plural, name)
+            await (await self._mains()).delete(name)
         except Exception as e:
             if getattr(e, "status", None) != 404:
                 log.warning("deleting %s: %s", name, e)
@@ -794,113 +548,6 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         say otherwise)."""
         return str(pod.get("metadata", {}).get("name", ""))
 
-    # ------------------------------------------------------------------ environments that do not start
-    async def _check_starts(self) -> None:
-        """Every `start_check_interval`: for environments not all of whose pods run, say why in the
-        cluster's words (object conditions, Warning events) and fail them after environmentStartTimeout."""
-        while True:
-            await asyncio.sleep(self.start_check_interval)
-            try:
-                await self._check_starts_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the API is retried below us; anything else must not stop the checks
-                log.warning("checking environments that have not started: %s", e)
-
-    async def _check_starts_once(self) -> None:
-        ctx = self._ctx
-        if ctx is None or not self._starting:
-            return
-        core, custom = await self._client()
-        refusals: dict[str, str] = {}
-        try:
-            events = [self._api.sanitize_for_serialization(e) for e in
-                      (await core.list_namespaced_event(self.namespace, field_selector="type=Warning")).items]
-            try:  # the cluster autoscaler's words are Normal events
-                events += [self._api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
-                    self.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
-            except Exception as e:
-                log.debug("listing the cluster autoscaler's events: %s", e)
-            self._warnings = starting.warnings_by_object(events)
-            refusals = starting.autoscaler_refusals(events)
-        except Exception as e:  # events are a courtesy (a Role without them still runs)
-            log.debug("listing events: %s", e)
-        timeout = self.kube.environment_start_timeout
-        for env_id, since in list(self._starting.items()):
-            pods = [n for n, _, _ in self.member_names(env_id)]
-            states = {n: self._pod_states.get(n) for n in pods}
-            if all(s in ("running", "succeeded", "failed", "oom", "gone") for s in states.values()):
-                self._starting.pop(env_id, None)  # started (or over: the pod events said so)
-                continue
-            words: dict[str, str] = {}
-            if not any(states.values()) and self.custom is not None:  # the operator has made no pod
-                group, version, plural, kind = self.custom
-                name = self.object_name(env_id)
-                try:
-                    obj = await custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
-                except Exception as e:
-                    obj = None if getattr(e, "status", None) == 404 else {}
-                said = starting.object_words(kind, name, obj, self._warnings.get(name, []), self.operator_name)
-                words = {n: said for n in pods}
-            else:
-                for n, state in states.items():
-                    if state in (None, "waiting"):
-                        base = self._last_words.get(n) or f"pod {n} has not started"
-                        extra = [w for w in self._warnings.get(n, []) if w not in base]
-                        if self._fit_note and "FailedScheduling" in base:
-                            extra.append(self._fit_note)
-                        words[n] = "; ".join([base, *extra])
-            refused = [n for n in words if n in refusals]
-            if refused:  # no node group's node would ever hold it: waiting cannot help
-                self._starting.pop(env_id, None)
-                why = self._last_words.get(refused[0]) or f"pod {refused[0]} has not started"
-                for n in pods:
-                    ctx.agent_failed(n, f"{why}; the cluster autoscaler cannot add a node that holds it "
-                                        f"(NotTriggerScaleUp: {refusals[refused[0]]}): lower cpuNumber / memorySize / "
-                                        "gpuNumber, fix podSpec.nodeSelector, or add a node group that fits", failed=True)
-                continue
-            if time.monotonic() - since > timeout:
-                self._starting.pop(env_id, None)
-                reason = next(iter(words.values()), "no pod started")
-                for n in pods:
-                    ctx.agent_failed(n, f"{reason} (not started within environmentStartTimeout, {timeout:g} s)",
-                                     failed=True)
-                continue
-            for n, said in words.items():
-                ctx.agent_status(n, said)
-
-    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
-        ctx = self._ctx
-        if ctx is None:
-            return
-        pod_name = pod.get("metadata", {}).get("name", "")
-        name = self.agent_of_pod(pod)
-        if kind == "DELETED":
-            state, words = "gone", f"pod {pod_name} was deleted"
-        else:
-            state, words = describe_pod(pod)
-        self._pod_states[name] = state
-        self._last_words[name] = words
-        if state == "waiting" and self._warnings.get(name):  # FailedMount, ... (from the start checks)
-            extra = "; ".join(w for w in self._warnings[name] if w not in words)
-            words += f"; {extra}" if extra else ""
-        if state == "waiting":
-            since = self._stuck_since.setdefault(name, time.monotonic()) if any(
-                r in words for r in STUCK_REASONS) else None
-            if since is not None and time.monotonic() - since > self.start_timeout:
-                ctx.agent_failed(name, f"{words} (for more than {self.start_timeout:g} s)", failed=True)
-                return
-            ctx.agent_status(name, words)
-        elif state == "running":
-            self._stuck_since.pop(name, None)
-            ctx.agent_status(name, words)
-        else:  # the pod is over: expected when its environment was released or its one trial ended
-            self._stuck_since.pop(name, None)
-            if state != "succeeded" or kind == "DELETED":
-                ctx.agent_failed(name, words, failed=state in ("oom", "failed") and kind != "DELETED")
-            else:
-                ctx.agent_failed(name, words)
-
     # ------------------------------------------------------------------ dry run
     def render(self) -> DryRun:
         # the names the manager gives: a pool's environments env1, env2...; without reuse one per
@@ -909,7 +556,11 @@ class KubeBackend(ElasticBackend[KubeConfig, "list[dict[str, Any]]"]):
         env = self.dry_run_env(f"trial-{trial_id.lower()}" if trial_id else "env1")
         if trial_id:
             env = dataclasses.replace(env, trial_id=trial_id)
-        shared = self._dry_run_shared_objects()  # sets the pull secret's name, which the pods name
+        import nni_agent
+
+        if kube_objects.pull_secret_paths(self.kube):  # the pods name it
+            self._pull_secret = kube_objects.pull_secret_name(self.experiment_id)
+        shared = self.objects.dry_run_shared(nni_agent.__version__)
         secret, main = self.build_request(env)
         # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
         secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else

@@ -55,14 +55,27 @@ class KubeConfig:
     service_account_name: str | None = None
     pod_spec: dict[str, Any] = field(default_factory=dict)  # merged into every pod spec (ours)
     pod_annotations: dict[str, str] = field(default_factory=dict)  # on every pod (ours)
-    operator: str = ""  # kubeflow: tf-operator | pytorch-operator
-    api_version: str = "v1"
-    config_path: Path | None = None  # frameworkcontroller v1: a Framework template
-    framework_template: dict[str, Any] | None = None  # its content, read at load
     environment_start_timeout: float = 600.0  # an environment none of whose pods runs by then fails
 
     def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
         return redacted_repr(self)
+
+
+# Each platform's own fields in its own class (repr=False: the redacted __repr__ above stays).
+@dataclass(repr=False)
+class KubeflowConfig(KubeConfig):
+    """platform: kubeflow."""
+
+    operator: str = ""  # tf-operator | pytorch-operator
+    api_version: str = "v1"
+
+
+@dataclass(repr=False)
+class FrameworkConfig(KubeConfig):
+    """platform: frameworkcontroller."""
+
+    config_path: Path | None = None  # v1: a Framework template
+    framework_template: dict[str, Any] | None = None  # its content, read at load
 
 
 def _common(ts: ConfigSection, kube: KubeConfig) -> None:
@@ -175,8 +188,8 @@ def parse_pods(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
     return kube
 
 
-def parse_kubeflow(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-    kube = KubeConfig()
+def parse_kubeflow(ts: ConfigSection, config: ExperimentConfig) -> KubeflowConfig:
+    kube = KubeflowConfig()
     _common(ts, kube)
     kube.operator = ts.choice("operator", options=("tf-operator", "pytorch-operator"), required=True) or ""
     kube.api_version = ts.str_("apiVersion", required=True) or "v1"
@@ -233,7 +246,7 @@ def check_task_role_name(name: str, field_path: str, seen: set[str]) -> None:
                           "give each task role its own name")
 
 
-def _template_roles(ts: ConfigSection, kube: KubeConfig) -> None:
+def _template_roles(ts: ConfigSection, kube: FrameworkConfig) -> None:
     """v1's `configPath`: the task roles are the template's (NNI ignores `taskRoles` then)."""
     assert kube.config_path is not None
     field_path = ts.at("configPath")
@@ -249,8 +262,8 @@ def _template_roles(ts: ConfigSection, kube: KubeConfig) -> None:
         kube.roles.append(RoleConfig(**fields))
 
 
-def parse_frameworkcontroller(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
-    kube = KubeConfig()
+def parse_frameworkcontroller(ts: ConfigSection, config: ExperimentConfig) -> FrameworkConfig:
+    kube = FrameworkConfig()
     _common(ts, kube)
     kube.config_path = ts.path_("configPath")
     if kube.config_path is not None:

@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.kubernetes import access, framework_template
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.common import KubeBackend, labels, selector
 from nni_manager.backends.kubernetes.podspec import merge_pod_spec
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_frameworkcontroller
+from nni_manager.backends.kubernetes.config import FrameworkConfig, parse_frameworkcontroller
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 BARRIER_IMAGE = "frameworkcontroller/frameworkbarrier"
@@ -27,6 +28,7 @@ BARRIER_DIR = "/mnt/frameworkbarrier"
 BARRIER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}
 BARRIER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                     "seccompProfile": {"type": "RuntimeDefault"}}
+STOP_REQUESTED = -210  # CompletionCodeStopFrameworkRequested: executionType Stop
 BASE_PORT = 4000  # NNI gave role i containerPort 4000 + i
 RBAC = "rbac.authorization.k8s.io"
 # The barrier GETs its Framework (and the controller's own tooling lists/watches them).
@@ -52,16 +54,21 @@ def barrier_objects(name: str, namespace: str, accounts: list[str], with_account
     return out
 
 
-class FrameworkControllerBackend(KubeBackend):
+class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
     platform = "frameworkcontroller"
     trial_command_required = False
     custom = ("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     operator_name = "FrameworkController"
+    # FrameworkState (pkg/apis/frameworkcontroller/v1/types.go); a completed attempt by its completion type
+    states = StateTable.of(
+        waiting=["", "AttemptCreationPending", "AttemptCreationRequested", "AttemptPreparing"],
+        running=["AttemptRunning", "AttemptDeletionPending", "AttemptDeletionRequested", "AttemptDeleting"],
+        succeeded=["Succeeded"], failed=["Failed"], stopped=["StopFrameworkRequested"])
 
-    options_type = KubeConfig
+    options_type = FrameworkConfig
 
     @classmethod
-    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> FrameworkConfig:
         return parse_frameworkcontroller(section, config)
 
     def shape(self) -> Shape:
@@ -69,11 +76,16 @@ class FrameworkControllerBackend(KubeBackend):
         return Shape(roles, Completion(min_failed={r.name: r.min_failed for r in self.kube.roles},
                                        min_succeeded={r.name: r.min_succeeded for r in self.kube.roles}))
 
-    def object_state(self, obj: dict[str, Any]) -> str:
-        state = (obj.get("status") or {}).get("state", "")
+    def state_of(self, obj: dict[str, Any]) -> str:
+        """status.state; once completed, how (the completion type, or that a stop was asked)."""
+        status = obj.get("status") or {}
+        state = str(status.get("state") or "")
         if state in ("AttemptCompleted", "Completed"):
-            return "done"
-        return "pending" if state in ("", "AttemptCreationPending", "AttemptCreationRequested", "AttemptPreparing") else "running"
+            completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
+            if completion.get("code") == STOP_REQUESTED:
+                return "StopFrameworkRequested"
+            return str((completion.get("type") or {}).get("name") or state)
+        return state
 
     def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
         return [(f"{object_name}-{r.name}-{i}", r.name, i) for r in self.kube.roles for i in range(r.replicas)]

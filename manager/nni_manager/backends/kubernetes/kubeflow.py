@@ -11,8 +11,9 @@ import math
 from typing import Any
 
 from nni_manager.backends.base import Completion, EnvironmentRequest, Role, Shape
+from nni_manager.backends.jobs import StateTable
 from nni_manager.backends.kubernetes.common import KubeBackend
-from nni_manager.backends.kubernetes.config import KubeConfig, parse_kubeflow
+from nni_manager.backends.kubernetes.config import KubeflowConfig, parse_kubeflow
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
@@ -22,20 +23,23 @@ _KINDS = {  # operator -> (kind, plural, replica specs field, container name)
 _REPLICA_TYPES = {"worker": "Worker", "ps": "PS", "master": "Master", "chief": "Chief", "evaluator": "Evaluator"}
 
 
-class KubeflowBackend(KubeBackend):
+class KubeflowBackend(KubeBackend[KubeflowConfig]):
     platform = "kubeflow"
     trial_command_required = False  # each role has its command
     operator_name = "Kubeflow training operator"
+    # the training operator's JobConditionType (pkg/apis/kubeflow.org/v1/common_types.go)
+    states = StateTable.of(waiting=["", "Created"], running=["Running", "Restarting"], succeeded=["Succeeded"],
+                           failed=["Failed"], stopped=["Suspended"])
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
         kind, plural, _, _ = _KINDS[self.kube.operator]
         self.custom = ("kubeflow.org", self.kube.api_version, plural, kind)  # type: ignore[misc]
 
-    options_type = KubeConfig
+    options_type = KubeflowConfig
 
     @classmethod
-    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeConfig:
+    def parse_options(cls, section: ConfigSection, config: ExperimentConfig) -> KubeflowConfig:
         return parse_kubeflow(section, config)
 
     def shape(self) -> Shape:
@@ -47,11 +51,10 @@ class KubeflowBackend(KubeBackend):
             decisive = ("chief", 0) if "chief" in names else ("master", 0) if "master" in names else ("worker", 0)
         return Shape(roles, Completion(decisive=decisive))
 
-    def object_state(self, obj: dict[str, Any]) -> str:
+    def state_of(self, obj: dict[str, Any]) -> str:
+        """The newest true condition (the operator appends each update and sets Running false at the end)."""
         conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
-        if conditions and conditions[-1].get("type") in ("Succeeded", "Failed"):
-            return "done"
-        return "running" if any(c.get("type") == "Running" for c in conditions) else "pending"
+        return str(conditions[-1].get("type", "")) if conditions else ""
 
     def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
         return [(f"{object_name}-{r.name}-{i}", r.name, i) for r in self.kube.roles for i in range(r.replicas)]

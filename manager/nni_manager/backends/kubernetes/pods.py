@@ -13,7 +13,7 @@ from nni_manager.backends.kubernetes.config import KubeConfig, parse_pods
 from nni_manager.config import ConfigSection, ExperimentConfig
 
 
-class PodsBackend(KubeBackend):
+class PodsBackend(KubeBackend[KubeConfig]):
     platform = "kubernetes"
 
     options_type = KubeConfig

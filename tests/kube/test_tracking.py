@@ -1,0 +1,118 @@
+"""tracking.py without a cluster: the watch's pod events and the start checks as trial messages,
+fed the objects the API server sends (the emulator tests run the same code against the cluster:
+test_pods_platform.py, test_autoscaled.py, test_image_pull.py)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from nni_manager.backends.kubernetes.config import KubeConfig
+from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
+
+
+@dataclass
+class Ctx:
+    status: dict[str, str] = field(default_factory=dict)
+    failed: list[tuple[str, str, bool]] = field(default_factory=list)
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        self.status[agent_id] = message
+
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        self.failed.append((agent_id, reason, failed))
+
+
+def _tracker(ctx: Ctx, stuck: float = 300.0, start_timeout: float = 600.0) -> PodTracker:
+    platform = Platform(KubeConfig(namespace="ns1", environment_start_timeout=start_timeout), stuck, None,
+                        "operator", lambda env: f"obj-{env}", lambda env: [(f"obj-{env}", "", 0)],
+                        lambda pod: pod["metadata"]["name"])
+    return PodTracker(platform, ctx)  # type: ignore[arg-type]
+
+
+def _pod(name: str, phase: str, waiting: str = "", exit_code: int | None = None, reason: str = "") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if waiting:
+        status["containerStatuses"] = [{"name": "trial", "state": {"waiting": {"reason": waiting, "message": "m"}}}]
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": "trial", "state": {"terminated": {"exitCode": exit_code,
+                                                                                  "reason": reason}}}]
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_pod_events_become_status_and_ends() -> None:
+    ctx = Ctx()
+    t = _tracker(ctx)
+    t.pod_event("ADDED", _pod("p1", "Running"))
+    assert ctx.status["p1"] == "waiting for the agent in pod p1 to connect" and not ctx.failed
+    t.pod_event("MODIFIED", _pod("p1", "Failed", exit_code=137, reason="OOMKilled"))
+    [(agent, words, failed)] = ctx.failed
+    assert agent == "p1" and failed and "OOMKilled (exit 137)" in words and "raise memorySize" in words
+    t.pod_event("MODIFIED", _pod("p2", "Succeeded"))
+    assert ctx.failed[-1] == ("p2", "pod p2 ended (Succeeded)", False)  # its one trial is over: not a failure
+    t.pod_event("DELETED", _pod("p3", "Running"))
+    assert ctx.failed[-1] == ("p3", "pod p3 was deleted", False)
+    assert t.pod_states == {"p1": "oom", "p2": "succeeded", "p3": "gone"}
+
+
+def test_a_pod_stuck_pulling_fails_after_the_stuck_timeout_only() -> None:
+    ctx = Ctx()
+    t = _tracker(ctx, stuck=-1.0)  # any stuck time is too long
+    t.pod_event("ADDED", _pod("p1", "Pending", waiting="ContainerCreating"))  # not stuck: starting
+    assert not ctx.failed and ctx.status["p1"] == "pod p1 is starting (Pending)"
+    t.pod_event("MODIFIED", _pod("p1", "Pending", waiting="ImagePullBackOff"))
+    [(agent, words, failed)] = ctx.failed
+    assert agent == "p1" and failed and words == "pod p1: ImagePullBackOff: m (for more than -1 s)"
+    t = _tracker(ctx := Ctx(), stuck=300.0)
+    t.pod_event("MODIFIED", _pod("p1", "Pending", waiting="ImagePullBackOff"))
+    assert not ctx.failed and ctx.status["p1"] == "pod p1: ImagePullBackOff: m"
+
+
+def _events(*events: dict[str, Any]) -> Any:
+    async def list_namespaced_event(namespace: str, field_selector: str) -> Any:
+        assert namespace == "ns1"
+        wanted = [e for e in events if (field_selector == "type=Warning" and e["type"] == "Warning")
+                  or (field_selector == "source=cluster-autoscaler"
+                      and e["source"]["component"] == "cluster-autoscaler")]
+        return SimpleNamespace(items=wanted)
+    return SimpleNamespace(list_namespaced_event=list_namespaced_event)
+
+
+def _event(reason: str, message: str, kind: str = "Warning", component: str = "default-scheduler") -> dict[str, Any]:
+    return {"type": kind, "reason": reason, "message": message, "source": {"component": component},
+            "involvedObject": {"name": "obj-env1"}, "lastTimestamp": "2026-01-01T00:00:00Z"}
+
+
+def test_start_checks_say_why_and_fail_on_a_definite_no_from_the_autoscaler() -> None:
+    ctx = Ctx()
+    t = _tracker(ctx)
+    api = SimpleNamespace(sanitize_for_serialization=lambda e: e)
+    t.starting["env1"] = time.monotonic()
+    pending = _pod("obj-env1", "Pending")
+    pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]
+    t.pod_event("ADDED", pending)
+    t.fit_note = "no node has 8 GPUs"
+    core = _events(_event("FailedScheduling", "0/1 nodes are available"))
+    asyncio.run(t.check_starts_once(api, core, None))
+    said = ctx.status["obj-env1"]
+    assert said.startswith("pod obj-env1: FailedScheduling: 0/1 nodes") and said.endswith("no node has 8 GPUs")
+    assert not ctx.failed and "env1" in t.starting
+    core = _events(_event("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu",
+                          "Normal", "cluster-autoscaler"))
+    asyncio.run(t.check_starts_once(api, core, None))
+    [(agent, words, failed)] = ctx.failed
+    assert agent == "obj-env1" and failed and "NotTriggerScaleUp: pod didn't trigger scale-up" in words
+    assert "env1" not in t.starting
+
+
+def test_start_checks_fail_an_environment_past_its_start_timeout() -> None:
+    ctx = Ctx()
+    t = _tracker(ctx, start_timeout=5.0)
+    t.starting["env1"] = time.monotonic() - 6.0
+    t.pod_event("ADDED", _pod("obj-env1", "Pending"))
+    asyncio.run(t.check_starts_once(SimpleNamespace(sanitize_for_serialization=lambda e: e), _events(), None))
+    assert ctx.failed == [("obj-env1", "pod obj-env1 is starting (Pending) (not started within "
+                                       "environmentStartTimeout, 5 s)", True)]
