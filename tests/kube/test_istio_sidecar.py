@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from nni_manager.backends.kubernetes import tunnel
@@ -51,8 +50,6 @@ def test_the_relay_pod_carries_the_configs_pod_annotations() -> None:
     assert pod["metadata"]["annotations"] == {**tunnel.SAFE_TO_EVICT, **OPT_OUT}
 
 
-@pytest.mark.xfail(strict=True, reason="common.py's _relay_objects must pass annotations=self.kube.pod_annotations "
-                                       "to tunnel.relay_objects (left to the merge with the kubejobs rewrite)")
 def test_an_opted_out_experiment_runs_without_sidecars_in_a_meshed_namespace(kube_factory, short_dir: Path) -> None:
     kube = kube_factory(pod_network="bridged", sidecar_image=IMAGE)
     _label_for_injection(kube)

@@ -221,7 +221,8 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
         image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
         token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
-        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window)
+        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window,
+                                    annotations=self.kube.pod_annotations)
 
     def _relay(self) -> HubRelay:
         return HubRelay(self._core, self.namespace, self.experiment_id,
