@@ -47,9 +47,30 @@ def code_dir(short_dir: Path) -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py)."""
+    from tests.support.parallel import group_items
     from tests.support.system_marker import mark_system
 
     mark_system(items)
+    group_items(items)
+
+
+_HOME = pytest.StashKey[dict]()  # tests/support/parallel.py: HomeSnapshot
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist the controller (not a worker) owns the cleanup of the SSH user's home (tests/support/parallel.py)."""
+    from tests.support.parallel import is_worker, snapshot_home
+
+    if not is_worker(config):
+        config.stash[_HOME] = snapshot_home()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.support.parallel import restore_home
+
+    before = config.stash.get(_HOME, None)
+    if before is not None:
+        restore_home(before)
 
 
 @pytest.hookimpl(hookwrapper=True)
