@@ -6,13 +6,18 @@ is made per worker with a unique name (network namespaces, sshd ports and dirs, 
 dirs). Two kinds of thing cannot be made per worker, and are handled here:
 
 * Whatever a test checks machine-wide: the Slurm tests count the loginNode relays running on the
-  machine (`relay_processes`), and one real cluster (munged, slurmctld, two slurmd) is enough. Every
-  test using a fixture in `ONE_WORKER` gets that fixture's `xdist_group`, so `--dist loadgroup`
-  sends all of them to one worker, which starts the cluster once.
-* The SSH user's home: the remote, Slurm-loginNode and hybrid agents live under root's real home
-  (sshd sessions read it from passwd, not from $HOME). What the suite leaves there is removed once,
-  by the controller after every worker finished (`snapshot_home` / `restore_home`): a worker that
-  cleaned up at its own end would delete what another worker's running test just made.
+  machine (`relay_processes`), and one real cluster (munged, slurmctld, two slurmd) is enough.
+* The SSH user's home: the remote, hybrid and SSH security tests' agents live under root's real
+  home (sshd sessions take it from passwd, not from $HOME), and those tests set up what they need
+  there: an agent install removed to prove a fresh one (test_bootstrap), dependencies shipped to
+  `~/.nni-agent/<tag>/deps-<py>` that make a bare worker usable (test_shipped_deps, test_deps_notice)
+  where another test needs it unusable (test_no_worker). Run side by side they break each other.
+
+Every test using a fixture in `ONE_WORKER` gets that fixture's `xdist_group`, so `--dist loadgroup`
+sends each group to one worker, in collection order (as a serial run orders them); the Slurm
+cluster starts once. What the suite leaves in the SSH user's home is removed once, by the controller
+after every worker finished (`snapshot_home` / `restore_home`): a worker that cleaned up at its own
+end would delete what another worker's running test just made (a loginNode's experiment dirs).
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ from typing import Dict, Optional, Set
 import pytest
 
 # fixture -> the xdist_group of every test using it (run on one worker, in one session)
-ONE_WORKER = {"slurm": "slurm", "login_node": "slurm"}
+ONE_WORKER = {"slurm": "slurm", "login_node": "slurm",
+              "ssh_keys": "ssh-home", "plain_sshd": "ssh-home", "netns_hosts": "ssh-home", "password_user": "ssh-home"}
 
 HomeSnapshot = Dict[Path, Optional[Set[Path]]]
 
