@@ -8,15 +8,25 @@ from typing import Any
 
 import pytest
 
-from tests.support.parallel import ONE_WORKER, group_items, is_worker, restore_home, snapshot_home
+from tests.support.parallel import (
+    GROUPS_ENV,
+    ONE_WORKER,
+    group_items,
+    is_worker,
+    make_scheduler,
+    restore_home,
+    snapshot_home,
+    write_groups,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class FakeItem:
-    def __init__(self, *fixtures: str) -> None:
+    def __init__(self, *fixtures: str, nodeid: str = "") -> None:
         self.fixturenames = list(fixtures)
         self.markers: list[Any] = []
+        self.nodeid = nodeid
 
     def add_marker(self, marker: Any) -> None:
         self.markers.append(marker)
@@ -32,6 +42,24 @@ def test_tests_sharing_a_machine_wide_resource_go_to_one_group() -> None:
     group_items(items)  # type: ignore[arg-type]
     assert [groups(i) for i in items] == [["slurm"], ["slurm"], ["ssh-home"], ["ssh-home"], ["ssh-home"], [], []]
     assert set(ONE_WORKER.values()) == {"slurm", "ssh-home"}
+
+
+def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """xdist's own loadgroup does not group under pytest 9.2 (tests/support/parallel.py): ours does."""
+    monkeypatch.setenv(GROUPS_ENV, str(tmp_path / "groups.json"))
+    worker = SimpleNamespace(workerinput={"workerid": "gw0"})
+    items = [FakeItem("slurm", nodeid="tests/slurm/test_a.py::test_x"), FakeItem("tmp_path", nodeid="tests/t.py::test_y"),
+             FakeItem("plain_sshd", nodeid="tests/security/test_b.py::test_z[1]")]
+    write_groups(worker, items)  # type: ignore[arg-type]
+    options = {"dist": "loadgroup", "tx": ["2*popen"]}
+    controller = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                                 getvalue=options.get, option=SimpleNamespace(loadscopereorder=True))
+    scheduler: Any = make_scheduler(controller, None)  # type: ignore[arg-type]
+    scopes = [scheduler._split_scope(i.nodeid) for i in items]
+    assert scopes == ["group:slurm", "tests/t.py::test_y", "group:ssh-home"]
+    options["dist"] = "load"
+    assert make_scheduler(controller, None) is None  # type: ignore[arg-type]
 
 
 def test_only_the_controller_or_a_plain_run_cleans_the_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
