@@ -59,8 +59,11 @@ fi
 .venv/bin/mypy
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
 # The 25 slowest tests, then the suite's own wall time (docs/testing.md: the layers and their times).
+# Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: NNI_TEST_WORKERS
+# overrides the count (0: one process, no xdist); the Slurm tests share one worker (tests/support/parallel.py).
+workers=${NNI_TEST_WORKERS:-4}
 started=$SECONDS
 rc=0
-python -m pytest -q -p no:cacheprovider --durations=25 "$@" || rc=$?
+python -m pytest -q -p no:cacheprovider --durations=25 -n "$workers" --dist loadgroup "$@" || rc=$?
 echo "scripts/test.sh: pytest ran $((SECONDS - started)) s (exit $rc)"
 exit "$rc"

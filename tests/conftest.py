@@ -47,9 +47,48 @@ def code_dir(short_dir: Path) -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py)."""
+    from tests.support.parallel import write_groups
     from tests.support.system_marker import mark_system
 
     mark_system(items)
+    write_groups(config, items)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """xdist's `xdist_group` marker on the suite's groups (tests/support/parallel.py), set as each test is
+    collected: an xdist whose loadgroup works reads it in its own pytest_collection_modifyitems."""
+    from tests.support.parallel import group_items
+
+    group_items([item])
+
+
+_HOME = pytest.StashKey[dict]()  # tests/support/parallel.py: HomeSnapshot
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist the controller (not a worker) owns the cleanup of the SSH user's home (tests/support/parallel.py)."""
+    from tests.support.parallel import is_worker, snapshot_home, start_groups
+
+    if not is_worker(config):
+        config.stash[_HOME] = snapshot_home()
+    start_groups(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.support.parallel import end_groups, restore_home
+
+    end_groups(config)
+    before = config.stash.get(_HOME, None)
+    if before is not None:
+        restore_home(before)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup` with the suite's groups (tests/support/parallel.py)."""
+    from tests.support.parallel import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,6 +6,5 @@ from tests.support.remote.fixtures import (  # noqa: F401 (fixtures)
     ssh_keys,
     plain_sshd,
     netns_hosts,
-    leave_home_as_found,
     password_user,
 )

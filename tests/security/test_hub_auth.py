@@ -39,7 +39,7 @@ from nni_manager.store import Store
 from tests.support.agent.prodhub import HubContext, ProdHub
 from tests.support.manager.helpers import until
 from tests.support.manager.hub_tls import Recorder
-from tests.support.remote.fixtures import leave_home_as_found, plain_sshd, processes_with, ssh_keys  # noqa: F401
+from tests.support.remote.fixtures import plain_sshd, processes_with, ssh_keys  # noqa: F401
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 

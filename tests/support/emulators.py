@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_emulator_process(module: str, state: Path, args: list[str], *, what: str,
                            drop_env: tuple[str, ...] = (), state_flag: str = "--state",
-                           timeout: float = 20.0) -> subprocess.Popen[bytes]:
+                           timeout: float = 90.0) -> subprocess.Popen[bytes]:
     """`python -m module --state STATE *args`, its output in STATE/emulator.log, without the
-    environment variables whose names start with one of `drop_env`; returns once STATE/port exists."""
+    environment variables whose names start with one of `drop_env`; returns once STATE/port exists.
+    An emulator takes about 2 s to start on an idle machine; the suite's parallel workers (and whatever
+    else shares the cores) can stretch its imports past 20 s, hence the generous bound."""
     env = {k: v for k, v in os.environ.items() if not any(k.startswith(p) for p in drop_env)}
     with open(state / "emulator.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, state_flag, str(state), *args], cwd=str(ROOT),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
@@ -23,7 +24,9 @@ from nni_agent.trial import Trial
 from nni_agent.v1 import agent_pb2 as pb
 
 PY = sys.executable
-AGENT_KEY = "testagent"
+# the trials' process marker is `<agent key>/<trial id>` and tests look for it machine-wide: one key per
+# test process, so two xdist workers running the same trial ids never see each other's processes
+AGENT_KEY = f"testagent{os.getpid()}"
 TERMINAL = {pb.TRIAL_STATE_SUCCEEDED, pb.TRIAL_STATE_FAILED, pb.TRIAL_STATE_USER_CANCELED,
             pb.TRIAL_STATE_EARLY_STOPPED, pb.TRIAL_STATE_SYS_CANCELED}
 REPO_AGENT_DIR = str(Path(__file__).resolve().parents[3] / "agent")

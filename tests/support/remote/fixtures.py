@@ -171,22 +171,6 @@ def netns_hosts(ssh_keys: SshKeys) -> Iterator[list[SshdHost]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def leave_home_as_found() -> Iterator[None]:
-    """Remote agents live under the SSH user's home (here root's): remove what the tests
-    made there (work dirs, run files, agent installs), keeping whatever was there before."""
-    home = Path.home()
-    dirs = [home / "nni-experiments", home / ".nni-agent" / "run", home / ".nni-agent"]
-    before = {d: set(d.iterdir()) if d.is_dir() else None for d in dirs}
-    yield
-    for d, old in before.items():
-        if old is None:
-            shutil.rmtree(d, ignore_errors=True)
-        elif d.is_dir():
-            for entry in set(d.iterdir()) - old:
-                shutil.rmtree(entry, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def password_user(ssh_keys: SshKeys) -> Iterator[tuple[str, str]]:
     user, password = f"nnit{secrets.token_hex(3)}", secrets.token_urlsafe(12)

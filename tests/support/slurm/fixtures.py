@@ -255,8 +255,7 @@ def login_node(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with cfg.open("a") as f:  # the login node's sessions find the cluster, as /etc/slurm does on a real one
         f.write(f"SetEnv SLURM_CONF={slurm.conf}\n")
     subprocess.run([SSHD, "-t", "-f", str(cfg)], check=True)
-    home = Path.home()
-    before = set((home / "nni-experiments").iterdir()) if (home / "nni-experiments").is_dir() else None
+    home = Path.home()  # what the tests leave there goes at the suite's end (tests/support/parallel.py)
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         slurm.wait_for(lambda: _listening(port), 20, "the login node's sshd")
@@ -271,11 +270,6 @@ def login_node(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if before is None:
-            shutil.rmtree(home / "nni-experiments", ignore_errors=True)
-        elif (home / "nni-experiments").is_dir():
-            for entry in set((home / "nni-experiments").iterdir()) - before:
-                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _listening(port: int) -> bool:

@@ -34,14 +34,16 @@ def _azurite(data: Path, extra: list[str], scheme: str) -> Iterator[str]:
                              "--silent", "--skipApiVersionCheck", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # node starts in seconds, far slower beside the suite's parallel workers
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"azurite did not start: {proc.stderr.read().decode(errors='replace')[-500:]}")
+                    if proc.poll() is None:
+                        proc.kill()  # its stderr ends only with it: reading a live one's waited for pytest-timeout
+                    pytest.fail(f"azurite did not start: {proc.communicate()[1].decode(errors='replace')[-500:]}")
                 time.sleep(0.1)
         yield f"{scheme}://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     finally:

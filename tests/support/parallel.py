@@ -1,0 +1,127 @@
+"""What the suite needs to run on several pytest-xdist workers at once (scripts/test.sh runs
+`-n N --dist loadgroup`; docs/testing.md).
+
+Each worker is its own pytest process with its own session fixtures, so every session resource
+is made per worker with a unique name (network namespaces, sshd ports and dirs, emulators, temp
+dirs). Two kinds of thing cannot be made per worker, and are handled here:
+
+* Whatever a test checks machine-wide: the Slurm tests count the loginNode relays running on the
+  machine (`relay_processes`), and one real cluster (munged, slurmctld, two slurmd) is enough.
+* The SSH user's home: the remote, hybrid and SSH security tests' agents live under root's real
+  home (sshd sessions take it from passwd, not from $HOME), and those tests set up what they need
+  there: an agent install removed to prove a fresh one (test_bootstrap), dependencies shipped to
+  `~/.nni-agent/<tag>/deps-<py>` that make a bare worker usable (test_shipped_deps, test_deps_notice)
+  where another test needs it unusable (test_no_worker). Run side by side they break each other.
+
+Every test using a fixture in `ONE_WORKER` gets that fixture's group, and `--dist loadgroup` sends
+each group to one worker, in collection order (as a serial run orders them); the Slurm cluster
+starts once. xdist's own `xdist_group` marker cannot carry this here: xdist 3.8 tags a grouped test
+by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its nodeid comes from `item._id`), so
+its loadgroup spreads a group over every worker. Instead each worker writes the groups it collected
+(nodeid -> group) to a file the controller named (`GROUPS_ENV`), and the controller's scheduler
+(`GroupScheduling`, from `pytest_xdist_make_scheduler`) reads them; the marker is set as well. What the suite leaves in the SSH user's home is removed once, by the controller
+after every worker finished (`snapshot_home` / `restore_home`): a worker that cleaned up at its own
+end would delete what another worker's running test just made (a loginNode's experiment dirs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Set
+
+import pytest
+
+# fixture -> the xdist_group of every test using it (run on one worker, in one session)
+ONE_WORKER = {"slurm": "slurm", "login_node": "slurm",
+              "ssh_keys": "ssh-home", "plain_sshd": "ssh-home", "netns_hosts": "ssh-home", "password_user": "ssh-home"}
+
+HomeSnapshot = Dict[Path, Optional[Set[Path]]]
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """This process is an xdist worker (not the controller, nor a plain `-n 0` run)."""
+    return hasattr(config, "workerinput")
+
+
+GROUPS_ENV = "NNI_TEST_XDIST_GROUPS"  # the file where workers put nodeid -> group for the controller
+
+
+def group_of(item: pytest.Item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    return next((g for fixture, g in ONE_WORKER.items() if fixture in names), None)
+
+
+def group_items(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def start_groups(config: pytest.Config) -> None:
+    """Controller, before the workers start: name the file they write their groups to (they inherit
+    the environment)."""
+    if config.getoption("dist", "no") == "loadgroup" and not is_worker(config):
+        fd, path = tempfile.mkstemp(prefix="nni-xdist-groups-", suffix=".json")
+        os.close(fd)
+        os.environ[GROUPS_ENV] = path
+
+
+def end_groups(config: pytest.Config) -> None:
+    path = os.environ.pop(GROUPS_ENV, None) if not is_worker(config) else None
+    if path:
+        Path(path).unlink(missing_ok=True)
+
+
+def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Worker, after collection (before it reports its collection): every worker collects the same
+    tests, so each writes the same map; written whole and renamed, never seen half-written."""
+    path = os.environ.get(GROUPS_ENV)
+    if not path or not is_worker(config):
+        return
+    groups = {item.nodeid: g for item in items if (g := group_of(item)) is not None}
+    tmp = f"{path}.{os.getpid()}"
+    Path(tmp).write_text(json.dumps(groups))
+    os.replace(tmp, path)
+
+
+def make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup` with the groups the workers wrote (None: xdist's own choice)."""
+    if config.getoption("dist", "no") != "loadgroup" or not os.environ.get(GROUPS_ENV):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    path = os.environ[GROUPS_ENV]
+
+    class GroupScheduling(LoadGroupScheduling):
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:  # first asked once every worker reported its collection
+                self._groups = json.loads(Path(path).read_text() or "{}")
+            group = self._groups.get(nodeid)
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    return GroupScheduling(config, log)  # type: ignore[arg-type]
+
+
+def _home_dirs() -> list[Path]:
+    home = Path.home()
+    return [home / "nni-experiments", home / ".nni-agent" / "run", home / ".nni-agent"]
+
+
+def snapshot_home() -> HomeSnapshot:
+    return {d: set(d.iterdir()) if d.is_dir() else None for d in _home_dirs()}
+
+
+def restore_home(before: HomeSnapshot) -> None:
+    """Remove what the suite made under the home's agent and experiment dirs, keeping what was there."""
+    for d, old in before.items():
+        if old is None:
+            shutil.rmtree(d, ignore_errors=True)
+        elif d.is_dir():
+            for entry in set(d.iterdir()) - old:
+                shutil.rmtree(entry, ignore_errors=True)

@@ -1,0 +1,83 @@
+"""Running the suite on xdist workers (tests/support/parallel.py, scripts/test.sh)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.support.parallel import (
+    GROUPS_ENV,
+    ONE_WORKER,
+    group_items,
+    is_worker,
+    make_scheduler,
+    restore_home,
+    snapshot_home,
+    write_groups,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FakeItem:
+    def __init__(self, *fixtures: str, nodeid: str = "") -> None:
+        self.fixturenames = list(fixtures)
+        self.markers: list[Any] = []
+        self.nodeid = nodeid
+
+    def add_marker(self, marker: Any) -> None:
+        self.markers.append(marker)
+
+
+def groups(item: FakeItem) -> list[str]:
+    return [m.mark.args[0] for m in item.markers if m.mark.name == "xdist_group"]
+
+
+def test_tests_sharing_a_machine_wide_resource_go_to_one_group() -> None:
+    items = [FakeItem("slurm", "base"), FakeItem("login_node", "slurm"), FakeItem("plain_sshd", "short_dir"),
+             FakeItem("netns_hosts"), FakeItem("password_user", "ssh_keys"), FakeItem("kube_ns"), FakeItem("tmp_path")]
+    group_items(items)  # type: ignore[arg-type]
+    assert [groups(i) for i in items] == [["slurm"], ["slurm"], ["ssh-home"], ["ssh-home"], ["ssh-home"], [], []]
+    assert set(ONE_WORKER.values()) == {"slurm", "ssh-home"}
+
+
+def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """xdist's own loadgroup does not group under pytest 9.2 (tests/support/parallel.py): ours does."""
+    monkeypatch.setenv(GROUPS_ENV, str(tmp_path / "groups.json"))
+    worker = SimpleNamespace(workerinput={"workerid": "gw0"})
+    items = [FakeItem("slurm", nodeid="tests/slurm/test_a.py::test_x"), FakeItem("tmp_path", nodeid="tests/t.py::test_y"),
+             FakeItem("plain_sshd", nodeid="tests/security/test_b.py::test_z[1]")]
+    write_groups(worker, items)  # type: ignore[arg-type]
+    options = {"dist": "loadgroup", "tx": ["2*popen"]}
+    controller = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),
+                                 getvalue=options.get, option=SimpleNamespace(loadscopereorder=True))
+    scheduler: Any = make_scheduler(controller, None)  # type: ignore[arg-type]
+    scopes = [scheduler._split_scope(i.nodeid) for i in items]
+    assert scopes == ["group:slurm", "tests/t.py::test_y", "group:ssh-home"]
+    options["dist"] = "load"
+    assert make_scheduler(controller, None) is None  # type: ignore[arg-type]
+
+
+def test_only_the_controller_or_a_plain_run_cleans_the_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not is_worker(SimpleNamespace())  # type: ignore[arg-type]
+    assert is_worker(SimpleNamespace(workerinput={"workerid": "gw0"}))  # type: ignore[arg-type]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "nni-experiments" / "kept").mkdir(parents=True)
+    before = snapshot_home()
+    (tmp_path / "nni-experiments" / "made").mkdir()
+    (tmp_path / ".nni-agent" / "run" / "exp1").mkdir(parents=True)
+    restore_home(before)
+    assert sorted(p.name for p in (tmp_path / "nni-experiments").iterdir()) == ["kept"]
+    assert not (tmp_path / ".nni-agent").exists()  # it was not there before
+
+
+def test_the_ci_command_runs_workers_with_groups_and_an_override() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "workers=${NNI_TEST_WORKERS:-" in script
+    [call] = [line for line in script.splitlines() if re.match(r"python -m pytest ", line)]
+    assert '-n "$workers" --dist loadgroup' in call and "--durations=25" in call
+    assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
