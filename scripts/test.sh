@@ -61,9 +61,12 @@ export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's P
 # The 25 slowest tests, then the suite's own wall time (docs/testing.md: the layers and their times).
 # Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: NNI_TEST_WORKERS
 # overrides the count (0: one process, no xdist); the Slurm tests share one worker (tests/support/parallel.py).
-workers=${NNI_TEST_WORKERS:-4}
+workers=${NNI_TEST_WORKERS:-0}
 started=$SECONDS
 rc=0
-python -m pytest -q -p no:cacheprovider --durations=25 -n "$workers" --dist loadgroup "$@" || rc=$?
+# A short base for tmp_path: a hub socket under it must stay within the 107-byte Unix limit.
+basetemp=$(mktemp -d /tmp/nt.XXXXXX)
+python -m pytest -q -p no:cacheprovider --durations=25 --basetemp "$basetemp" -n "$workers" --dist loadgroup "$@" || rc=$?
+rm -rf "$basetemp"
 echo "scripts/test.sh: pytest ran $((SECONDS - started)) s (exit $rc)"
 exit "$rc"

@@ -40,8 +40,8 @@ def test_tests_sharing_a_machine_wide_resource_go_to_one_group() -> None:
     items = [FakeItem("slurm", "base"), FakeItem("login_node", "slurm"), FakeItem("plain_sshd", "short_dir"),
              FakeItem("netns_hosts"), FakeItem("password_user", "ssh_keys"), FakeItem("kube_ns"), FakeItem("tmp_path")]
     group_items(items)  # type: ignore[arg-type]
-    assert [groups(i) for i in items] == [["slurm"], ["slurm"], ["ssh-home"], ["ssh-home"], ["ssh-home"], [], []]
-    assert set(ONE_WORKER.values()) == {"slurm", "ssh-home"}
+    assert [groups(i) for i in items] == [["root-home"]] * 5 + [[], []]
+    assert set(ONE_WORKER.values()) == {"root-home"}
 
 
 def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Path,
@@ -57,7 +57,7 @@ def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Pat
                                  getvalue=options.get, option=SimpleNamespace(loadscopereorder=True))
     scheduler: Any = make_scheduler(controller, None)  # type: ignore[arg-type]
     scopes = [scheduler._split_scope(i.nodeid) for i in items]
-    assert scopes == ["group:slurm", "tests/t.py::test_y", "group:ssh-home"]
+    assert scopes == ["group:root-home", "tests/t.py::test_y", "group:root-home"]
     options["dist"] = "load"
     assert make_scheduler(controller, None) is None  # type: ignore[arg-type]
 
@@ -79,5 +79,5 @@ def test_the_ci_command_runs_workers_with_groups_and_an_override() -> None:
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "workers=${NNI_TEST_WORKERS:-" in script
     [call] = [line for line in script.splitlines() if re.match(r"python -m pytest ", line)]
-    assert '-n "$workers" --dist loadgroup' in call and "--durations=25" in call
+    assert '-n "$workers" --dist loadgroup' in call and "--durations=25" in call and "--basetemp" in call
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()

@@ -27,8 +27,8 @@ def test_each_platform_reads_its_own_options_class() -> None:
     parsers = {PodsBackend: KubeConfig, KubeflowBackend: KubeflowConfig,
                FrameworkControllerBackend: FrameworkConfig, AdlBackend: AdlConfig}
     for backend, cls in parsers.items():
-        assert backend.options_parser is not None
-        assert backend.options_parser.__annotations__["return"] == cls.__name__, backend
+        assert backend.options_type is cls, backend
+        assert backend.parse_options.__annotations__["return"] == cls.__name__, backend
     # a field of one platform is not on another's options
     assert not hasattr(KubeConfig(), "operator") and not hasattr(KubeflowConfig(), "framework_template")
     assert not hasattr(FrameworkConfig(), "api_version") and not hasattr(AdlConfig(), "operator")

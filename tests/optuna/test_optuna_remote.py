@@ -31,7 +31,6 @@ from tests.support.optuna_study import (  # noqa: E402
 )
 from tests.support.remote.fixtures import (  # noqa: E402,F401 (fixtures)
     SshdHost,
-    leave_home_as_found,
     netns_hosts,
     ssh_keys,
 )

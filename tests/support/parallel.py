@@ -35,8 +35,11 @@ from typing import Dict, Optional, Set
 import pytest
 
 # fixture -> the xdist_group of every test using it (run on one worker, in one session)
-ONE_WORKER = {"slurm": "slurm", "login_node": "slurm",
-              "ssh_keys": "ssh-home", "plain_sshd": "ssh-home", "netns_hosts": "ssh-home", "password_user": "ssh-home"}
+# Slurm's nodes run as root on this machine, so its jobs share root's home with the SSH tests' agents:
+# one group (dependencies shipped there by an SSH test made a Slurm job's bare Python start the agent).
+ONE_WORKER = {"slurm": "root-home", "login_node": "root-home",
+              "ssh_keys": "root-home", "plain_sshd": "root-home", "netns_hosts": "root-home",
+              "password_user": "root-home"}
 
 HomeSnapshot = Dict[Path, Optional[Set[Path]]]
 
