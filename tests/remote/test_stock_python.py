@@ -19,6 +19,7 @@ from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
+from tests.support.worker_python import link_distributions, requirements_closure
 
 pytestmark = pytest.mark.ssh
 STOCK = Path("/usr/bin/python3")
@@ -29,32 +30,7 @@ def _agent_dependencies() -> set[str]:
     and theirs, transitively (grpcio brings typing-extensions, for one)."""
     from importlib import metadata
 
-    from packaging.requirements import Requirement
-
-    wanted: set[str] = set()
-    todo = [Requirement(r) for r in metadata.requires("nni-agent") or []]
-    while todo:
-        req = todo.pop()
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        name = req.name.lower().replace("_", "-")
-        if name not in wanted:
-            wanted.add(name)
-            todo.extend(Requirement(r) for r in metadata.requires(name) or [])
-    return wanted
-
-
-def _link_distributions(names: set[str], into: Path) -> None:
-    """Symlink each distribution's top-level entries (packages, modules, .dist-info) into `into`."""
-    from importlib import metadata
-
-    for name in names:
-        dist = metadata.distribution(name)
-        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
-        for top in tops - {"__pycache__"}:
-            src = Path(str(dist.locate_file(top)))
-            if src.exists() and not (into / top).exists():
-                (into / top).symlink_to(src)
+    return requirements_closure(metadata.requires("nni-agent") or [])
 
 
 @pytest.fixture
@@ -71,7 +47,7 @@ def stock_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     deps = root / "deps"
     deps.mkdir()
-    _link_distributions(_agent_dependencies(), deps)
+    link_distributions(_agent_dependencies(), deps)
     venv_site = next((root / "venv" / "lib").glob("python3*/site-packages"))
     (venv_site / "agent-deps.pth").write_text(f"{deps}\n")
     yield root / "venv" / "bin"
