@@ -10,9 +10,7 @@ params and values are those.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,23 +32,9 @@ from tests.support.remote.fixtures import (  # noqa: E402,F401 (fixtures)
     netns_hosts,
     ssh_keys,
 )
-from tests.support.worker_python import make_worker_python  # noqa: E402
+from tests.support.worker_python import WHEELHOUSE, optuna_bin  # noqa: E402,F401 (fixtures)
 
 pytestmark = pytest.mark.ssh
-# filled by scripts/test.sh (scripts/fill_wheelhouse.py): the agent's dependencies for the worker's Python
-WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"
-
-
-@pytest.fixture(scope="module")
-def optuna_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The worker's Python with optuna (its bin directory: the machine's pythonPath)."""
-    if not (WHEELHOUSE / ".complete").exists():
-        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
-    root = tmp_path_factory.mktemp("optpy")
-    yield make_worker_python(root, ["optuna", "grpcio", "protobuf"])
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def write_config(where: Path, host: SshdHost, python_dir: Path, concurrency: int) -> Path:
     copy_objectives(where)
     m = host.machine
@@ -64,31 +48,31 @@ def write_config(where: Path, host: SshdHost, python_dir: Path, concurrency: int
     return where / "config.yml"
 
 
-def test_tpe_and_median_pruner_on_a_remote_worker(netns_hosts, optuna_python, short_dir: Path) -> None:  # noqa: F811
+def test_tpe_and_median_pruner_on_a_remote_worker(netns_hosts, optuna_bin, short_dir: Path) -> None:  # noqa: F811
     """TPE + MedianPruner, 6 trials, 2 at a time, on a worker that reaches the manager only through
     SSH: trials 0-4 COMPLETE, the 6th PRUNED at step 0 (each waits for the earlier ones to finish,
     so the pruner sees the same history however the two interleave)."""
-    no_route = subprocess.run(["ip", "netns", "exec", netns_hosts[0].name, str(optuna_python / "python3"), "-c",
+    no_route = subprocess.run(["ip", "netns", "exec", netns_hosts[0].name, str(optuna_bin / "python3"), "-c",
                                "import optuna, grpc; import socket; socket.create_connection(('127.0.0.1', 1), 2)"],
                               capture_output=True, text=True)
     assert "ConnectionRefusedError" in no_route.stderr  # optuna imports there; its loopback is its own
-    write_config(short_dir, netns_hosts[0], optuna_python, concurrency=2)
+    write_config(short_dir, netns_hosts[0], optuna_bin, concurrency=2)
     out = finish(start_study(short_dir, "objectives.py:steps_in_turn", 6, "--sampler", "TPESampler",
                              "--pruner", "MedianPruner", "--direction", "minimize"))
     assert "maxTrialNumber (6) reached" in out
-    trials, _ = check_study(short_dir, optuna_python / "python3", 6)
+    trials, _ = check_study(short_dir, optuna_bin / "python3", 6)
     assert {t.number: t.state for t in trials} == {0: COMPLETE, 1: COMPLETE, 2: COMPLETE, 3: COMPLETE,
                                                     4: COMPLETE, 5: PRUNED}
     assert next(t for t in trials if t.number == 5).last_step == 0
 
 
 def test_a_trial_killed_on_the_worker_ends_fail_and_counts_toward_n_trials(
-        netns_hosts, optuna_python, short_dir: Path) -> None:  # noqa: F811
+        netns_hosts, optuna_bin, short_dir: Path) -> None:  # noqa: F811
     """Optuna trial 0's process tree is SIGKILLed on the worker mid-objective: it cannot tell the
     study, so the manager marks it FAIL when its trial ends; it counts as one of the n_trials
     finished trials (as `study.optimize(n_trials=N)`, or MaxTrialsCallback(N, states=None), counts
     FAIL), the study ends with 4 finished and none RUNNING."""
-    write_config(short_dir, netns_hosts[0], optuna_python, concurrency=2)
+    write_config(short_dir, netns_hosts[0], optuna_bin, concurrency=2)
     proc = start_study(short_dir, "objectives.py:first_sleeps", 4, "--sampler", "RandomSampler")
     trial_id = kill_the_sleeping_trial(short_dir, proc)
-    check_the_killed_trial(short_dir, optuna_python / "python3", 4, finish(proc), trial_id)
+    check_the_killed_trial(short_dir, optuna_bin / "python3", 4, finish(proc), trial_id)

@@ -5,8 +5,10 @@ manager's interpreter, so a trial that ran under the manager's Python is told ap
 own dependencies are not added (the manager ships them where they are missing)."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -60,3 +62,18 @@ def make_worker_python(root: Path, packages: list[str]) -> Path:
     (site,) = (root / "venv" / "lib").glob("python3*/site-packages")
     (site / "worker-packages.pth").write_text(f"{deps}\n")
     return root / "venv" / "bin"
+
+
+# filled by scripts/test.sh (scripts/fill_wheelhouse.py): the agent's dependencies for a worker's Python
+WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"
+
+
+@pytest.fixture(scope="module")
+def optuna_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A worker's Python with optuna, its bin directory (a machine's pythonPath); the agent's
+    dependencies come from the wheelhouse, as a bare worker's would."""
+    if not (WHEELHOUSE / ".complete").exists():
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
+    root = tmp_path_factory.mktemp("optpy")
+    yield make_worker_python(root, ["optuna", "grpcio", "protobuf"])
+    shutil.rmtree(root, ignore_errors=True)
