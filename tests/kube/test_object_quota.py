@@ -20,14 +20,14 @@ NNI_MANAGER = str(Path(sys.executable).parent / "nni-manager")  # the console sc
 TRIAL = "import nni_agent as nni\np = nni.get_next_parameter()\nnni.report_final_result(p['x'] * 10)\n"
 
 
-def _run(kube: Any, base: Path) -> subprocess.CompletedProcess:
+def _run(kube: Any, base: Path, trials: int = 1) -> subprocess.CompletedProcess:
     code = base / "code"
     code.mkdir(exist_ok=True)
     (code / "trial.py").write_text(TRIAL)
     config = base / "config.yml"
     config.write_text(yaml.safe_dump({
-        "trialCommand": "python3 trial.py", "trialCodeDirectory": "code", "trialConcurrency": 1,
-        "maxTrialNumber": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "nniManagerIp": "127.0.0.1",
+        "trialCommand": "python3 trial.py", "trialCodeDirectory": "code", "trialConcurrency": trials,
+        "maxTrialNumber": trials, "searchSpace": {"x": {"_type": "choice", "_value": list(range(1, trials + 1))}}, "nniManagerIp": "127.0.0.1",
         "tuner": {"name": "GridSearch"}, "experimentWorkingDirectory": "exps", "trialGracePeriod": 2,
         "trainingService": {"platform": "kubernetes", "kubeConfig": str(kube.kubeconfig), "reuseMode": False,
                             "dockerImage": IMAGE, "cpuNumber": 0.5, "memorySize": "256mb",
@@ -49,3 +49,21 @@ def test_an_object_count_quota_is_one_line_naming_the_quota(kube, short_dir: Pat
     assert "not RBAC" in line and "kubectl describe resourcequota objects" in line, out
     assert "cpuNumber" not in line and "grant that verb" not in out and "Traceback" not in out, out
     assert processes_under(short_dir) == []
+
+
+def test_trials_over_a_pod_count_quota_wait_for_room_instead_of_failing(kube, short_dir: Path) -> None:
+    """`count/pods` leaves room for one trial pod while two are wanted: the second pod's create is
+    refused (403 exceeded quota) until the first pod ends, and its trial waits for the room rather
+    than failing (before the fix: FAILED at once with the quota's line)."""
+    core = kube.core()
+    used = sum(1 for p in core.list_namespaced_pod("default").items if p.status.phase not in ("Succeeded", "Failed"))
+    core.create_namespaced_resource_quota("default", {"metadata": {"name": "pods"},
+                                                      "spec": {"hard": {"count/pods": str(used + 1)}}})
+    run = _run(kube, short_dir, trials=2)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "maxTrialNumber (2) reached" in out, out
+    (exp_dir,) = (short_dir / "exps").iterdir()
+    table = subprocess.run([NNI_MANAGER, "trials", str(exp_dir)], cwd=short_dir, capture_output=True, text=True,
+                           timeout=60)
+    assert table.stdout.count("SUCCEEDED") == 2, table.stdout + table.stderr
+    assert "Traceback" not in out and processes_under(short_dir) == []

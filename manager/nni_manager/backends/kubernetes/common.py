@@ -328,13 +328,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         except Exception as e:
             if getattr(e, "status", None) != 409:  # a restarted manager re-provisioning the same env
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
-        created: dict[str, Any] | None
-        try:
-            created = await (await self._mains()).create(obj)
-        except Exception as e:
-            created = await self._existing_main(name, env) if getattr(e, "status", None) == 409 else None
-            if created is None:
-                raise api_error(e, f"creating {obj['kind']} {name}") from None
+        created = await self._create_main(obj, name, env)
         owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
                  "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
         try:  # the Secret goes when its object goes (garbage collection), also if we are gone
@@ -343,6 +337,32 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
         self._tracker.starting[env.env_id] = time.monotonic()
+
+    async def _create_main(self, obj: dict[str, Any], name: str, env: EnvironmentRequest) -> dict[str, Any]:
+        """Create the environment's main object. A namespace ResourceQuota that has no room for one
+        more pod now (count/pods, pods, cpu, memory: other experiments' pods hold it) makes the
+        environment wait, its reason said on its members, until the start deadline; a 409 adopts the
+        object this environment made already."""
+        deadline = time.monotonic() + self.kube.environment_start_timeout
+        delay = 2.0
+        while True:
+            try:
+                return await (await self._mains()).create(obj)
+            except Exception as e:
+                status = getattr(e, "status", None)
+                created = await self._existing_main(name, env) if status == 409 else None
+                if created is not None:
+                    return created
+                error = api_error(e, f"creating {obj['kind']} {name}")
+                if not (status == 403 and obj["kind"] == "Pod" and "exceeded quota" in str(getattr(e, "body", ""))
+                        and time.monotonic() + delay < deadline):
+                    raise error from None
+                ctx = self._ctx
+                if ctx is not None:
+                    for member in env.members:
+                        ctx.agent_status(member.agent_id, f"waiting for room in the namespace's quota: {error}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 15.0)
 
     async def _note_fit(self) -> None:
         """A request bigger than every node now is said while its pod waits, never refused here: on
