@@ -75,5 +75,14 @@ def optuna_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if not (WHEELHOUSE / ".complete").exists():
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     root = tmp_path_factory.mktemp("optpy")
-    yield make_worker_python(root, ["optuna", "grpcio", "protobuf"])
+    shipped = set(Path.home().glob(".nni-agent/*/deps-*"))
+    # the wheels the manager takes from the wheelhouse stay in a cache of this module's own: in the
+    # session's cache (tests/conftest.py) they would make later "nothing to ship" workers usable
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NNI_AGENT_WHEEL_CACHE", str(root / "wheel-cache"))
+        yield make_worker_python(root, ["optuna", "grpcio", "protobuf"])
     shutil.rmtree(root, ignore_errors=True)
+    # what the manager shipped to root's home for this Python goes with it: later tests (a bare
+    # worker that must fail, tests/remote/test_bootstrap, test_no_worker, Slurm's) need it absent
+    for deps in set(Path.home().glob(".nni-agent/*/deps-*")) - shipped:
+        shutil.rmtree(deps, ignore_errors=True)
