@@ -54,7 +54,13 @@ for src in cells:
         with urllib.request.urlopen(f"http://127.0.0.1:{e.port}/", timeout=20) as r:
             report["webui"] = r.read().decode(errors="replace")[:2000]
         report["list"] = subprocess.run(["nni-manager", "list"], capture_output=True, text=True).stdout
-        report["nnictl"] = subprocess.run(["nnictl", "experiment", "list"], capture_output=True, text=True).stdout
+        # the manifest follows the experiment's status within a second or so (a loaded machine: longer)
+        deadline = time.monotonic() + 60
+        while True:
+            report["nnictl"] = subprocess.run(["nnictl", "experiment", "list"], capture_output=True, text=True).stdout
+            if "Status: RUNNING" in report["nnictl"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     if "export_data()" in src:
         report["export"] = [[sorted(r.parameter), r.value, r.trialJobId] for r in out]
     if "get_job_metrics()" in src:
