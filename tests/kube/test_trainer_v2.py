@@ -170,3 +170,35 @@ def test_trainjob_dry_run_passes_the_trainer_api(kube_v2, tmp_path):
     main["metadata"]["namespace"] = namespace_of(kube_v2)
     custom_api(kube_v2).create_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs", main,
                                                         field_validation="Strict", dry_run="All")
+
+
+@run_async
+async def test_trainjob_cancel_stops_every_node_and_deletes_the_trainjob(kube_v2, tmp_path):
+    from tests.kube.test_operator_platforms import stopped
+
+    kube = kube_v2
+    cfg = experiment(kube, tmp_path, "kubeflow", operator="trainer", reuseMode=False, worker=role(2))
+    async with create_training_service(cfg) as ts:
+        job = await ts.submit_trial_job(form(0, forever=["worker"]))
+        await wait_status(ts, job.id, "RUNNING", timeout=60)
+        name = await object_of(kube, "trainjobs", TRAINER, job.id)
+        views = await replica_views(ts, job.id, ["worker-0", "worker-1"])
+        await ts.cancel_trial_job(job.id)
+        done = await wait_status(ts, job.id, "USER_CANCELED", "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=60)
+        assert done.status == TrialJobStatus.USER_CANCELED, done.message
+        for seen in views.values():
+            await stopped(seen["pid"])
+        await gone(kube, "trainjobs", TRAINER, name)
+
+
+@run_async
+async def test_pod_spec_a_trainjob_cannot_carry_is_one_line_at_start(kube_v2, tmp_path):
+    cfg = experiment(kube_v2, tmp_path, "kubeflow", operator="trainer", worker=role(1),
+                     podSpec={"hostIPC": False, "containers": [{"name": "node", "imagePullPolicy": "IfNotPresent"}]})
+    with pytest.raises(Exception) as info:
+        async with create_training_service(cfg):
+            pytest.fail("the training service started with a podSpec no TrainJob can carry")
+    text = str(info.value)
+    assert "\n" not in text and "podSpec.containers[].imagePullPolicy, podSpec.hostIPC" in text, text
+    assert "runtimePatches" in text and "ClusterTrainingRuntime torch-distributed" in text, text
+    assert custom_api(kube_v2).list_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs")["items"] == []

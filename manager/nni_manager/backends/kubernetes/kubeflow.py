@@ -37,6 +37,7 @@ class KubeflowBackend(KubeBackend[KubeflowConfig]):
         super().__init__(config)
         if self.trainer_v2:
             self.custom = trainjob.custom(self.kube.api_version)  # type: ignore[misc]
+            self.operator_name = "Kubeflow Trainer"  # type: ignore[misc]
             return
         kind, plural, _, _ = _KINDS[self.kube.operator]
         self.custom = ("kubeflow.org", self.kube.api_version, plural, kind)  # type: ignore[misc]
@@ -84,6 +85,9 @@ class KubeflowBackend(KubeBackend[KubeflowConfig]):
         if self.trainer_v2:  # the runtime exists (the Trainer's webhook would refuse every TrainJob)
             _, custom_api = await self._client()
             await trainjob.check_runtime(custom_api, self.kube.training_runtime, self.kube.api_version)
+            role = self.kube.roles[0]  # and the pods' podSpec fits in a runtime patch: refused now, not per trial
+            sample = self.pod_template(role, None, {"name": "x", "labels": {}}, container=trainjob.NODE)
+            trainjob.main_object(sample, role.replicas, self.kube.training_runtime, self.kube.api_version, {})
 
     def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
         if self.trainer_v2:

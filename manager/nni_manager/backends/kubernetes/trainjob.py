@@ -27,6 +27,7 @@ DEFAULT_RUNTIME = "torch-distributed"
 NODE = "node"  # the Trainer's trainer job and container (constants.Node)
 PATCH_MANAGER = "nni-manager"
 INSTALL = "https://www.kubeflow.org/docs/components/trainer/operator-guides/installation/"
+RUNTIMES = 'kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref=v2.3.0"'
 
 # metav1 conditions, replaced in place: Complete / Failed (copied from the JobSet), Suspended.
 # No condition yet: the JobSet runs (the Trainer has no Running condition).
@@ -114,9 +115,11 @@ async def check_runtime(custom_api: Any, name: str, api_version: str) -> None:
         names = sorted(o["metadata"]["name"] for o in listed.get("items", []))
     except Exception:
         names = []
-    have = f"this cluster has {', '.join(names)}" if names else "this cluster has none (install the Trainer's runtimes)"
-    raise KubeError(f"trainingService.trainingRuntime: ClusterTrainingRuntime {name!r} does not exist ({have}): "
-                    "set trainingRuntime to one of them")
+    if not names:
+        raise KubeError(f"trainingService.trainingRuntime: ClusterTrainingRuntime {name!r} does not exist and this "
+                        f"cluster has none: install Kubeflow Trainer's runtimes ({RUNTIMES})")
+    raise KubeError(f"trainingService.trainingRuntime: ClusterTrainingRuntime {name!r} does not exist (this cluster "
+                    f"has {', '.join(names)}): set trainingRuntime to one of them")
 
 
 async def served(custom_api: Any, namespace: str, group: str, version: str, plural: str) -> bool:
