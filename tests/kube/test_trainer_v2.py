@@ -17,7 +17,7 @@ from tests.kube.test_operator_platforms import all_metrics, gone, nni_manager_cl
 from tests.support.emulators import emulator_factory
 from tests.support.kube.fixtures import Kube, KubeNamespace, _test_namespace, namespace_of, start_emulator
 from tests.support.kube.operators import experiment, replica_views, role
-from tests.support.manager.helpers import form, wait_status
+from tests.support.manager.helpers import form, until, wait_status
 
 TRAINER = ("trainer.kubeflow.org", "v1alpha1")
 # Kubeflow Trainer v2.3.0's manifests/base/runtimes/torch_distributed.yaml, in the test image
@@ -202,3 +202,21 @@ async def test_pod_spec_a_trainjob_cannot_carry_is_one_line_at_start(kube_v2, tm
     assert "\n" not in text and "podSpec.containers[].imagePullPolicy, podSpec.hostIPC" in text, text
     assert "runtimePatches" in text and "ClusterTrainingRuntime torch-distributed" in text, text
     assert custom_api(kube_v2).list_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs")["items"] == []
+
+
+@run_async
+async def test_trainjob_failing_node_fails_the_trial(kube_v2, tmp_path):
+    kube = kube_v2
+    cfg = experiment(kube, tmp_path, "kubeflow", operator="trainer", reuseMode=False, worker=role(2))
+    async with create_training_service(cfg) as ts:
+        job = await ts.submit_trial_job(form(0, fail=["worker-1"], linger={"worker-0": 30, "worker-1": 1}))
+        name = await object_of(kube, "trainjobs", TRAINER, job.id)
+        done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=60)
+        assert done.status == TrialJobStatus.FAILED, done.message
+        assert done.message.startswith("worker-1: ") and "3" in done.message, done.message
+        # the runtime's pods restart on failure (JobSet's OnFailure): the failed node's agent runs again
+        # until the manager deletes the TrainJob, when the environment is released after the trial's end
+        await until(lambda: not custom_api(kube).list_namespaced_custom_object(
+            *TRAINER, namespace_of(kube), "trainjobs", label_selector=f"trialId={job.id}")["items"], 90,
+            f"TrainJob {name} to be deleted")
+        await until(lambda: not kube.core().list_namespaced_pod(namespace_of(kube)).items, 60, "its pods to go")
