@@ -220,3 +220,26 @@ async def test_trainjob_failing_node_fails_the_trial(kube_v2, tmp_path):
             *TRAINER, namespace_of(kube), "trainjobs", label_selector=f"trialId={job.id}")["items"], 90,
             f"TrainJob {name} to be deleted")
         await until(lambda: not kube.core().list_namespaced_pod(namespace_of(kube)).items, 60, "its pods to go")
+
+
+@run_async
+async def test_the_documented_role_runs_trainjobs_without_reading_runtimes(kube_factory, tmp_path):
+    """The docs' Role (namespaced: it cannot grant the cluster-scoped runtimes) runs a TrainJob
+    experiment; a misspelt runtime is then the Trainer webhook's refusal on the trial, in one line."""
+    from tests.support.kube.rbac_user import USER_TOKEN, bind_alice, doc_role
+
+    kube = kube_factory(tokens=[f"{USER_TOKEN}=alice:rbac"], crd_groups=["trainer.kubeflow.org"])
+    custom_api(kube).create_cluster_custom_object(*TRAINER, "clustertrainingruntimes", TORCH_DISTRIBUTED)
+    kubeconfig = bind_alice(kube, doc_role())
+    for runtime, outcome in (("torch-distributed", TrialJobStatus.SUCCEEDED), ("torch-distribted", TrialJobStatus.FAILED)):
+        (tmp_path / runtime).mkdir()
+        cfg = experiment(kube, tmp_path / runtime, "kubeflow", operator="trainer", reuseMode=False,
+                         trainingRuntime=runtime, worker=role(1), kubeConfig=str(kubeconfig))
+        async with create_training_service(cfg) as ts:
+            job = await ts.submit_trial_job(form(0))
+            done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=90)
+            assert done.status == outcome, done.message
+            if outcome == TrialJobStatus.FAILED:
+                assert "\n" not in done.message and "torch-distribted" in done.message, done.message
+                assert "must be created before the TrainJob is created" in done.message, done.message
+                assert "RBAC" not in done.message, done.message  # an admission webhook's 403, not a permission
