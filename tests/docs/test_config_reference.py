@@ -20,7 +20,8 @@ def test_config_reference_lists_every_platforms_fields():
     for row in ("| `trialConcurrency` |  | integer >= 1 | **required** | all |",
                 "| `host` | `ip` | string | **required** | remote |",
                 "| `nodes` | `nodeCount` | integer >= 1 | `1` | slurm |",
-                "| `operator` |  | one of `tf-operator`, `pytorch-operator` | **required** | kubeflow |",
+                "| `operator` |  | one of `tf-operator`, `pytorch-operator`, `trainer` | **required** | kubeflow |",
+                "| `trainingRuntime` |  | string | `torch-distributed` | kubeflow |",
                 "| `subscriptionId` |  | string | **required** | aml |",
                 "| `dashboard` |  | string | **required** | dlts |",
                 "| `username` | `userName` | string | **required** | openpai |"):

@@ -30,7 +30,7 @@ TRIAL = textwrap.dedent("""
     while True:  # runs until its pod is deleted
         time.sleep(0.2)
 """)
-GROUPS = {"kubeflow": ("kubeflow.org", "v1", "tfjobs"),
+GROUPS = {"kubeflow": ("kubeflow.org", "v1", "tfjobs"), "trainer": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
           "frameworkcontroller": ("frameworkcontroller.microsoft.com", "v1", "frameworks")}
 
 
@@ -38,8 +38,9 @@ def _training_service(platform: str, kubeconfig: str) -> dict[str, Any]:
     common = {"platform": platform, "kubeConfig": kubeconfig, "reuseMode": False}
     if platform == "kubernetes":
         return {**common, "dockerImage": IMAGE, "cpuNumber": 1, "memorySize": "512mb"}
-    if platform == "kubeflow":
-        return {**common, "operator": "tf-operator", "apiVersion": "v1", "worker": {
+    if platform in ("kubeflow", "trainer"):  # trainer: Kubeflow Trainer v2's TrainJob
+        version = {"operator": "tf-operator", "apiVersion": "v1"} if platform == "kubeflow" else {"operator": "trainer"}
+        return {**common, "platform": "kubeflow", **version, "worker": {
             "replicas": 1, "command": "python3 trial.py", "cpuNumber": 0.5, "memorySize": "256mb",
             "dockerImage": IMAGE}}
     return {**common, "taskRoles": [{
@@ -115,12 +116,19 @@ def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: s
 
 
 @pytest.mark.parametrize("how", ["id", "all-orphans"])
-@pytest.mark.parametrize("platform", ["kubernetes", "kubeflow", "frameworkcontroller"])
+@pytest.mark.parametrize("platform", ["kubernetes", "kubeflow", "trainer", "frameworkcontroller"])
 def test_cleanup_after_a_manager_sigkill_leaves_nothing(kube_factory, short_dir: Path, platform: str,
                                                         how: str) -> None:
     if how == "all-orphans" and platform != "kubernetes":
         pytest.skip("--all-orphans is the same command on every platform: once is enough")
-    kube = kube_factory(pod_network="bridged", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com"])
+    kube = kube_factory(pod_network="bridged", crd_groups=["kubeflow.org", "frameworkcontroller.microsoft.com",
+                                                           "trainer.kubeflow.org"])
+    if platform == "trainer":
+        from kubernetes import client
+        from tests.kube.test_trainer_v2 import TORCH_DISTRIBUTED
+
+        client.CustomObjectsApi(kube.api_client()).create_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", TORCH_DISTRIBUTED)
     experiment_id = f"Clean{platform[:4].capitalize()}1"
     env = {**os.environ, "HOME": str(short_dir / "home")}  # the experiments' manifest: this test's own
     (short_dir / "home").mkdir()

@@ -252,6 +252,13 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                             f"`kubectl auth can-i --list -n {self.namespace}`)")
         self._access_checked = True
 
+    async def _unserved(self, custom_api: Any) -> str:
+        """Why the main object's kind is not served, in one line (kubeflow.py: which operator to install)."""
+        assert self.custom is not None
+        group, version, _, kind = self.custom
+        return (f"{kind} ({group}/{version}) is not served by this cluster: is the {self.operator_name} installed, "
+                f"and does it serve {version}?")
+
     async def _prepare(self) -> None:
         """Platform objects made once per experiment, after the checks (FrameworkController's account)."""
 
@@ -284,8 +291,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             except Exception as e:
                 err = api_error(e, f"listing {plural}.{group}/{version} in namespace {ns}")
                 if getattr(e, "status", None) == 404:
-                    err = KubeError(f"{kind} ({group}/{version}) is not served by this cluster: is the "
-                                    f"{self.operator_name} installed, and does it serve {version}?")
+                    err = KubeError(await self._unserved(custom))
                 raise err from None
         await owner.sweep_expired(core, ns, self.experiment_id)  # what dead managers left (owner.py)
         await self._prepare()

@@ -66,8 +66,9 @@ class KubeConfig:
 class KubeflowConfig(KubeConfig):
     """platform: kubeflow."""
 
-    operator: str = ""  # tf-operator | pytorch-operator
+    operator: str = ""  # tf-operator | pytorch-operator | trainer (Kubeflow Trainer v2: trainjob.py)
     api_version: str = "v1"
+    training_runtime: str = "torch-distributed"  # trainer: the ClusterTrainingRuntime its TrainJobs reference
 
 
 @dataclass(repr=False)
@@ -191,9 +192,13 @@ def parse_pods(ts: ConfigSection, config: ExperimentConfig) -> KubeConfig:
 def parse_kubeflow(ts: ConfigSection, config: ExperimentConfig) -> KubeflowConfig:
     kube = KubeflowConfig()
     _common(ts, kube)
-    kube.operator = ts.choice("operator", options=("tf-operator", "pytorch-operator"), required=True) or ""
-    kube.api_version = ts.str_("apiVersion", required=True) or "v1"
-    names = ("worker", "ps") if kube.operator == "tf-operator" else ("master", "worker")
+    kube.operator = ts.choice("operator", options=("tf-operator", "pytorch-operator", "trainer"), required=True) or ""
+    if kube.operator == "trainer":  # Kubeflow Trainer v2: TrainJobs on a ClusterTrainingRuntime, one role of nodes
+        kube.api_version = ts.str_("apiVersion") or "v1alpha1"
+        kube.training_runtime = ts.str_("trainingRuntime") or kube.training_runtime
+    else:
+        kube.api_version = ts.str_("apiVersion", required=True) or "v1"
+    names = {"tf-operator": ("worker", "ps"), "trainer": ("worker",)}.get(kube.operator, ("master", "worker"))
     code_dirs: dict[Path, str] = {}
     for name in ("worker", "ps", "master", "chief", "evaluator"):
         section = ts.section(name)

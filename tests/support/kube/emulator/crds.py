@@ -15,7 +15,8 @@ structural schema:
    them (``spec.x: Invalid value: "string": spec.x in body must be of type integer: "string"``).
 
 Served versions are those of the current operators: ``kubeflow.org/v1`` (tfjobs, pytorchjobs),
-``adaptdl.petuum.com/v1`` (adaptdljobs: adaptdl.py) and ``frameworkcontroller.microsoft.com/v1`` (frameworks); older kubeflow versions (v1alpha2,
+``adaptdl.petuum.com/v1`` (adaptdljobs: adaptdl.py), ``frameworkcontroller.microsoft.com/v1`` (frameworks) and
+``trainer.kubeflow.org/v1alpha1`` (Kubeflow Trainer v2: trainjobs, clustertrainingruntimes; trainer.py); older kubeflow versions (v1alpha2,
 v1beta1, v1beta2) are not registered, so the server answers 404 for them.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .api import FieldError, Resource, bad_request
 
 KUBEFLOW_GROUP = "kubeflow.org"
 FRAMEWORK_GROUP = "frameworkcontroller.microsoft.com"
+TRAINER_GROUP = "trainer.kubeflow.org"  # Kubeflow Trainer v2 (trainer.py)
 
 TFJOBS = Resource(KUBEFLOW_GROUP, "v1", "tfjobs", "TFJob")
 PYTORCHJOBS = Resource(KUBEFLOW_GROUP, "v1", "pytorchjobs", "PyTorchJob")
@@ -409,6 +411,9 @@ def install(cluster, groups: set[str] | Iterable[str]) -> list[Resource]:
     if FRAMEWORK_GROUP in groups:
         from . import framework
         cluster.register_controller(framework.start_framework_controller)
+    if TRAINER_GROUP in groups:  # Kubeflow Trainer v2: its CRDs are fixtures of ours (trainer.py)
+        from . import trainer
+        installed += trainer.install(cluster)
     if ADAPTDL_GROUP in groups:
         from . import adaptdl
         adaptdl.install_claims(cluster)
