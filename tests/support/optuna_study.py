@@ -97,7 +97,7 @@ def check_study(where: Path, python: Path, n_trials: int) -> tuple[list, dict[st
     statuses, finals = experiment_trials(where)
     assert len(records) == len(statuses) == n_trials, (sorted(records), statuses)
     for t in trials:
-        trial_id = t.system_attrs["nni:trial_id"]
+        trial_id = t.user_attrs["nni:trial_id"]
         record = records[trial_id]
         assert record["number"] == t.number and record["params"] == t.params, (record["params"], t)
         assert record["python"] == str(python), record["python"]  # the worker's Python, not the manager's
@@ -144,7 +144,7 @@ def check_the_killed_trial(where: Path, python: Path, n_trials: int, out: str, t
     the study) and counts toward n_trials; the others COMPLETE; none RUNNING; no trial process left."""
     assert f"maxTrialNumber ({n_trials}) reached" in out
     trials, _ = check_study(where, python, n_trials)
-    killed = next(t for t in trials if t.system_attrs["nni:trial_id"] == trial_id)
+    killed = next(t for t in trials if t.user_attrs["nni:trial_id"] == trial_id)
     assert killed.number == 0 and killed.state == FAIL
     assert [t.state for t in trials if t is not killed] == [COMPLETE] * (n_trials - 1)
     statuses, _ = experiment_trials(where)
