@@ -430,6 +430,27 @@ def test_wrong_arguments_are_one_line_and_start_nothing(study_dir: Path, args: l
     assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
 
 
+@pytest.mark.parametrize("platform, roles", [
+    ("kubeflow", "  operator: tf-operator\n  apiVersion: v1\n  worker:\n    replicas: 1\n    command: python3 t.py\n"
+                 "    image: python:3.11\n    cpuNumber: 1\n    memorySize: 1gb\n"),
+    ("frameworkcontroller", "  taskRoles:\n    - name: worker\n      taskNumber: 1\n      command: python3 t.py\n"
+                            "      image: python:3.11\n      cpuNumber: 1\n      memorySize: 1gb\n"),
+])
+def test_role_platforms_are_refused_in_one_line(study_dir: Path, platform: str, roles: str) -> None:
+    """kubeflow and frameworkcontroller run each role's own `command`: a study's trial is one command
+    (the runner), so the command refuses them at start, naming the field and the platform to use."""
+    path = study_dir / "config.yml"
+    path.write_text("trialCodeDirectory: code\ntrialConcurrency: 1\nexperimentWorkingDirectory: exps\n"
+                    f"trainingService:\n  platform: {platform}\n{roles}")
+    result = optuna_cli(study_dir, "--n-trials", "2")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"nni-manager: config field `trainingService.platform`: {platform} runs each role's own `command`, and a "
+        "study's trial is one command (the runner of one Optuna trial). Fix: use `platform: kubernetes` (one pod per "
+        "trial, on the same cluster)"), result.stderr
+    assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
+
+
 def test_a_target_file_not_in_the_code_directory_is_one_line(study_dir: Path) -> None:
     path = study_dir / "config.yml"
     path.write_text(path.read_text().replace("{concurrency}", "1"))

@@ -9,6 +9,7 @@ process of the experiment is left.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from nni_manager.store import Store  # noqa: E402
 from nni_manager.types import TrialJobStatus  # noqa: E402
 from tests.support.manager.helpers import experiment_processes  # noqa: E402
 from tests.support.optuna_study import (  # noqa: E402
@@ -114,5 +116,12 @@ def test_a_sigkilled_manager_resumes_the_study(short_dir: Path, tmp_path: Path, 
             assert t.state == COMPLETE and record["returned"] == t.values, (t, record)
             assert t.user_attrs["released"] is True  # its storage call made after the release
             assert statuses[trial_id] == TrialJobStatus.SUCCEEDED and finals[trial_id]["default"] == t.values[0]
+    store = Store.open_readonly(where / "exps" / experiment_id)
+    try:  # what `trials` and the WebUI show: each trial's Optuna trial, also of those the resume took over
+        kept = {t.id: json.loads(t.form.hyper_parameters.value).get("optuna") for t in store.trials()}
+    finally:
+        store.close()
+    assert kept == {t.user_attrs["nni:trial_id"]: {"number": t.number, "state": t.state.name, "params": t.params,
+                                                  "values": t.values} for t in trials}, kept
     assert not experiment_processes(experiment_id)  # no agent, trial or manager of it is left
     assert experiment_id not in cli("list").stdout  # not running

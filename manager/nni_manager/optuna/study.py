@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 # whose it is, so that a user looking at the study (optuna-dashboard) finds the trial and its logs
 ATTR_EXPERIMENT = "nni:experiment_id"
 ATTR_TRIAL = "nni:trial_id"
+_ROLE_PLATFORMS = ("kubeflow", "frameworkcontroller")  # a command per role: no one trial command to set
 _NOT_IN_CONFIG = ("searchSpace", "searchSpaceFile", "tuner", "assessor", "advisor", "trialCommand")
 
 
@@ -114,6 +115,13 @@ def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str 
         if key in data:
             raise ConfigError(key, "is given by `nni-manager optuna` (the study samples; the runner is the trial "
                                    "command)", f"remove `{key}` from {name}")
+    services = data.get("trainingService")
+    for ts in services if isinstance(services, list) else [services]:
+        platform = ts.get("platform") if isinstance(ts, dict) else None
+        if platform in _ROLE_PLATFORMS:
+            raise ConfigError("trainingService.platform", f"{platform} runs each role's own `command`, and a study's "
+                                                          "trial is one command (the runner of one Optuna trial)",
+                              "use `platform: kubernetes` (one pod per trial, on the same cluster)")
     if data.get("maxTrialNumber") not in (None, spec.n_trials):
         raise ConfigError("maxTrialNumber", f"differs from --n-trials {spec.n_trials}",
                           "remove maxTrialNumber: --n-trials counts the study's trials")
@@ -374,11 +382,21 @@ class StudyExperiment(Experiment):
         if self._resumed:
             ended = {i for i in self._resumed if self.trials[i].status.is_terminal}
             self._resumed_created = await asyncio.to_thread(self._ours_in_study, ended)
+            for trial_id in ended & set(self._resumed_created):  # ended while the manager was away: kept now
+                seen = await asyncio.to_thread(self._optuna_trial, self._resumed_created[trial_id][-1])
+                if "optuna" not in json.loads(self.trials[trial_id].hyper_params or "{}") and seen is not None:
+                    keep_optuna_record(ts, self, trial_id, seen)
             for trial_id in ended - set(self._resumed_created):
                 t = self.trials[trial_id]
                 if not counts_without_optuna_trial(t.status.value, t.message):
                     self._uncounted.add(trial_id)
         return history
+
+    def _optuna_trial(self, storage_id: int) -> dict[str, Any] | None:
+        try:
+            return optuna_record(self.storage.get_trial(storage_id))
+        except KeyError:
+            return None
 
     def _ours_in_study(self, ended: set[str]) -> dict[str, list[int]]:
         """{our trial id: the storage ids of its Optuna trials}; those of ended trials still RUNNING
