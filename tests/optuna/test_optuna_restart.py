@@ -123,5 +123,7 @@ def test_a_sigkilled_manager_resumes_the_study(short_dir: Path, tmp_path: Path, 
         store.close()
     assert kept == {t.user_attrs["nni:trial_id"]: {"number": t.number, "state": t.state.name, "params": t.params,
                                                   "values": t.values} for t in trials}, kept
+    log = (where / "exps" / experiment_id / "log" / "nnimanager.log").read_text()
+    assert log.count("was left RUNNING: marked FAIL") == (2 if agent == "gives_up" else 0)  # by the resumed manager
     assert not experiment_processes(experiment_id)  # no agent, trial or manager of it is left
     assert experiment_id not in cli("list").stdout  # not running
