@@ -133,17 +133,27 @@ class Connection:
         self._last_contact = time.monotonic()
         self._records_sent_at = 0.0  # monotonic time of the last RecordBatch written: it stands in for a heartbeat
         self._session_channel: grpc.aio.Channel | None = None  # while a session is up: study storage calls share it
+        self._session_up = asyncio.Event()  # set while _session_channel is
 
     # ------------------------------------------------------------------ public
 
     async def study_call(self, trial_id: str, method: str, request: bytes) -> bytes:
         """One call of Optuna's storage service for `trial_id`, answered by the manager over this
-        agent's channel (nni_agent.study_storage)."""
+        agent's channel (nni_agent.study_storage). Without a session (the manager restarting, the
+        link lost) the call waits for the next one, as the trial's metrics do: the objective pauses
+        rather than fails; StudyUnavailable once the agent stops (its orphan timeout, a stop)."""
         from nni_agent.study_storage import HUB_SERVICE, MD_TRIAL, StudyUnavailable
 
-        channel = self._session_channel
-        if channel is None:
-            raise StudyUnavailable()
+        while (channel := self._session_channel) is None:
+            if self._stopping is not None or self._done.is_set():
+                raise StudyUnavailable()
+            up = asyncio.ensure_future(self._session_up.wait())
+            done = asyncio.ensure_future(self._done.wait())
+            try:  # (a stop ends _done within its drain; re-checked each second until then)
+                await asyncio.wait([up, done], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                up.cancel()
+                done.cancel()
         name = method.rsplit("/", 1)[-1]
         call = channel.unary_unary("/%s/%s" % (HUB_SERVICE, name))
         metadata = (("nni-agent-id", self.agent_id), ("nni-agent-token", self._token), (MD_TRIAL, trial_id))
@@ -261,6 +271,7 @@ class Connection:
                 self.request_bundle(digest)
             self.sessions += 1
             self._session_channel = channel
+            self._session_up.set()
             self.connected.set()
             log.info("connected to %s (experiment %s), replaying from seq %d", target, welcome.experiment_id, welcome.acked_seq + 1)
             self._last_contact = time.monotonic()
@@ -276,6 +287,7 @@ class Connection:
                     task.result()  # re-raise the reason the session ended
             finally:
                 self._session_channel = None
+                self._session_up.clear()
                 for task in [*tasks, *self._file_tasks]:  # the manager failed this session's file requests
                     task.cancel()
                 await asyncio.gather(*tasks, *self._file_tasks, return_exceptions=True)

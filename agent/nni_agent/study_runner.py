@@ -29,8 +29,6 @@ from nni_agent.study_storage import ENV_ENDPOINT, ENV_TOKEN, MD_TOKEN, MD_TRIAL,
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-ATTR_EXPERIMENT = "nni:experiment_id"  # system attributes of the Optuna trial: whose trial it is
-ATTR_TRIAL = "nni:trial_id"
 
 
 def agent_storage(endpoint: str, trial_id: str, token: str) -> Any:
@@ -135,9 +133,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     stopped = []  # a stop (SIGINT) while the trial is being created waits for the objective's `try`
     previous = signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))
     try:
-        trial = study.ask()
-        storage.set_trial_system_attr(trial._trial_id, ATTR_EXPERIMENT, os.environ.get("NNI_EXP_ID", ""))
-        storage.set_trial_system_attr(trial._trial_id, ATTR_TRIAL, trial_id)
+        trial = study.ask()  # the manager makes it with this trial's ids as user attrs (nni:experiment_id, ...)
     except BaseException:
         signal.signal(signal.SIGINT, previous)
         raise

@@ -41,7 +41,7 @@ Forward = Callable[[str, str, bytes], Awaitable[bytes]]
 
 
 class StudyUnavailable(Exception):
-    """No connection to the manager right now."""
+    """No connection to the manager, and none to wait for: the agent is stopping."""
 
 
 class StudyTrialHandler(Protocol):
@@ -129,7 +129,7 @@ class _Handlers(grpc.GenericRpcHandler):
                 return await forward(found[0], method, request)  # type: ignore[index]
             except StudyUnavailable:
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    "the agent has no connection to the manager now; try again")
+                                    "the agent lost its manager and is stopping")
             except grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "")
             raise AssertionError("unreachable")

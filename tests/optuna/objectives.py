@@ -27,7 +27,8 @@ def _record(trial, **what):
             wrong_token = "answered"
         except grpc.RpcError as exc:
             wrong_token = exc.code().name
-    seen = {"number": trial.number, "params": trial.params, "storage_class": type(storage).__name__,
+    seen = {"number": trial.number, "params": trial.params,
+            "user_attrs": {k: v for k, v in trial.user_attrs.items() if k.startswith("nni:")}, "storage_class": type(storage).__name__,
             "storage_at": "%s:%s" % (storage._host, storage._port), "endpoint": endpoint,
             "wrong_token": wrong_token, "environ": dict(os.environ), "argv": sys.argv, "pid": os.getpid(), **what}
     os.makedirs(os.path.join(HERE, "seen"), exist_ok=True)
@@ -158,4 +159,18 @@ def first_hangs(trial):
         import time
 
         time.sleep(120)
+    return x
+
+
+def held(trial):
+    """Waits for the file `release` next to the records (the test writes it), then makes one more
+    storage call and returns x: the manager can be killed and resumed while it waits."""
+    import time
+
+    x = trial.suggest_float("x", 0, 1)
+    _record(trial, held=True)
+    while not os.path.exists(os.path.join(HERE, "release")):
+        time.sleep(0.1)
+    trial.set_user_attr("released", True)
+    _record(trial, returned=[x])
     return x

@@ -144,7 +144,7 @@ def test_a_pod_deleted_mid_trial_leaves_its_optuna_trial_fail(kube_factory, stud
     assert "maxTrialNumber (4) reached" in out, out
     trials, records = check_study(study_dir, python, 4)
     assert {t.number: t.state for t in trials} == {0: FAIL, 1: COMPLETE, 2: COMPLETE, 3: COMPLETE}
-    killed = next(t.system_attrs["nni:trial_id"] for t in trials if t.number == 0)
+    killed = next(t.user_attrs["nni:trial_id"] for t in trials if t.number == 0)
     status = experiment_trials(study_dir)[0][killed]
     assert status.is_terminal and status != TrialJobStatus.SUCCEEDED, status
     _check_pods(study_dir, records)

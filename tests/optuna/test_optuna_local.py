@@ -98,7 +98,7 @@ def check_each_saw_its_trial(where: Path, trials: list) -> dict[str, dict]:
     kept = nni_records(where)
     assert len(records) == len(trials) == len(statuses)
     for t in trials:
-        trial_id = t.system_attrs["nni:trial_id"]
+        trial_id = t.user_attrs["nni:trial_id"]
         record = records[trial_id]
         assert record["number"] == t.number and record["params"] == t.params
         assert kept[trial_id]["parameters"] == t.params  # `trials`, the WebUI and export show the study's params
@@ -130,15 +130,19 @@ def test_tpe_study_through_the_agent(study_dir: Path) -> None:
     assert "maxTrialNumber (5) reached" in result.stdout
     assert sorted(t.number for t in trials) == [0, 1, 2, 3, 4]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-    assert all(t.user_attrs == {"note": "hello"} for t in trials)
     records = check_each_saw_its_trial(study_dir, trials)
+    (exp_dir,) = (study_dir / "exps").iterdir()
+    for t in trials:  # the manager made each with the NNI ids as user attrs: the objective saw them too
+        trial_id = t.user_attrs["nni:trial_id"]
+        assert t.user_attrs == {"note": "hello", "nni:experiment_id": exp_dir.name, "nni:trial_id": trial_id}
+        assert records[trial_id]["user_attrs"] == {"nni:experiment_id": exp_dir.name, "nni:trial_id": trial_id}
+        assert records[trial_id]["environ"]["NNI_TRIAL_JOB_ID"] == trial_id
     check_only_the_agent(study_dir, records)
     assert set(nni_trials(study_dir).values()) == {TrialJobStatus.SUCCEEDED}
-    (exp_dir,) = (study_dir / "exps").iterdir()
     table = subprocess.run([*CLI, "trials", str(exp_dir)], capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     for t in trials:
-        (row,) = [line for line in table.stdout.splitlines() if t.system_attrs["nni:trial_id"] in line]
+        (row,) = [line for line in table.stdout.splitlines() if t.user_attrs["nni:trial_id"] in line]
         assert f"optuna_trial={t.number}, x={t.params['x']:.4g}, n={t.params['n']}, kind={t.params['kind']}" in row
         assert f" {t.value:.4g} " in row, row
     # the WebUI's REST API (what its trial detail and export read) gives the same params
@@ -155,8 +159,25 @@ def test_tpe_study_through_the_agent(study_dir: Path) -> None:
         view.wait(30)
     shown = {j["trialJobId"]: json.loads(j["hyperParameters"][0]) for j in jobs}
     for t in trials:
-        record = shown[t.system_attrs["nni:trial_id"]]
+        record = shown[t.user_attrs["nni:trial_id"]]
         assert record["parameters"] == t.params, record  # (NNI's client takes only its own keys: no "optuna")
+
+
+def test_an_enqueued_trial_is_run_and_tagged(study_dir: Path) -> None:
+    """`study.enqueue_trial` before the run: a trial's `study.ask()` takes the WAITING trial (no new
+    one is created); the manager tags it with the NNI ids as it tags the trials it creates."""
+    (study_dir / "db").mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{study_dir / 'db' / 'study.db'}", study_name="s")
+    study.enqueue_trial({"x": 1.5, "n": 2, "kind": "b"})
+    _, trials = run_study(study_dir, "objectives.py:quadratic", 2, concurrency=1)
+    records = check_each_saw_its_trial(study_dir, trials)
+    (exp_dir,) = (study_dir / "exps").iterdir()
+    first, second = sorted(trials, key=lambda t: t.number)
+    assert first.params == {"x": 1.5, "n": 2, "kind": "b"} and first.state == optuna.trial.TrialState.COMPLETE
+    assert second.state == optuna.trial.TrialState.COMPLETE
+    for t in trials:
+        assert t.user_attrs["nni:experiment_id"] == exp_dir.name
+        assert records[t.user_attrs["nni:trial_id"]]["number"] == t.number
 
 
 def test_median_pruner_prunes_and_the_trial_ends_early_stopped(study_dir: Path) -> None:
@@ -168,7 +189,7 @@ def test_median_pruner_prunes_and_the_trial_ends_early_stopped(study_dir: Path) 
     records = check_each_saw_its_trial(study_dir, trials)
     statuses = nni_trials(study_dir)
     for t in trials:
-        trial_id = t.system_attrs["nni:trial_id"]
+        trial_id = t.user_attrs["nni:trial_id"]
         if t.state == optuna.trial.TrialState.PRUNED:
             assert statuses[trial_id] == TrialJobStatus.EARLY_STOPPED
             assert records[trial_id]["pruned_at"] == 0 == t.last_step  # the step the pruner chose
@@ -206,7 +227,7 @@ def test_nsga2_two_objectives(study_dir: Path) -> None:
     (exp_dir,) = (study_dir / "exps").iterdir()
     table = subprocess.run([*CLI, "trials", str(exp_dir)], capture_output=True, text=True, timeout=60)
     for t in trials:  # both values of each trial in the final column
-        (row,) = [line for line in table.stdout.splitlines() if t.system_attrs["nni:trial_id"] in line]
+        (row,) = [line for line in table.stdout.splitlines() if t.user_attrs["nni:trial_id"] in line]
         assert f"[{t.values[0]:.4g}, {t.values[1]:.4g}]" in row, row
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{study_dir / 'db' / 'study.db'}")
     assert study.directions == [optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE]
@@ -235,11 +256,11 @@ def test_hyperband_pruner_prunes_at_the_step_it_chose(study_dir: Path) -> None:
     pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
     assert pruned and len(pruned) < len(trials), [(t.number, t.state) for t in trials]
     for t in trials:
-        record = records[t.system_attrs["nni:trial_id"]]
+        record = records[t.user_attrs["nni:trial_id"]]
         assert {int(k): v for k, v in record["reported"].items()} == t.intermediate_values
         if t.state == optuna.trial.TrialState.PRUNED:
             assert record["pruned_at"] == t.last_step < 8
-            assert statuses[t.system_attrs["nni:trial_id"]] == TrialJobStatus.EARLY_STOPPED
+            assert statuses[t.user_attrs["nni:trial_id"]] == TrialJobStatus.EARLY_STOPPED
         else:
             assert t.state == optuna.trial.TrialState.COMPLETE and t.last_step == 8 and "pruned_at" not in record
 
@@ -370,6 +391,14 @@ def test_optuna_and_its_dashboard_see_the_study_while_it_runs(study_dir: Path) -
         out = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0, out
         assert dashboard_states() == ["Complete"] * 4
+        # each trial names its NNI experiment and trial there, as user attrs (`nni-manager logs EXP TRIAL`)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as r:
+            (study,) = [s for s in json.load(r)["study_summaries"] if s["study_name"] == "s"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=10) as r:
+            shown = [{a["key"]: a["value"] for a in t["user_attrs"]} for t in json.load(r)["trials"]]
+        (exp_dir,) = (study_dir / "exps").iterdir()
+        assert {s["nni:experiment_id"] for s in shown} == {exp_dir.name}, shown
+        assert {s["nni:trial_id"] for s in shown} == set(nni_trials(study_dir)), shown
     finally:
         proc.kill()
         dashboard.terminate()
@@ -398,6 +427,27 @@ def test_wrong_arguments_are_one_line_and_start_nothing(study_dir: Path, args: l
     result = optuna_cli(study_dir, *args)
     assert result.returncode == 2 and words in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
+
+
+@pytest.mark.parametrize("platform, roles", [
+    ("kubeflow", "  operator: tf-operator\n  apiVersion: v1\n  worker:\n    replicas: 1\n    command: python3 t.py\n"
+                 "    image: python:3.11\n    cpuNumber: 1\n    memorySize: 1gb\n"),
+    ("frameworkcontroller", "  taskRoles:\n    - name: worker\n      taskNumber: 1\n      command: python3 t.py\n"
+                            "      image: python:3.11\n      cpuNumber: 1\n      memorySize: 1gb\n"),
+])
+def test_role_platforms_are_refused_in_one_line(study_dir: Path, platform: str, roles: str) -> None:
+    """kubeflow and frameworkcontroller run each role's own `command`: a study's trial is one command
+    (the runner), so the command refuses them at start, naming the field and the platform to use."""
+    path = study_dir / "config.yml"
+    path.write_text("trialCodeDirectory: code\ntrialConcurrency: 1\nexperimentWorkingDirectory: exps\n"
+                    f"trainingService:\n  platform: {platform}\n{roles}")
+    result = optuna_cli(study_dir, "--n-trials", "2")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"nni-manager: config field `trainingService.platform`: {platform} runs each role's own `command`, and a "
+        "study's trial is one command (the runner of one Optuna trial). Fix: use `platform: kubernetes` (one pod per "
+        "trial, on the same cluster)"), result.stderr
     assert not (study_dir / "exps").exists() and not (study_dir / "study.db").exists()
 
 
@@ -457,7 +507,7 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     table = cli("trials", experiment_id)
     assert table.returncode == 0 and "SUCCEEDED" in table.stdout, table.stdout + table.stderr
     done = next(t for t in trials if t.state == optuna.trial.TrialState.COMPLETE)
-    logs = cli("logs", experiment_id, done.system_attrs["nni:trial_id"])
+    logs = cli("logs", experiment_id, done.user_attrs["nni:trial_id"])
     assert f"Optuna trial {done.number}: COMPLETE" in logs.stdout, logs.stdout + logs.stderr
     assert len(trials) < 6
     # resume: the same study (URL kept: it holds no password) runs on to 6 finished trials of this experiment
@@ -466,11 +516,11 @@ def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Pat
     assert "maxTrialNumber (6) reached" in resumed.stdout
     after = optuna.load_study(study_name="s", storage=storage).get_trials(deepcopy=False)
     assert len(after) == 6 and all(t.state.is_finished() for t in after)
-    assert {t.system_attrs["nni:experiment_id"] for t in after} == {experiment_id}
+    assert {t.user_attrs["nni:experiment_id"] for t in after} == {experiment_id}
     assert [t.state for t in after[:len(trials)]] == [t.state for t in trials]  # the first run's stay as they were
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in after[len(trials):])
     statuses = nni_trials(study_dir)
-    assert {t.system_attrs["nni:trial_id"] for t in after} <= set(statuses)
+    assert {t.user_attrs["nni:trial_id"] for t in after} <= set(statuses)
 
 
 def test_python_api_optimize_runs_the_study(study_dir: Path) -> None:

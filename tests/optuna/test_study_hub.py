@@ -12,6 +12,7 @@ optuna = pytest.importorskip("optuna")
 from optuna.storages._grpc.auto_generated import api_pb2  # noqa: E402
 
 from nni_agent.study_storage import HUB_SERVICE, MD_TRIAL  # noqa: E402
+from nni_manager.hub import study as study_hub  # noqa: E402
 from nni_manager.optuna.storage import StorageProxy, open_storage  # noqa: E402
 from tests.support.manager.hubkit import TOKEN, run, started_hub  # noqa: E402
 
@@ -37,7 +38,8 @@ async def all_studies(socket: Path, agent_id: str, token: str, trial_id: str) ->
         return [s.study_name for s in reply.studies]
 
 
-def test_study_calls_need_the_agents_token_and_its_own_trial(short_dir: Path) -> None:
+def test_study_calls_need_the_agents_token_and_its_own_trial(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(study_hub, "STUDY_WAIT_S", 0.5)  # how long a call waits for the study to be served
     storage = open_storage(f"sqlite:///{short_dir / 'study.db'}")
     optuna.create_study(storage=storage, study_name="s1")
 
@@ -67,5 +69,31 @@ def test_study_calls_need_the_agents_token_and_its_own_trial(short_dir: Path) ->
             await hub.stop()
             rec.store.close()
         assert not (short_dir / "study.sock").exists()
+
+    run(body())
+
+
+def test_a_call_before_the_study_is_served_waits_for_it(short_dir: Path) -> None:
+    """A resumed manager's agents reconnect before it serves the study again: their trials' calls,
+    held while it was away, wait for the study instead of failing the trial."""
+    import asyncio
+
+    storage = open_storage(f"sqlite:///{short_dir / 'study.db'}")
+    optuna.create_study(storage=storage, study_name="s1")
+
+    async def body() -> None:
+        hub, rec = await started_hub(short_dir)
+        proxy = StorageProxy(storage, short_dir / "study.sock")
+        await proxy.start()
+        try:
+            early = asyncio.ensure_future(all_studies(hub.socket_path, "a1", TOKEN, "t1"))
+            await asyncio.sleep(0.5)
+            assert not early.done()  # no study yet: the call waits
+            hub.study = Study(proxy, {"t1": "a1"})
+            assert await asyncio.wait_for(early, 30) == ["s1"]
+        finally:
+            await proxy.stop()
+            await hub.stop()
+            rec.store.close()
 
     run(body())

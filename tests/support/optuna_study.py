@@ -87,6 +87,21 @@ def experiment_trials(where: Path) -> tuple[dict[str, TrialJobStatus], dict[str,
         store.close()
 
 
+def trial_messages(where: Path) -> dict[str, str]:
+    """Each trial's message and the last lines of its stderr (what a failed assertion shows)."""
+    exp_dir = where / "exps" / experiment_id(where)
+    store = Store.open_readonly(exp_dir)
+    try:
+        shown = {}
+        for t in store.trials():
+            stderr = exp_dir / "trials" / t.id / "trial.stderr"
+            tail = stderr.read_text(errors="replace").splitlines()[-5:] if stderr.is_file() else []
+            shown[t.id] = f"{t.status.value}: {t.message} | " + " / ".join(tail)
+        return shown
+    finally:
+        store.close()
+
+
 def check_study(where: Path, python: Path, n_trials: int) -> tuple[list, dict[str, dict]]:
     """Exactly n_trials finished Optuna trials, none RUNNING, each one NNI trial's, with the params its
     objective saw (on the worker, under the worker's Python, through the agent only) and the values
@@ -95,9 +110,9 @@ def check_study(where: Path, python: Path, n_trials: int) -> tuple[list, dict[st
     assert len(trials) == n_trials and all(t.state.is_finished() for t in trials), [t.state for t in trials]
     records = worker_records(where)
     statuses, finals = experiment_trials(where)
-    assert len(records) == len(statuses) == n_trials, (sorted(records), statuses)
+    assert len(records) == len(statuses) == n_trials, (sorted(records), statuses, trial_messages(where))
     for t in trials:
-        trial_id = t.system_attrs["nni:trial_id"]
+        trial_id = t.user_attrs["nni:trial_id"]
         record = records[trial_id]
         assert record["number"] == t.number and record["params"] == t.params, (record["params"], t)
         assert record["python"] == str(python), record["python"]  # the worker's Python, not the manager's
@@ -144,7 +159,7 @@ def check_the_killed_trial(where: Path, python: Path, n_trials: int, out: str, t
     the study) and counts toward n_trials; the others COMPLETE; none RUNNING; no trial process left."""
     assert f"maxTrialNumber ({n_trials}) reached" in out
     trials, _ = check_study(where, python, n_trials)
-    killed = next(t for t in trials if t.system_attrs["nni:trial_id"] == trial_id)
+    killed = next(t for t in trials if t.user_attrs["nni:trial_id"] == trial_id)
     assert killed.number == 0 and killed.state == FAIL
     assert [t.state for t in trials if t is not killed] == [COMPLETE] * (n_trials - 1)
     statuses, _ = experiment_trials(where)

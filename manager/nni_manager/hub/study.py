@@ -8,6 +8,7 @@ go, unparsed, to the study's storage proxy (nni_manager.optuna.storage).
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -26,6 +27,9 @@ class StudyService(Protocol):
         """Optuna's storage method `method` (its name alone) for `trial_id`; raises
         grpc.aio.AioRpcError as answered."""
         ...
+
+
+STUDY_WAIT_S = 60.0
 
 
 def _raw(data: bytes) -> bytes:
@@ -53,7 +57,7 @@ class StudyHandlers(grpc.GenericRpcHandler):
             expected = self._tokens(agent_id)
             if not expected or not hmac.compare_digest(expected.encode(), token.encode()):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"agent {agent_id[:64]}: invalid token")
-            study = self._service()
+            study = await self._study()
             if study is None:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this experiment serves no Optuna study")
             assert study is not None
@@ -67,3 +71,11 @@ class StudyHandlers(grpc.GenericRpcHandler):
             raise AssertionError("unreachable")
 
         return grpc.unary_unary_rpc_method_handler(call, request_deserializer=_raw, response_serializer=_raw)
+
+    async def _study(self) -> StudyService | None:
+        """The study, waiting up to STUDY_WAIT_S for it: a resumed manager's agents reconnect (and
+        their trials' calls, held while it was away, arrive) before the study is served again."""
+        deadline = asyncio.get_running_loop().time() + STUDY_WAIT_S
+        while (study := self._service()) is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        return study

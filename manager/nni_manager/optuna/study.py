@@ -29,16 +29,20 @@ import yaml
 from nni_manager.types import SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_record
-from nni_manager.experiment import Experiment
+from nni_manager.experiment import Experiment, TrialSummary
 from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
-from nni_agent.study_runner import ATTR_EXPERIMENT, ATTR_TRIAL
 
 if TYPE_CHECKING:
     from nni_manager.service import TrainingService
 
 log = logging.getLogger(__name__)
 
+# user attributes of each Optuna trial an NNI trial creates (set with its creation, in one write):
+# whose it is, so that a user looking at the study (optuna-dashboard) finds the trial and its logs
+ATTR_EXPERIMENT = "nni:experiment_id"
+ATTR_TRIAL = "nni:trial_id"
+_ROLE_PLATFORMS = ("kubeflow", "frameworkcontroller")  # a command per role: no one trial command to set
 _NOT_IN_CONFIG = ("searchSpace", "searchSpaceFile", "tuner", "assessor", "advisor", "trialCommand")
 
 
@@ -111,6 +115,13 @@ def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str 
         if key in data:
             raise ConfigError(key, "is given by `nni-manager optuna` (the study samples; the runner is the trial "
                                    "command)", f"remove `{key}` from {name}")
+    services = data.get("trainingService")
+    for ts in services if isinstance(services, list) else [services]:
+        platform = ts.get("platform") if isinstance(ts, dict) else None
+        if platform in _ROLE_PLATFORMS:
+            raise ConfigError("trainingService.platform", f"{platform} runs each role's own `command`, and a study's "
+                                                          "trial is one command (the runner of one Optuna trial)",
+                              "use `platform: kubernetes` (one pod per trial, on the same cluster)")
     if data.get("maxTrialNumber") not in (None, spec.n_trials):
         raise ConfigError("maxTrialNumber", f"differs from --n-trials {spec.n_trials}",
                           "remove maxTrialNumber: --n-trials counts the study's trials")
@@ -280,9 +291,11 @@ def keep_optuna_record(ts: Any, experiment: Experiment, trial_id: str, seen: dic
 
 
 class _Study:
-    """What the hub asks of the study (hub/study.StudyService). It notes which Optuna trials each
-    of our trials created (CreateNewTrial's answer, before the runner sees it): those are the ones
-    to mark FAIL should the trial end without telling the study, however early it was killed."""
+    """What the hub asks of the study (hub/study.StudyService). Each Optuna trial one of our trials
+    creates is made with our ids as user attrs (ATTR_EXPERIMENT, ATTR_TRIAL: Optuna's own template
+    trial, so the trial and its tags are one write), and noted (before the runner sees it) as the
+    trial's to mark FAIL should the trial end without telling the study, however early it was
+    killed; likewise a WAITING trial (`study.enqueue_trial`) its `study.ask()` took."""
 
     def __init__(self, proxy: StorageProxy, ts: TrainingService, created: dict[str, list[int]]) -> None:
         self._proxy, self._ts, self._created = proxy, ts, created
@@ -293,12 +306,44 @@ class _Study:
                 and self._ts.core.scope.allows(agent_id, trial_id, "a study storage call"))
 
     async def call(self, trial_id: str, method: str, request: bytes) -> bytes:
+        from optuna.storages._grpc.auto_generated import api_pb2
+
+        attrs = {ATTR_EXPERIMENT: self._ts.experiment_id, ATTR_TRIAL: trial_id}
+        if method == "CreateNewTrial":
+            request = tagged_new_trial(request, attrs)
         answer = await self._proxy.call(method, request)
         if method == "CreateNewTrial":
-            from optuna.storages._grpc.auto_generated import api_pb2
-
             self._created.setdefault(trial_id, []).append(api_pb2.CreateNewTrialReply.FromString(answer).trial_id)
+        elif method == "SetTrialStateValues":
+            asked = api_pb2.SetTrialStateValuesRequest.FromString(request)
+            if asked.state == api_pb2.RUNNING and api_pb2.SetTrialStateValuesReply.FromString(answer).trial_updated:
+                self._created.setdefault(trial_id, []).append(asked.trial_id)  # a WAITING trial, ours from now
+                await asyncio.to_thread(tag_trial, self._proxy.storage, asked.trial_id, attrs)
         return answer
+
+
+def tagged_new_trial(request: bytes, attrs: dict[str, str]) -> bytes:
+    """CreateNewTrial's request for a new RUNNING trial (`study.ask()`: no template) with `attrs`
+    as user attrs, as the template trial Optuna's storages create in one write; any other as is."""
+    from datetime import datetime
+
+    from optuna.storages._grpc.auto_generated import api_pb2
+    from optuna.storages._grpc.servicer import _to_proto_trial
+    from optuna.trial import FrozenTrial, TrialState
+
+    asked = api_pb2.CreateNewTrialRequest.FromString(request)
+    if not asked.template_trial_is_none:
+        return request  # `study.add_trial` and the like: a finished trial, not one this trial runs
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
+                           datetime_complete=None, params={}, distributions={}, user_attrs=dict(attrs),
+                           system_attrs={}, intermediate_values={}, trial_id=-1)
+    return api_pb2.CreateNewTrialRequest(study_id=asked.study_id, template_trial=_to_proto_trial(template),
+                                         template_trial_is_none=False).SerializeToString()
+
+
+def tag_trial(storage: Any, storage_id: int, attrs: dict[str, str]) -> None:
+    for key, value in attrs.items():
+        storage.set_trial_user_attr(storage_id, key, value)
 
 
 class StudyExperiment(Experiment):
@@ -321,6 +366,14 @@ class StudyExperiment(Experiment):
     def _trial_count(self) -> int:
         return len(self.trials) - len(self._uncounted)
 
+    def _trial_ended(self, trial: TrialSummary) -> None:
+        """A trial of the earlier run that ends after a resume (it lived on while the manager was
+        away) is the study's as any other: its Optuna trial marked FAIL if left RUNNING, kept as its
+        record, and replaced if it ran none (a tuner never saw it; the study did)."""
+        if self.dispatcher is not None:
+            self._resumed.discard(trial.trial_id)
+        super()._trial_ended(trial)
+
     async def _resume(self, ts: TrainingService) -> list[dict[str, Any]]:
         """The earlier runs' trials, and which of them count: those whose Optuna trial is in the
         study (a FAIL left by a stop included, as Optuna counts it), or that ended FAILED by
@@ -329,11 +382,21 @@ class StudyExperiment(Experiment):
         if self._resumed:
             ended = {i for i in self._resumed if self.trials[i].status.is_terminal}
             self._resumed_created = await asyncio.to_thread(self._ours_in_study, ended)
+            for trial_id in ended & set(self._resumed_created):  # ended while the manager was away: kept now
+                seen = await asyncio.to_thread(self._optuna_trial, self._resumed_created[trial_id][-1])
+                if "optuna" not in json.loads(self.trials[trial_id].hyper_params or "{}") and seen is not None:
+                    keep_optuna_record(ts, self, trial_id, seen)
             for trial_id in ended - set(self._resumed_created):
                 t = self.trials[trial_id]
                 if not counts_without_optuna_trial(t.status.value, t.message):
                     self._uncounted.add(trial_id)
         return history
+
+    def _optuna_trial(self, storage_id: int) -> dict[str, Any] | None:
+        try:
+            return optuna_record(self.storage.get_trial(storage_id))
+        except KeyError:
+            return None
 
     def _ours_in_study(self, ended: set[str]) -> dict[str, list[int]]:
         """{our trial id: the storage ids of its Optuna trials}; those of ended trials still RUNNING
@@ -343,7 +406,7 @@ class StudyExperiment(Experiment):
         study_id = self.storage.get_study_id_from_name(self.study.study_name)
         ours: dict[str, list[int]] = {}
         for t in self.storage.get_all_trials(study_id, deepcopy=False):
-            attrs = t.system_attrs
+            attrs = {**t.system_attrs, **t.user_attrs}  # (system attrs: where an earlier version kept them)
             if attrs.get(ATTR_EXPERIMENT) != self.experiment_id or not attrs.get(ATTR_TRIAL):
                 continue
             ours.setdefault(attrs[ATTR_TRIAL], []).append(t._trial_id)
