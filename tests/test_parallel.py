@@ -31,6 +31,9 @@ class FakeItem:
     def add_marker(self, marker: Any) -> None:
         self.markers.append(marker)
 
+    def get_closest_marker(self, name: str) -> Any:
+        return next((m.mark for m in self.markers if m.mark.name == name), None)
+
 
 def groups(item: FakeItem) -> list[str]:
     return [m.mark.args[0] for m in item.markers if m.mark.name == "xdist_group"]
@@ -42,6 +45,17 @@ def test_tests_sharing_a_machine_wide_resource_go_to_one_group() -> None:
     group_items(items)  # type: ignore[arg-type]
     assert [groups(i) for i in items] == [["root-home"]] * 5 + [[], []]
     assert set(ONE_WORKER.values()) == {"root-home"}
+
+
+def test_a_parameter_that_picks_a_grouped_fixture_at_run_time_carries_its_group() -> None:
+    """tests/platforms' `job_platform` param for Slurm gets the Slurm fixture by getfixturevalue: its
+    name is not among the test's fixtures, the param's xdist_group mark says the group."""
+    from tests.support.parallel import group_of
+
+    param = FakeItem("job_platform", nodeid="tests/platforms/test_job_contract.py::test_x[slurm]")
+    param.add_marker(pytest.mark.xdist_group("root-home"))
+    assert group_of(param) == "root-home"  # type: ignore[arg-type]
+    assert group_of(FakeItem("job_platform")) is None  # type: ignore[arg-type]
 
 
 def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Path,

@@ -125,7 +125,7 @@ async def _exit_after_first_trial(keeper: Keeper, connection: Connection) -> Non
     # wait as long as the manager may take to come back: the job's status must follow the
     # trial's only after the manager has every record of it
     connection.stop(f"the trial ended ({pb.TrialState.Name(status.state)})", exit_code=trial_exit_code(status),
-                    drain_timeout=connection.orphan_timeout or None)
+                    drain_timeout=connection.orphan_timeout or None, offline_too=True)
 
 
 async def _trim_after_connect(connection: Connection) -> None:

@@ -163,9 +163,10 @@ class Connection:
         self._send_control(pb.AgentMessage(bundle_request=pb.BundleRequest(digest=digest)))
 
     def stop(self, reason: str, *, exit_code: int | None = None, drain_timeout: float | None = 10.0,
-             by_manager: bool = False, cause: int = pb.END_CAUSE_AGENT_STOPPED) -> None:
+             by_manager: bool = False, cause: int = pb.END_CAUSE_AGENT_STOPPED, offline_too: bool = False) -> None:
         """Stop all trials, wait up to `drain_timeout` s (None: no limit) for the manager to
-        store their final records, then end `run()` (returning `exit_code` if given). Trials end
+        store their final records, then end `run()` (returning `exit_code` if given). With no
+        manager connected it waits only if `offline_too` (one may come back: a restarted one). Trials end
         USER_CANCELED when the manager asked (it stops the experiment), else SYS_CANCELED: a
         signal (a pod evicted or deleted, a machine going down) or a lost manager is the system's."""
         if self._stopping is None:
@@ -173,7 +174,8 @@ class Connection:
                 self._exit_code = exit_code
             state = pb.TRIAL_STATE_USER_CANCELED if by_manager else pb.TRIAL_STATE_SYS_CANCELED
             cause = pb.END_CAUSE_CANCELLED if by_manager else cause
-            self._stopping = asyncio.get_running_loop().create_task(self._stop(reason, drain_timeout, state, cause))
+            self._stopping = asyncio.get_running_loop().create_task(
+                self._stop(reason, drain_timeout, state, cause, offline_too))
 
     async def run(self) -> int:
         """Keep a session open until stopped; return the agent's exit code."""
@@ -410,9 +412,10 @@ class Connection:
 
     # ------------------------------------------------------------------ stopping
 
-    async def _stop(self, reason: str, drain_timeout: float | None, state: int, cause: int) -> None:
+    async def _stop(self, reason: str, drain_timeout: float | None, state: int, cause: int,
+                    offline_too: bool = False) -> None:
         await self.keeper.shutdown(reason, state, cause)
-        if self.connected.is_set() or drain_timeout is None:  # let the final records reach the manager
+        if self.connected.is_set() or drain_timeout is None or offline_too:  # let the final records reach the manager
             try:
                 await asyncio.wait_for(self.outbox.wait_drained(), timeout=drain_timeout)
             except asyncio.TimeoutError:

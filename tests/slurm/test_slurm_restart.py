@@ -1,7 +1,6 @@
-"""A manager of a Slurm experiment is SIGKILLed mid-trial and restarted on the same directory:
-it listens on the same hub port with the same certificate, the agents in the running Slurm jobs
-redial, their trials are re-attached (not restarted), every metric is stored and heard exactly
-once, and clean_up leaves no job and no process behind."""
+"""A manager of a Slurm experiment reached through `loginNode` is SIGKILLed mid-trial and restarted
+on the same directory: the relay on the login node outlives it, the agents redial through it, their
+trials are re-attached. (The plain restart, every job platform alike: tests/platforms/test_job_contract.py.)"""
 from __future__ import annotations
 
 import sys
@@ -12,38 +11,8 @@ import yaml
 from tests.support.manager.helpers import TRIAL, check_resumed, sigkill_after_metrics, start_manager
 
 
-def test_manager_sigkill_and_restart_reattaches_running_jobs(slurm, tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "trial.py").write_text(TRIAL)
-    config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump({
-        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
-        "trialGracePeriod": 2, "experimentWorkingDirectory": str(tmp_path / "exps"),
-        "trainingService": {"platform": "slurm", "nniManagerIp": "127.0.0.1", "reuseMode": True,
-                            "trialCpuNumber": 1, "trialMemorySize": "200mb", "pollInterval": "0.3s"},
-    }))
-    exp_dir = tmp_path / "exps" / "SlurmRestart1"
-    first = start_manager("SlurmRestart1", "new", 2, "--config", str(config), "--step-sleep", "0.3")
-    out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
-    jobs = slurm.live_jobs("nni_exp_SlurmRestart1_")
-    assert len(jobs) == 2 and all(j["state"] == "RUNNING" for j in jobs), jobs  # running without a manager
-
-    second = start_manager("SlurmRestart1", "resume", 2, "--config", str(config), "--step-sleep", "0.3")
-    out2, err2 = second.communicate(timeout=150)
-    assert second.returncode == 0, err2[-3000:]
-
-    trials = check_resumed(exp_dir, out2, before)
-    # re-attached, not restarted: the same jobs ran the trials to their end
-    assert {t.environment_id for t in trials} == {"env1", "env2"}
-    names = [j["name"] for j in slurm.jobs("nni_exp_SlurmRestart1_")]
-    assert sorted(names) == ["nni_exp_SlurmRestart1_env_1", "nni_exp_SlurmRestart1_env_2"], names  # no new job
-    slurm.wait_for(lambda: not slurm.live_jobs("nni_exp_SlurmRestart1_"), 60, "no live job")
-    slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
-
-
 def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_node, tmp_path: Path) -> None:
-    """The same through `loginNode`: the SIGKILLed manager's SSH link and forward die with it; the
+    """The restart of tests/platforms/test_job_contract.py through `loginNode`: the SIGKILLed manager's SSH link and forward die with it; the
     restarted one reconnects, finds the relay still running (same port, the one the batch scripts
     name), points it at a new forward, and the agents' redials reach the new hub."""
     from tests.support.slurm.fixtures import relay_processes

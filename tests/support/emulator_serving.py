@@ -1,7 +1,8 @@
-"""What the emulators' own processes share (AML, DLTS, DLC and the Kubernetes API server): a
-throw-away CA with a server certificate for 127.0.0.1, serving an aiohttp app on loopback, telling
-the fixture the port (tests/support/emulators.py waits for STATE/port, written atomically), and
-running until SIGTERM or SIGINT."""
+"""What the emulators' own processes share (AML, DLTS, DLC, OpenPAI and the Kubernetes API server):
+a throw-away CA with a server certificate for 127.0.0.1, serving an aiohttp app on loopback, telling
+the fixture the port (tests/support/emulators.py waits for STATE/port, written atomically), running
+until SIGTERM or SIGINT, and the `/_emulator` test controls the REST emulators answer alike. Their
+faults and request log: emulator_faults.py; their workloads: emulator_procs.py."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,9 @@ import ipaddress
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -83,3 +86,35 @@ async def until_stopped() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+class _Faults(Protocol):
+    def add(self, spec: dict) -> Any: ...
+    def clear(self) -> None: ...
+
+
+def common_control(parts: list[str], method: str, body: dict, *, jobs: Callable[[], list[Any]],
+                   pids: Callable[[], list[int]], requests: Callable[[], list[Any]],
+                   faults: _Faults | None = None) -> web.Response | None:
+    """`/_emulator/<parts>` controls every REST emulator answers alike (tests/support/emulators.py
+    `RestControls`): GET jobs, pids and requests; POST and DELETE faults (when it takes them); POST
+    shutdown (a SIGTERM to itself, as the fixture's stop). None: not one of these."""
+    if method == "GET" and parts == ["jobs"]:
+        return web.json_response(jobs())
+    if method == "GET" and parts == ["pids"]:
+        return web.json_response({"pids": pids()})
+    if method == "GET" and parts == ["requests"]:
+        return web.json_response(requests())
+    if faults is not None and parts == ["faults"] and method == "POST":
+        try:
+            f = faults.add(body)
+        except (TypeError, ValueError) as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response({"ok": True, "count": f.count})
+    if faults is not None and parts == ["faults"] and method == "DELETE":
+        faults.clear()
+        return web.json_response({"ok": True})
+    if parts == ["shutdown"] and method == "POST":
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+        return web.json_response({"ok": True})
+    return None

@@ -53,8 +53,12 @@ GROUPS_ENV = "NNI_TEST_XDIST_GROUPS"  # the file where workers put nodeid -> gro
 
 
 def group_of(item: pytest.Item) -> str | None:
+    """The group of a fixture the test uses, else the one its parameter names (`pytest.param(...,
+    marks=xdist_group(g))`: a parametrized fixture that picks a grouped one at run time)."""
     names = getattr(item, "fixturenames", ())
-    return next((g for fixture, g in ONE_WORKER.items() if fixture in names), None)
+    group = next((g for fixture, g in ONE_WORKER.items() if fixture in names), None)
+    mark = item.get_closest_marker("xdist_group")
+    return group if group is not None or mark is None or not mark.args else str(mark.args[0])
 
 
 def group_items(items: list[pytest.Item]) -> None:

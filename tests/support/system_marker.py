@@ -15,7 +15,7 @@ SYSTEM_FIXTURES = frozenset({
     "netns_hosts", "password_user", "ssh_keys",
     "azurite", "azurite_oauth", "bind_mount", "nfs_server", "mounted_on_hosts", "browser", "artifacts",
     "relayed_platform", "small_disk", "short_dir", "stock_python", "bare_python", "nni_image_bin",
-    "listener", "server", "kube_shared", "kube_ns", "kube_crd_shared", "kube_crd_ns",
+    "listener", "server", "job_platform", "kube_shared", "kube_ns", "kube_crd_shared", "kube_crd_ns",
 })
 
 # Folders whose tests drive real agents, sshd, Slurm, chaos or a browser.

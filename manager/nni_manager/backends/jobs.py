@@ -488,7 +488,8 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
                     if now - job.running_since > self.connect_timeout and not job.released:
                         await self._ended(job, JobView(
                             job.name, "failed", f"{self.job_label(job)} ran for {self.connect_timeout:g} s but its "
-                            f"agent never dialled {self._hub(job)}: {self.check_hint(job)}; the job was stopped"))
+                            f"agent never dialled {self._hub(job)}: {self.check_hint(job)}; the job was stopped"),
+                            ours=True)
                         await self._cancel_quietly(job)
                         continue
                     words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
@@ -512,13 +513,14 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
     def _hub(job: Job) -> str:
         return job.hub or "the manager's hub"
 
-    async def _ended(self, job: Job, view: JobView) -> None:
+    async def _ended(self, job: Job, view: JobView, ours: bool = False) -> None:
+        """`ours`: the backend's own verdict (its words say why), not an end the platform reported."""
         assert self.ctx is not None
         job.done = True
         await self.forget(job)
         if job.released:
             return  # stopped by us: the core knows
-        words = await self.ended_words(job, view)
+        words = view.words if ours else await self.ended_words(job, view)
         for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
             if m not in job.ended:  # told already (JobView.members)
                 self.ctx.agent_failed(m, words, failed=view.phase == "failed")

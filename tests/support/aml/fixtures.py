@@ -202,7 +202,7 @@ def aml_factory():
 @pytest.fixture
 def aml(aml_factory, monkeypatch) -> Aml:
     """An emulator, with this test's environment logged in as its 'default' principal (Contributor)."""
-    return _logged_in(aml_factory(), monkeypatch)
+    return logged_in(aml_factory(), monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -217,13 +217,14 @@ def aml_shared():
 def aml_in_shared(aml_shared, monkeypatch):
     """`aml_shared`, logged in as `aml` is; afterwards its faults and hold are undone, and the test
     must leave no job process running (as a private one's stop checks)."""
-    yield _logged_in(aml_shared, monkeypatch)
+    yield logged_in(aml_shared, monkeypatch)
     aml_shared.clear_faults()
     aml_shared.hold(None)
     aml_shared.wait_for(lambda: not aml_shared.live_pids(), 60, what="no job process left by this test")
 
 
-def _logged_in(a: Aml, monkeypatch: pytest.MonkeyPatch) -> Aml:
+def logged_in(a: Aml, monkeypatch: pytest.MonkeyPatch) -> Aml:
+    """This test's environment logged in (the Azure CLI's) as `a`'s 'default' principal (Contributor)."""
     for var in AZURE_IDENTITY_VARS:
         monkeypatch.delenv(var, raising=False)
     for k, v in a.env().items():

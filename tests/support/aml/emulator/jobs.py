@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .arm import user_error
 from .assets import Datastore, validate_code_version
-from tests.support.dlts.emulator.procs import ProcessRunner
+from tests.support.emulator_procs import ProcessRunner
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9\-_]{0,254}$")
 TERMINAL = {"Completed", "Failed", "Canceled"}

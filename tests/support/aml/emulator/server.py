@@ -26,12 +26,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.support.dlts.emulator.faults import Faults, RequestLog
-from tests.support.dlts.emulator.procs import ProcessRunner
+from tests.support.emulator_faults import Faults, RequestLog
+from tests.support.emulator_procs import ProcessRunner
 
 from .arm import ArmError, Gate, fault_error, user_error
 from .jobs import Workspace
-from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
+from tests.support.emulator_serving import announce, common_control, make_tls, serve, until_stopped
 from .tokens import ARM_AUDIENCES, verify
 
 MARK = "AML_EMULATOR"
@@ -288,27 +288,16 @@ class Controls:
         parts = [p for p in request.path.split("/") if p][1:]
         ws, m = self.arm.ws, request.method
         body = await request.json() if request.can_read_body else {}
-        if parts == ["jobs"] and m == "GET":
-            return web.json_response([ws.view(j) for j in ws.jobs.values()])
-        if parts == ["pids"] and m == "GET":
-            return web.json_response({"pids": ws.runner.pids()})
-        if parts == ["requests"] and m == "GET":
-            return web.json_response(self.arm.log.entries)
+        common = common_control(parts, m, body, jobs=lambda: [ws.view(j) for j in ws.jobs.values()],
+                                pids=ws.runner.pids, requests=lambda: self.arm.log.entries, faults=self.arm.faults)
+        if common is not None:
+            return common
         if parts == ["api-versions"] and m == "GET":
             seen: dict[str, set] = {}
             for e in self.arm.log.entries:
                 if e.get("kind"):
                     seen.setdefault(e["kind"], set()).add(e["query"].get("api-version"))
             return web.json_response({k: sorted(v, key=str) for k, v in seen.items()})
-        if parts == ["faults"] and m == "POST":
-            try:
-                f = self.arm.faults.add(body)
-            except (TypeError, ValueError) as e:
-                return web.json_response({"error": str(e)}, status=400)
-            return web.json_response({"ok": True, "count": f.count})
-        if parts == ["faults"] and m == "DELETE":
-            self.arm.faults.clear()
-            return web.json_response({"ok": True})
         if parts == ["revoke-tokens"] and m == "POST":
             self.arm.gate.revoked_at = time.time()
             return web.json_response({"ok": True})
@@ -327,9 +316,6 @@ class Controls:
                 return web.json_response({"error": "no such job"}, status=404)
             for i in range(len(job.exit_codes)):
                 ws.runner.signal(f"{job.name}-{i}", int(body.get("signal", signal.SIGKILL)))
-            return web.json_response({"ok": True})
-        if parts == ["shutdown"] and m == "POST":
-            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True})
         return web.json_response({"error": "unknown control"}, status=404)
 

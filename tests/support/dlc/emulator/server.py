@@ -23,8 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
-from tests.support.dlts.emulator.procs import ProcessRunner
+from tests.support.emulator_serving import announce, common_control, make_tls, serve, until_stopped
+from tests.support.emulator_procs import ProcessRunner
 
 from . import signature
 
@@ -271,15 +271,12 @@ class Dlc:
 
 def make_app(dlc: Dlc) -> web.Application:
     async def controls(request: web.Request) -> web.Response:
-        what = request.match_info["what"]
-        if what == "jobs":
-            return web.json_response([{**j.view(), "history": j.history, "exitCodes": j.exit_codes,
-                                       "userCommand": j.body.get("UserCommand")} for j in dlc.jobs.values()])
-        if what == "pids":
-            return web.json_response({"pids": dlc.runner.pids()})
-        if what == "requests":
-            return web.json_response(dlc.requests)
-        return web.json_response({"error": "unknown control"}, status=404)
+        common = common_control(
+            [request.match_info["what"]], request.method, {},
+            jobs=lambda: [{**j.view(), "history": j.history, "exitCodes": j.exit_codes,
+                           "userCommand": j.body.get("UserCommand")} for j in dlc.jobs.values()],
+            pids=dlc.runner.pids, requests=lambda: dlc.requests)
+        return common if common is not None else web.json_response({"error": "unknown control"}, status=404)
 
     async def api(request: web.Request) -> web.Response:
         return await dlc.handle(request)
@@ -293,7 +290,7 @@ def make_app(dlc: Dlc) -> web.Application:
 async def amain(state: Path) -> None:
     cfg = json.loads((state / "config.json").read_text())
     dlc = Dlc(cfg, ProcessRunner(state / "tasks", MARK, cfg["instance"]), state)
-    tls = make_tls(state, ca_name="aml-emulator-ca", server_name="management.azure.emulator")
+    tls = make_tls(state, ca_name="dlc-emulator-ca", server_name="pai-dlc.emulator")
     runner, port = await serve(make_app(dlc), ssl_context=tls)
     announce(state, port)
     await until_stopped()

@@ -14,7 +14,7 @@ import os
 import posixpath
 import uuid
 from dataclasses import dataclass, field
-from .procs import ProcessRunner
+from tests.support.emulator_procs import ProcessRunner
 
 ACTIVE = {"unapproved", "queued", "scheduling", "running", "pausing", "paused", "killing"}
 TERMINAL = {"finished", "failed", "killed", "error"}

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.support.emulator_serving import announce, serve, until_stopped
+from tests.support.emulator_serving import announce, common_control, serve, until_stopped
 
-from .faults import Faults, RequestLog
+from tests.support.emulator_faults import Faults, RequestLog
 from .jobs import ACTIVE, JobManager, SubmitError
-from .procs import ProcessRunner
+from tests.support.emulator_procs import ProcessRunner
 
 MARK = "DLTS_EMULATOR"
 STATUS_ENUM = ["approved", "killing", "pausing", "queued"]
@@ -249,29 +249,15 @@ class Controls:
         jobs = self.dash.jobs
         body = await request.json() if request.can_read_body else {}
         m = request.method
-        if parts == ["jobs"] and m == "GET":
-            return web.json_response([jobs.view(j) for j in jobs.jobs.values()])
-        if parts == ["pids"] and m == "GET":
-            return web.json_response({"pids": jobs.runner.pids()})
-        if parts == ["requests"] and m == "GET":
-            return web.json_response(self.dash.log.entries)
-        if parts == ["faults"] and m == "POST":
-            try:
-                f = self.dash.faults.add(body)
-            except (TypeError, ValueError) as e:
-                return web.json_response({"error": str(e)}, status=400)
-            return web.json_response({"ok": True, "count": f.count})
-        if parts == ["faults"] and m == "DELETE":
-            self.dash.faults.clear()
-            return web.json_response({"ok": True})
+        common = common_control(parts, m, body, jobs=lambda: [jobs.view(j) for j in jobs.jobs.values()],
+                                pids=jobs.runner.pids, requests=lambda: self.dash.log.entries, faults=self.dash.faults)
+        if common is not None:
+            return common
         if parts == ["hold"] and m == "POST":
             jobs.set_hold(body.get("state"))
             return web.json_response({"ok": True})
         if parts == ["step"] and m == "POST":
             jobs.step = float(body["seconds"])
-            return web.json_response({"ok": True})
-        if parts == ["shutdown"] and m == "POST":
-            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
             return web.json_response({"ok": True})
         if len(parts) == 3 and parts[0] == "jobs" and m == "POST":
             job = jobs.jobs.get(parts[1])

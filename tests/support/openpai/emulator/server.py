@@ -8,16 +8,16 @@ import asyncio
 import json
 import logging
 import math
-import os
 import re
 import secrets
-import signal
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from tests.support.emulator_serving import announce, serve, until_stopped
 
 from . import protocol
 from .cluster import RESOURCE_KEYS, Cluster
@@ -428,22 +428,12 @@ async def amain(args: argparse.Namespace) -> None:
     server = Server(cluster, cfg.get("controlToken") or secrets.token_hex(16), limits, windows)
     app = web.Application(client_max_size=10 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", server.handle)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]     # type: ignore[union-attr]
+    runner, port = await serve(app)
     loop_task = asyncio.ensure_future(cluster.run())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     (state / "instance").write_text(instance)
-    tmp = state / "port.tmp"
-    tmp.write_text(str(port))
-    os.replace(tmp, state / "port")
+    announce(state, port)
     log.info("OpenPAI emulator on 127.0.0.1:%d (instance %s)", port, instance)
-    await stop.wait()
+    await until_stopped()
     server.faults.closing.set()
     await cluster.shutdown()
     loop_task.cancel()

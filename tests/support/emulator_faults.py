@@ -1,4 +1,5 @@
-"""Injected faults and the request log, shared by the DLTS and AML emulators.
+"""Injected faults and the request log, shared by the DLTS and AML emulators (their `/_emulator`
+controls: tests/support/emulator_serving.py `common_control`).
 
 A fault answers the next `count` matching requests with `status` (each emulator renders the
 body as its real server would), optionally after hanging `hang` seconds, and with a

@@ -1,4 +1,4 @@
-"""Workloads as real local process trees, shared by the DLTS and AML emulators.
+"""Workloads as real local process trees, shared by the DLTS, AML and DLC emulators.
 
 A task is a bash script file (never argv: commands may hold secrets) run in its own session.
 Every process of a task carries two marker variables in its environment, so the emulator can
@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.support.emulators import marked_pids
 
 # the Kubernetes emulator's container start: a private mount namespace with files bind-mounted
-CONTAINER_INIT = str(Path(__file__).resolve().parents[2] / "kube" / "emulator" / "container_init.py")
+CONTAINER_INIT = str(Path(__file__).resolve().parent / "kube" / "emulator" / "container_init.py")
 TERMINATION_LOG = "/dev/termination-log"
 
 

@@ -1,0 +1,269 @@
+"""Each job platform as the contract suite (tests/platforms/test_job_contract.py) drives it: the
+fixture that runs its emulator or cluster, an experiment config in the platform's usual form, its
+jobs' states in its own words, and how to make a job whose agent never dials the hub.
+
+The suite's scenarios are the ones every platform built on backends/jobs.py must pass; what only
+one platform does stays in that platform's folder. A new platform (the Kubernetes job backends)
+joins by subclassing `JobPlatform` and adding an instance to `PLATFORMS`."""
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.support.manager.helpers import TRIAL
+
+STUCK_IMAGE = "stuck/image:1"
+
+
+def _code(base: Path) -> Path:
+    code = base / "code"
+    code.mkdir(exist_ok=True)
+    (code / "trial.py").write_text(TRIAL)
+    return code
+
+
+def _stuck_bin(base: Path) -> str:
+    """An image's bin dir whose `python3` never starts the agent (it sleeps)."""
+    stuck = base / "stuck-bin"
+    stuck.mkdir(exist_ok=True)
+    (stuck / "python3").write_text("#!/bin/sh\nexec sleep 600\n")
+    (stuck / "python3").chmod(0o755)
+    return str(stuck)
+
+
+class JobPlatform:
+    """What a scenario needs of one platform. `emu` below is what the platform's fixture gives."""
+
+    name: ClassVar[str]
+    fixture: ClassVar[str]  # a running emulator / cluster that scenarios may share (they find their jobs by name)
+    group: ClassVar[str | None] = None  # the fixture's xdist group (tests/support/parallel.py ONE_WORKER)
+    tag: ClassVar[str]  # experiment ids the scenarios name themselves: f"{tag}Restart1"
+    reuse: ClassVar[bool]  # in the config below: one job per environment (env_<n>) or one per trial
+    running_state: ClassVar[str]  # a running job's state in the platform's listing
+    stopped_state: ClassVar[str]  # the state of a job the manager stopped
+    ended_states: ClassVar[tuple[str, ...]]  # the states of a job that ended, however
+    clean_states: ClassVar[tuple[str, ...]]  # the states clean_up leaves the experiment's jobs in
+    not_dialled_words: ClassVar[tuple[str, ...]] = ()  # the platform's own words while an agent has not dialled
+    stuck_pool: ClassVar[bool] = False  # `stuck` runs a pool: environments are tried until one starts, not one job
+
+    def param(self) -> Any:
+        marks = [pytest.mark.xdist_group(self.group)] if self.group else []
+        return pytest.param(self, id=self.name, marks=marks)
+
+    def emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue(self.fixture)
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        """An experiment running tests.support.manager.helpers.TRIAL from base/code, two trials at a
+        time, its directory under base/exps; `ts`: training service fields."""
+        raise NotImplementedError
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        """An emulator / cluster and a one-trial-per-job config whose job runs but never starts its
+        agent, with `agentConnectTimeout: timeout`."""
+        raise NotImplementedError
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        """Job name -> state, for every job whose name starts with `prefix`."""
+        raise NotImplementedError
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """Stop job `name` as someone else would, with the platform's own tools (not the manager's
+        client); returns the words the trial's message must then hold (the platform's)."""
+        raise NotImplementedError
+
+    def processes(self, emu: Any) -> list[int]:
+        """The processes the platform's jobs still run."""
+        raise NotImplementedError
+
+    def secrets(self, emu: Any) -> list[str]:
+        """Credentials of the platform that must never reach the manager's output."""
+        return []
+
+    def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
+        return emu.wait_for(predicate, timeout, what=what)
+
+    # derived
+    def job_of(self, prefix: str, trial_id: str, environment_id: str) -> str:
+        """The name of the job running a trial: its environment's in a pool, else the trial's own."""
+        if environment_id.startswith("env"):
+            return f"{prefix}env_{environment_id.removeprefix('env')}"
+        return f"{prefix}trial_{trial_id}"
+
+    def running(self, emu: Any, prefix: str) -> list[str]:
+        return sorted(n for n, s in self.states(emu, prefix).items() if s == self.running_state)
+
+    def live(self, emu: Any, prefix: str) -> list[str]:
+        return sorted(n for n, s in self.states(emu, prefix).items() if s not in self.ended_states)
+
+    def wait_clean(self, emu: Any, prefix: str) -> None:
+        """Every job of the experiment ended as clean_up ends them, and no process of any job is left."""
+        self.wait_for(emu, lambda: not self.live(emu, prefix), 60, "every job of the experiment ended")
+        states = self.states(emu, prefix)
+        assert states and set(states.values()) <= set(self.clean_states), states
+        self.wait_for(emu, lambda: not self.processes(emu), 60, "no job process left")
+
+
+class OpenPai(JobPlatform):
+    name, fixture, tag, reuse = "openpai", "pai_factory", "Pai", True
+    running_state, stopped_state, ended_states = "RUNNING", "STOPPED", ("STOPPED", "SUCCEEDED", "FAILED")
+    clean_states = ("STOPPED", "SUCCEEDED")  # succeeded: its agents were told to stop before PAI's STOP landed
+
+    def emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue("pai_factory")(rate_limits={"list": 0})  # the real one: 60 listings a minute
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
+                "trialConcurrency": 2, "trialGracePeriod": 2, "experimentWorkingDirectory": str(base / "exps"),
+                "trainingService": {"platform": "openpai", "host": emu.url, "username": emu.username,
+                                    "token": emu.token, "nniManagerIp": "127.0.0.1", "trialMemorySize": "1gb",
+                                    "pollInterval": "0.5s", **ts}}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        pai = request.getfixturevalue("pai_factory")(rate_limits={"list": 0}, images={STUCK_IMAGE: _stuck_bin(base)})
+        return pai, self.config(pai, base, reuseMode=False, dockerImage=STUCK_IMAGE, agentConnectTimeout=timeout)
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["name"]: j["state"] for j in emu.jobs() if j["name"].startswith(prefix)}
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.live_pids()
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`PUT jobs/{user}~{name}/executionType {value: STOP}`, as PAI's web portal does."""
+        req = urllib.request.Request(f"{emu.api}/jobs/{emu.username}~{name}/executionType", method="PUT",
+                                     data=json.dumps({"value": "STOP"}).encode(),
+                                     headers={"Authorization": f"Bearer {emu.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202, r.read()
+        return ["outside this experiment", "STOP"]
+
+    def secrets(self, emu: Any) -> list[str]:
+        return [emu.token]
+
+
+class Dlts(JobPlatform):
+    """NNI's v1 config (nnictl YAML) unchanged; DLTS runs one job per trial."""
+
+    name, fixture, tag, reuse = "dlts", "dlts_in_shared", "Dlts", False
+    running_state, stopped_state, ended_states = "running", "killed", ("finished", "failed", "killed", "paused")
+    clean_states = ("finished", "killed")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"authorName": "nni", "experimentName": "dlts", "trialConcurrency": 2, "maxExecDuration": "1h",
+                "trainingServicePlatform": "dlts", "nniManagerIp": "127.0.0.1", "logDir": str(base / "exps"),
+                "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "tuner": {"builtinTunerName": "Random"},
+                "trial": {"command": f"{sys.executable} trial.py", "codeDir": str(_code(base)), "gpuNum": 0,
+                          "image": "msranni/nni"},
+                "dltsConfig": {**emu.dlts_config(), "pollInterval": "0.3s", **ts}}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        dlts = request.getfixturevalue("dlts_factory")(
+            images={STUCK_IMAGE: _stuck_bin(base), "*": str(Path(sys.executable).parent)})
+        data = self.config(dlts, base, agentConnectTimeout=timeout)
+        data["trial"]["image"] = STUCK_IMAGE
+        return dlts, data
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["jobName"]: j["jobStatus"] for j in emu.jobs() if j["jobName"].startswith(prefix)}
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """The job goes `killing`, as when its owner or an administrator kills it in the dashboard."""
+        emu.force_status(next(j["jobId"] for j in emu.jobs() if j["jobName"] == name), "killing")
+        return ["killed outside this experiment"]
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.live_pids()
+
+    def secrets(self, emu: Any) -> list[str]:
+        return [emu.password()]
+
+
+class Aml(JobPlatform):
+    """Logged in through the Azure CLI as the emulator's Contributor; AML runs a pool (reuse only)."""
+
+    name, fixture, tag, reuse = "aml", "aml_in_shared", "Aml", True
+    running_state, stopped_state, ended_states = "Running", "Canceled", ("Canceled", "Completed", "Failed")
+    clean_states, stuck_pool = ended_states, True
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
+                "trialConcurrency": 2, "experimentWorkingDirectory": str(base / "exps"), "trialGracePeriod": 2,
+                "trainingService": {**emu.aml_config(), "nniManagerIp": "127.0.0.1", "pollInterval": "0.3s", **ts}}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        from tests.support.aml.fixtures import logged_in
+
+        aml = logged_in(request.getfixturevalue("aml_factory")(images={STUCK_IMAGE: _stuck_bin(base)}),
+                        request.getfixturevalue("monkeypatch"))
+        data = self.config(aml, base, dockerImage=STUCK_IMAGE, agentConnectTimeout=timeout)
+        data["trialConcurrency"] = 1
+        return aml, data
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["name"]: j["status"] for j in emu.jobs() if j["name"].startswith(prefix)}
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`POST .../jobs/{name}/cancel` with the logged-in user's ARM token, as the studio does."""
+        import ssl
+
+        from azure.identity import DefaultAzureCredential
+
+        token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
+        req = urllib.request.Request(f"{emu.url}{emu.workspace_path}/jobs/{name}/cancel?api-version=2024-04-01",
+                                     method="POST", data=b"", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=emu.ca_file)) as r:
+            assert r.status == 202, r.read()
+        return ["outside this experiment"]
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.live_pids()
+
+
+class Slurm(JobPlatform):
+    """The real 2-node cluster (session-scoped, root's home group); reuse mode by default."""
+
+    name, fixture, group, tag, reuse = "slurm", "slurm", "root-home", "Slurm", True
+    running_state, stopped_state = "RUNNING", "CANCELLED"
+    ended_states = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
+                    "OUT_OF_MEMORY", "DEADLINE")
+    clean_states = ("COMPLETED", "CANCELLED")
+    not_dialled_words = ("is RUNNING", "Slurm job", "agent-*.log")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
+                "trialConcurrency": 2, "trialGracePeriod": 2, "experimentWorkingDirectory": str(base / "exps"),
+                "trainingService": {"platform": "slurm", "nniManagerIp": "127.0.0.1", "reuseMode": True,
+                                    "trialCpuNumber": 1, "trialMemorySize": "200mb", "pollInterval": "0.3s", **ts}}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        slurm = self.emulator(request)  # the batch script's prologue never ends: srun never starts the agent
+        data = self.config(slurm, base, reuseMode=False, agentConnectTimeout=timeout, prologue=["sleep 600"])
+        data["trialConcurrency"] = 1
+        return slurm, data
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["name"]: j["state"] for j in emu.jobs(prefix)}
+
+    def live(self, emu: Any, prefix: str) -> list[str]:
+        return sorted(j["name"] for j in emu.live_jobs(prefix))
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        (job,) = emu.jobs(name)
+        emu.run("scancel", job["id"])
+        return ["CANCELLED", "scancel", job["id"]]  # the agent's SIGTERM, explained in Slurm's words
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.job_processes()
+
+    def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
+        return emu.wait_for(predicate, timeout, what)
+
+
+PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Slurm())
