@@ -31,6 +31,7 @@ from tests.support.remote.fixtures import (  # noqa: E402,F401 (fixtures)
     SshdHost,
     netns_hosts,
     ssh_keys,
+    ssh_user,
 )
 from tests.support.worker_python import WHEELHOUSE, optuna_bin  # noqa: E402,F401 (fixtures)
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.ssh
 def test_key_auth_and_exec(plain_sshd):
     client = connect(plain_sshd.machine)
     try:
-        assert run(client, "id -un; echo $HOME") == (0, "root\n/root\n", "")
+        assert run(client, "id -un; echo $HOME") == (0, f"{plain_sshd.machine.user}\n{plain_sshd.home}\n", "")
     finally:
         client.close()
 
@@ -79,7 +79,7 @@ def test_strict_checking_off_accepts_unknown_key(plain_sshd, tmp_path):
 
 def test_connection_refused_names_machine(plain_sshd):
     m = dataclasses.replace(plain_sshd.machine, port=1)
-    with pytest.raises(SshError, match=r"root@127.0.0.1:1: cannot connect"):
+    with pytest.raises(SshError, match=rf"{m.user}@127\.0\.0\.1:1: cannot connect"):
         connect(m)
 
 

@@ -39,6 +39,7 @@ nni.report_final_result(p["x"])
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nss", dir="/tmp"))  # the hub's Unix socket path must stay short
+    d.chmod(0o755)  # the mount point in it is the SSH user's way to the storage
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -52,6 +53,7 @@ def mounted_on_hosts(netns_hosts, short_tmp: Path) -> Iterator[tuple[Path, Path]
     export, mount_point = short_tmp / "export", short_tmp / "mnt"
     export.mkdir()
     mount_point.mkdir()
+    shutil.chown(export, netns_hosts[0].machine.user)  # the user's share: its trials write there
     done: list[int] = []
     try:
         for host in netns_hosts[:2]:
@@ -140,14 +142,15 @@ def nfs_server(netns_hosts, short_tmp: Path) -> Iterator[Path]:
             proc.wait()
 
 
-def test_remote_trial_mounts_a_real_nfs_server(netns_hosts, nfs_server: Path, short_tmp: Path) -> None:
+def test_remote_trial_mounts_a_real_nfs_server(netns_hosts, root_login, nfs_server: Path, short_tmp: Path) -> None:
     """The worker mounts <nfsServer>:<exportedDirectory> itself, as NNI does, from a server that runs
     in the worker's network namespace. With an NFS client in the kernel the trial's output lands in the
-    export; without one (this project's machines) the trial fails with the one-line reason."""
+    export; without one (this project's machines) the trial fails with the one-line reason. Mounting
+    needs root (NNI: passwordless sudo, which this machine lacks): the SSH login is root's."""
     code = short_tmp / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    h = netns_hosts[0].machine
+    h = root_login(netns_hosts[0])
     mount_point = short_tmp / "nfs-mnt"
     config = load_config({
         "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
