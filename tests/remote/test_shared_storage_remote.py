@@ -39,7 +39,6 @@ nni.report_final_result(p["x"])
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nss", dir="/tmp"))  # the hub's Unix socket path must stay short
-    d.chmod(0o755)  # the mount point in it is the SSH user's way to the storage
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -53,7 +52,6 @@ def mounted_on_hosts(netns_hosts, short_tmp: Path) -> Iterator[tuple[Path, Path]
     export, mount_point = short_tmp / "export", short_tmp / "mnt"
     export.mkdir()
     mount_point.mkdir()
-    shutil.chown(export, netns_hosts[0].machine.user)  # the user's share: its trials write there
     done: list[int] = []
     try:
         for host in netns_hosts[:2]:
@@ -66,7 +64,10 @@ def mounted_on_hosts(netns_hosts, short_tmp: Path) -> Iterator[tuple[Path, Path]
             subprocess.run(["nsenter", "-t", str(pid), "-m", "umount", "-l", str(mount_point)], capture_output=True)
 
 
-def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, azurite, mounted_on_hosts, short_tmp) -> None:  # noqa: F811
+def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, root_login, azurite, mounted_on_hosts,  # noqa: F811
+                                                           short_tmp) -> None:
+    """Logged in as root: the bind mount stands for blobfuse2's, which NNI makes with sudo and
+    `allow_other` (any user writes there); a bind mount of the manager's (root's) folder is not."""
     from azure.storage.blob import BlobServiceClient
 
     BlobServiceClient(azurite, credential={"account_name": AZURITE_ACCOUNT,
@@ -75,10 +76,9 @@ def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, azurite,
     code = short_tmp / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    machines = [{"host": h.machine.host, "port": h.machine.port, "user": h.machine.user,
-                 "sshKeyFile": str(h.machine.ssh_key_file), "knownHostsFile": str(h.machine.known_hosts_file),
-                 "proxyCommand": h.machine.proxy_command, "pythonPath": h.machine.python_path}
-                for h in netns_hosts[:2]]
+    machines = [{"host": m.host, "port": m.port, "user": m.user, "sshKeyFile": str(m.ssh_key_file),
+                 "knownHostsFile": str(m.known_hosts_file), "proxyCommand": m.proxy_command, "pythonPath": m.python_path}
+                for m in map(root_login, netns_hosts[:2])]
     config = load_config({
         "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
         "maxTrialNumber": 2, "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}},

@@ -11,10 +11,12 @@ worker side cannot be made per worker, and is handled here:
 * Slurm: its nodes and login node run as root, so its jobs' agents live in root's real home, and
   the tests count the loginNode relays running on the machine (`relay_processes`); one real
   cluster (munged, slurmctld, two slurmd) is enough.
-* `root_login`: an SSH test that needs root on the worker (a mount: tests/remote/
-  test_shared_storage_remote.py's NFS test; NNI wants passwordless sudo, which this machine lacks).
-  Its agent lives in root's home too, beside Slurm's jobs: dependencies one of them ships there
-  make another's bare Python usable (test_slurm_deps needs it bare).
+* `root_login`: SSH tests that need root on the worker: tests/remote/test_shared_storage_remote.py,
+  whose worker mounts NFS itself (NNI: with passwordless sudo, which this machine lacks) or writes
+  to a bind mount standing for blobfuse2's (NNI mounts it with sudo and `allow_other`; a bind
+  mount of root's folder is not writable by another user). Their agents live in root's home too,
+  beside Slurm's jobs: dependencies one of them ships there make another's bare Python usable
+  (test_slurm_deps needs it bare).
 
 Every test using a fixture in `ONE_WORKER` gets that fixture's group, and `--dist loadgroup` sends
 each group to one worker, in collection order (as a serial run orders them); the Slurm cluster
@@ -40,7 +42,7 @@ import pytest
 
 # fixture -> the xdist_group of every test using it (run on one worker, in one session): what runs as
 # root on the worker side, in root's home. Slurm's nodes and login node run as root on this machine (and
-# one cluster is enough); `root_login` is an SSH test that needs root there (a mount). The other SSH
+# one cluster is enough); `root_login` is for SSH tests that need root there (mounts). The other SSH
 # tests log in as their session's own user (tests/support/remote/fixtures.py: ssh_user) and run anywhere.
 ONE_WORKER = {"slurm": "root-home", "login_node": "root-home", "root_login": "root-home"}
 

@@ -78,14 +78,23 @@ class SshdHost:
     home: Path
 
     def kill_connections(self) -> int:
-        """Kill the sshd children serving connections (the listener stays): links drop."""
-        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
-        for pid in children:
+        """Kill the sshd processes serving connections (the listener stays): links drop. A user other
+        than root has two per connection, the privileged monitor and its child running as the user,
+        which holds the socket; both go. Returns the number of connections."""
+        import psutil
+
+        connections = psutil.Process(self.proc.pid).children()
+        for conn in connections:
             try:
-                os.kill(int(pid), 9)
-            except ProcessLookupError:
-                pass
-        return len(children)
+                serving = [conn, *(p for p in conn.children(recursive=True) if p.name().startswith("sshd"))]
+            except psutil.NoSuchProcess:
+                continue
+            for proc in serving:
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        return len(connections)
 
 
 class SshKeys:
