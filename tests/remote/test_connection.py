@@ -16,6 +16,9 @@ pytestmark = pytest.mark.ssh
 
 
 def test_key_auth_and_exec(plain_sshd):
+    """The SSH tests log in as their session's own user, never root: its agents stay out of root's
+    home, so these tests can run on any xdist worker (tests/support/parallel.py)."""
+    assert plain_sshd.machine.user != "root" and not plain_sshd.home.is_relative_to("/root")
     client = connect(plain_sshd.machine)
     try:
         assert run(client, "id -un; echo $HOME") == (0, f"{plain_sshd.machine.user}\n{plain_sshd.home}\n", "")
