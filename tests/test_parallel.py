@@ -40,10 +40,13 @@ def groups(item: FakeItem) -> list[str]:
 
 
 def test_tests_sharing_a_machine_wide_resource_go_to_one_group() -> None:
-    items = [FakeItem("slurm", "base"), FakeItem("login_node", "slurm"), FakeItem("plain_sshd", "short_dir"),
-             FakeItem("netns_hosts"), FakeItem("password_user", "ssh_keys"), FakeItem("kube_ns"), FakeItem("tmp_path")]
+    """Slurm and a root SSH login share root's home; the other SSH tests log in as their worker's
+    own user (tests/support/remote/fixtures.py: ssh_user) and go to any worker."""
+    items = [FakeItem("slurm", "base"), FakeItem("login_node", "slurm"), FakeItem("root_login", "netns_hosts"),
+             FakeItem("plain_sshd", "ssh_user", "short_dir"), FakeItem("netns_hosts", "ssh_user"),
+             FakeItem("password_user", "ssh_keys"), FakeItem("kube_ns"), FakeItem("tmp_path")]
     group_items(items)  # type: ignore[arg-type]
-    assert [groups(i) for i in items] == [["root-home"]] * 5 + [[], []]
+    assert [groups(i) for i in items] == [["root-home"]] * 3 + [[]] * 5
     assert set(ONE_WORKER.values()) == {"root-home"}
 
 
@@ -64,7 +67,7 @@ def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Pat
     monkeypatch.setenv(GROUPS_ENV, str(tmp_path / "groups.json"))
     worker = SimpleNamespace(workerinput={"workerid": "gw0"})
     items = [FakeItem("slurm", nodeid="tests/slurm/test_a.py::test_x"), FakeItem("tmp_path", nodeid="tests/t.py::test_y"),
-             FakeItem("plain_sshd", nodeid="tests/security/test_b.py::test_z[1]")]
+             FakeItem("root_login", nodeid="tests/remote/test_b.py::test_z[1]")]
     write_groups(worker, items)  # type: ignore[arg-type]
     options = {"dist": "loadgroup", "tx": ["2*popen"]}
     controller = SimpleNamespace(getoption=lambda name, default=None: options.get(name, default),

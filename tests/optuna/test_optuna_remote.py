@@ -10,6 +10,7 @@ params and values are those.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -31,12 +32,16 @@ from tests.support.remote.fixtures import (  # noqa: E402,F401 (fixtures)
     SshdHost,
     netns_hosts,
     ssh_keys,
+    ssh_user,
 )
 from tests.support.worker_python import WHEELHOUSE, optuna_bin  # noqa: E402,F401 (fixtures)
 
 pytestmark = pytest.mark.ssh
 def write_config(where: Path, host: SshdHost, python_dir: Path, concurrency: int) -> Path:
     copy_objectives(where)
+    where.chmod(0o755)  # the objectives, run by the SSH user, write what they saw to where/seen
+    (where / "seen").mkdir()
+    shutil.chown(where / "seen", host.machine.user)
     m = host.machine
     machine = {"host": m.host, "port": m.port, "user": m.user, "sshKeyFile": str(m.ssh_key_file),
                "knownHostsFile": str(m.known_hosts_file), "proxyCommand": m.proxy_command,

@@ -76,7 +76,7 @@ def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, short
                 await hub.wait_for(lambda: all(ctx.agent_connected(a) for a in ctx.added), 30, "three agents")
                 assert ctx.failures == {}
                 names = {name for name, _ in ctx.added.values()}
-                assert names == {f"root_{h.name}_{h.port}" for h in netns_hosts}
+                assert names == {f"{h.machine.user}_{h.name}_{h.port}" for h in netns_hosts}
                 # the hub is not reachable from inside a host: only the tunnel carries the agent
                 probe = subprocess.run(["ip", "netns", "exec", netns_hosts[0].name, "nc", "-z", "-w1",
                                         "127.0.0.1", str(hub.port)])
@@ -96,14 +96,14 @@ def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, short
             assert marked_processes(ctx.experiment_id) == []
             # connected means an open stream now: the stopped agents are not
             await hub.wait_for(lambda: not any(ctx.agent_connected(a) for a in ctx.added), 30, "the streams to end")
-            token_files = list(Path.home().glob(f".nni-agent/run/{ctx.experiment_id}/*.token"))
+            token_files = list(netns_hosts[0].home.glob(f".nni-agent/run/{ctx.experiment_id}/*.token"))
             assert token_files == []
 
     run(scenario())
 
 
-def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_path):
-    fake = tmp_path / "oldpy"
+def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, worker_dir):
+    fake = worker_dir / "oldpy"
     fake.mkdir()
     (fake / "python3").write_text("#!/bin/sh\necho 3.7.16 /opt/old/python3\n")
     (fake / "python3").chmod(0o755)
@@ -121,7 +121,7 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_p
                 assert set(ctx.failures) == {old_python, unreachable}
                 assert "no Python >= 3.8 found in pythonPath" in ctx.failures[old_python]
                 assert "python3: Python 3.7.16 is older than 3.8" in ctx.failures[old_python]
-                assert f"root@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures[unreachable]
+                assert f"{machines[2].user}@{netns_hosts[2].name}:2299: cannot connect" in ctx.failures[unreachable]
                 assert "the proxy command exited with code 1" in ctx.failures[unreachable]
                 await hub.wait_for(lambda: ctx.agent_connected(good), 30, f"{good} to connect")
                 assert not ctx.agent_connected(old_python) and not ctx.agent_connected(unreachable)
@@ -133,10 +133,10 @@ def test_bad_host_fails_precisely_and_others_go_on(netns_hosts, short_dir, tmp_p
     run(scenario())
 
 
-def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(netns_hosts, short_dir, tmp_path):
+def test_ssh_link_killed_mid_trial_reconnects_same_port_metrics_exactly_once(netns_hosts, short_dir, worker_dir):
     host = netns_hosts[2]
     n = 30
-    script = steady_trial(tmp_path / "slow.py", n)
+    script = steady_trial(worker_dir / "slow.py", n)
 
     async def scenario() -> None:
         async with new_hub(short_dir) as hub:
@@ -180,14 +180,14 @@ def test_render_names_commands_without_secrets(netns_hosts):
     assert "never on a command line" in text
 
 
-def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_port(netns_hosts, short_dir, tmp_path):
+def test_restarted_manager_reattaches_although_the_old_session_still_holds_the_port(netns_hosts, short_dir, worker_dir):
     """The old manager died but its SSH session lingers (an orphaned proxy process keeps it),
     so the agent's worker port stays taken: the new manager (a new hub built from the store,
     on another port) forwards another worker port and points the running agent at it; the
     trial is never restarted and no metric is lost."""
     host = netns_hosts[1]
     n = 40
-    script = steady_trial(tmp_path / "kept.py", n)
+    script = steady_trial(worker_dir / "kept.py", n)
 
     async def scenario() -> None:
         hub = await new_hub(short_dir).start()

@@ -24,8 +24,8 @@ def wheel(tmp_path_factory):
     return build_agent_wheel(tmp_path_factory.mktemp("wheel"))
 
 
-def test_no_usable_python_is_precise(plain_sshd, tmp_path, wheel):
-    fake = tmp_path / "fakepy"
+def test_no_usable_python_is_precise(plain_sshd, worker_dir, wheel):
+    fake = worker_dir / "fakepy"
     fake.mkdir()
     (fake / "python3").write_text("#!/bin/sh\necho 3.7.16 /opt/old/python3\n")
     (fake / "python").write_text("#!/bin/sh\necho 'Python 2.7.18' >&2\n")
@@ -53,7 +53,7 @@ def test_missing_python_path_dir(plain_sshd, wheel):
 
 
 def test_install_from_wheel_then_reuse(plain_sshd, wheel):
-    target = Path.home() / ".nni-agent" / wheel.tag
+    target = plain_sshd.home / ".nni-agent" / wheel.tag
     shutil.rmtree(target, ignore_errors=True)  # prove a fresh install (the tag is content-addressed)
     client = connect(plain_sshd.machine)
     try:

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.ssh
 
 
 def test_key_auth_and_exec(plain_sshd):
+    """The SSH tests log in as their session's own user, never root: its agents stay out of root's
+    home, so these tests can run on any xdist worker (tests/support/parallel.py)."""
+    assert plain_sshd.machine.user != "root" and not plain_sshd.home.is_relative_to("/root")
     client = connect(plain_sshd.machine)
     try:
-        assert run(client, "id -un; echo $HOME") == (0, "root\n/root\n", "")
+        assert run(client, "id -un; echo $HOME") == (0, f"{plain_sshd.machine.user}\n{plain_sshd.home}\n", "")
     finally:
         client.close()
 
@@ -79,7 +82,7 @@ def test_strict_checking_off_accepts_unknown_key(plain_sshd, tmp_path):
 
 def test_connection_refused_names_machine(plain_sshd):
     m = dataclasses.replace(plain_sshd.machine, port=1)
-    with pytest.raises(SshError, match=r"root@127.0.0.1:1: cannot connect"):
+    with pytest.raises(SshError, match=rf"{m.user}@127\.0\.0\.1:1: cannot connect"):
         connect(m)
 
 

@@ -32,6 +32,7 @@ LOGGING_TRIAL = TRIAL.replace('print("trial"', '(out / "trial.log").write_text("
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nh", dir="/tmp"))  # the hub's Unix socket path must stay short
+    d.chmod(0o755)  # the SSH user's trial waits for the release file in it
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -50,7 +51,7 @@ def test_local_plus_remote_one_pool_constraints_and_files(plain_sshd, short_dir)
     release = short_dir / "go"
     two_gpus = {"NNI_AGENT_ARTIFICIAL_GPUS": "2"}
     cfg = ExperimentConfig(
-        trial_command=f"{sys.executable} trial.py",
+        trial_command="python3 trial.py",  # each part's Python: the test's (PATH) here, pythonPath's there
         trial_code_directory=code,
         trial_concurrency=4,
         trial_gpu_number=1,
@@ -113,5 +114,5 @@ def test_local_plus_remote_one_pool_constraints_and_files(plain_sshd, short_dir)
     experiment_id = exp_dir.name
     assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []  # clean_up stopped both parts
     assert processes_with(f"NNI_EXP_ID={experiment_id}".encode()) == []
-    shutil.rmtree(Path.home() / "nni-experiments" / experiment_id, ignore_errors=True)
-    shutil.rmtree(Path.home() / ".nni-agent" / "run" / experiment_id, ignore_errors=True)
+    shutil.rmtree(plain_sshd.home / "nni-experiments" / experiment_id, ignore_errors=True)
+    shutil.rmtree(plain_sshd.home / ".nni-agent" / "run" / experiment_id, ignore_errors=True)

@@ -38,7 +38,7 @@ def test_nni_hybrid_config_runs_on_local_remote_and_aml(plain_sshd: Any, aml: An
     (code / "mnist.py").write_text(MNIST)
     (code / "search_space.json").write_text((NNI_CONFIG.parent / "search_space.json").read_text())
     text = NNI_CONFIG.read_text()
-    for placeholder, value in {"your server's IP or domain name": "127.0.0.1", "your user name": "root",
+    for placeholder, value in {"your server's IP or domain name": "127.0.0.1", "your user name": plain_sshd.machine.user,
                                "your subscription ID": aml.subscription_id, "your resource group": aml.resource_group,
                                "your workspace name": aml.workspace_name, "your compute target": aml.compute}.items():
         text = text.replace("${" + placeholder + "}", value)

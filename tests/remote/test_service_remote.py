@@ -24,6 +24,7 @@ pytestmark = pytest.mark.ssh
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="nr", dir="/tmp"))  # the hub's Unix socket path must stay short
+    d.chmod(0o755)  # the SSH user's trials wait for the release file in it
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -71,5 +72,5 @@ def test_three_hosts_gpu_placement_link_drop_metrics_once_and_clean_up(netns_hos
     assert sorted(by_trial.values()) == sorted([[0, 1, 2, x] for x in range(4)])  # exactly once each
     assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []
     assert processes_with(f"NNI_EXP_ID={experiment_id}".encode()) == []
-    shutil.rmtree(Path.home() / "nni-experiments" / experiment_id, ignore_errors=True)
-    shutil.rmtree(Path.home() / ".nni-agent" / "run" / experiment_id, ignore_errors=True)
+    shutil.rmtree(netns_hosts[0].home / "nni-experiments" / experiment_id, ignore_errors=True)
+    shutil.rmtree(netns_hosts[0].home / ".nni-agent" / "run" / experiment_id, ignore_errors=True)

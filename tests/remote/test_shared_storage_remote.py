@@ -64,7 +64,10 @@ def mounted_on_hosts(netns_hosts, short_tmp: Path) -> Iterator[tuple[Path, Path]
             subprocess.run(["nsenter", "-t", str(pid), "-m", "umount", "-l", str(mount_point)], capture_output=True)
 
 
-def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, azurite, mounted_on_hosts, short_tmp) -> None:  # noqa: F811
+def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, root_login, azurite, mounted_on_hosts,  # noqa: F811
+                                                           short_tmp) -> None:
+    """Logged in as root: the bind mount stands for blobfuse2's, which NNI makes with sudo and
+    `allow_other` (any user writes there); a bind mount of the manager's (root's) folder is not."""
     from azure.storage.blob import BlobServiceClient
 
     BlobServiceClient(azurite, credential={"account_name": AZURITE_ACCOUNT,
@@ -73,10 +76,9 @@ def test_remote_trials_write_outputs_to_the_shared_storage(netns_hosts, azurite,
     code = short_tmp / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    machines = [{"host": h.machine.host, "port": h.machine.port, "user": h.machine.user,
-                 "sshKeyFile": str(h.machine.ssh_key_file), "knownHostsFile": str(h.machine.known_hosts_file),
-                 "proxyCommand": h.machine.proxy_command, "pythonPath": h.machine.python_path}
-                for h in netns_hosts[:2]]
+    machines = [{"host": m.host, "port": m.port, "user": m.user, "sshKeyFile": str(m.ssh_key_file),
+                 "knownHostsFile": str(m.known_hosts_file), "proxyCommand": m.proxy_command, "pythonPath": m.python_path}
+                for m in map(root_login, netns_hosts[:2])]
     config = load_config({
         "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 2,
         "maxTrialNumber": 2, "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}},
@@ -140,14 +142,15 @@ def nfs_server(netns_hosts, short_tmp: Path) -> Iterator[Path]:
             proc.wait()
 
 
-def test_remote_trial_mounts_a_real_nfs_server(netns_hosts, nfs_server: Path, short_tmp: Path) -> None:
+def test_remote_trial_mounts_a_real_nfs_server(netns_hosts, root_login, nfs_server: Path, short_tmp: Path) -> None:
     """The worker mounts <nfsServer>:<exportedDirectory> itself, as NNI does, from a server that runs
     in the worker's network namespace. With an NFS client in the kernel the trial's output lands in the
-    export; without one (this project's machines) the trial fails with the one-line reason."""
+    export; without one (this project's machines) the trial fails with the one-line reason. Mounting
+    needs root (NNI: passwordless sudo, which this machine lacks): the SSH login is root's."""
     code = short_tmp / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
-    h = netns_hosts[0].machine
+    h = root_login(netns_hosts[0])
     mount_point = short_tmp / "nfs-mnt"
     config = load_config({
         "trialCommand": "python3 trial.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,

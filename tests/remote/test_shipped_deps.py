@@ -22,6 +22,7 @@ from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from tests.support import trial_isolation
 from tests.support.manager.helpers import TRIAL, form, wait_status
+from tests.support.remote.fixtures import readable_dir
 
 pytestmark = pytest.mark.ssh
 STOCK = Path("/usr/bin/python3")
@@ -31,13 +32,14 @@ SHIPPED = "shipped %d wheels"
 
 
 @pytest.fixture
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A venv of the machine's own interpreter with nothing installed; yields its bin directory."""
+def bare_python() -> Iterator[Path]:
+    """A venv of the machine's own interpreter with nothing installed, where the SSH user can run
+    it; yields its bin directory."""
     if not STOCK.exists():
         pytest.skip("no /usr/bin/python3 on this machine")
     if not (WHEELHOUSE / ".complete").exists():
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
-    root = tmp_path_factory.mktemp("barepy")
+    root = readable_dir("nbp")
     subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     yield root / "venv" / "bin"
     shutil.rmtree(root, ignore_errors=True)
@@ -73,7 +75,7 @@ def test_bare_worker_runs_trials_with_dependencies_shipped_by_the_manager(
     tag = build_agent_wheel(short / "wheel").tag
     version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    shutil.rmtree(Path.home() / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
+    shutil.rmtree(host.home / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
     code = short / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)
@@ -89,9 +91,9 @@ def test_bare_worker_runs_trials_with_dependencies_shipped_by_the_manager(
         n_wheels, n_bytes = shipped[0].args[0], shipped[0].args[1]
         assert n_wheels >= 4 and n_bytes > 1_000_000  # grpcio, protobuf, psutil, nvidia-ml-py (+ theirs)
         assert sorted(p.name for p in (short / "cache").rglob("*.whl"))  # kept for the next experiment
-        deps = Path.home() / ".nni-agent" / tag / f"deps-{version}"
+        deps = host.home / ".nni-agent" / tag / f"deps-{version}"
         assert (deps / "grpc").is_dir() and (deps / "google" / "protobuf").is_dir() and (deps / "psutil").is_dir()
-        assert not list((Path.home() / ".nni-agent" / tag).glob(".wheels-*"))  # the upload was unpacked and removed
+        assert not list((host.home / ".nni-agent" / tag).glob(".wheels-*"))  # the upload was unpacked and removed
 
         caplog.clear()
         second_id, second = _experiment(code, short / "exps", machine, trials=1)
@@ -100,8 +102,8 @@ def test_bare_worker_runs_trials_with_dependencies_shipped_by_the_manager(
         assert not [r for r in caplog.records if r.getMessage().startswith("shipped ")]  # installed: no upload
     finally:
         for exp in experiments:
-            shutil.rmtree(Path.home() / "nni-experiments" / exp, ignore_errors=True)
-            shutil.rmtree(Path.home() / ".nni-agent" / "run" / exp, ignore_errors=True)
+            shutil.rmtree(host.home / "nni-experiments" / exp, ignore_errors=True)
+            shutil.rmtree(host.home / ".nni-agent" / "run" / exp, ignore_errors=True)
         shutil.rmtree(short, ignore_errors=True)
 
 
@@ -112,7 +114,7 @@ def test_trials_import_the_workers_old_protobuf_while_the_agent_runs_with_its_sh
     none of the agent's path and SUCCEEDS (tests/support/trial_isolation.py)."""
     (site,) = bare_python.parent.glob("lib/python3.*/site-packages")
     trial_isolation.give_old_protobuf(site)
-    short = Path(tempfile.mkdtemp(prefix="nsi", dir="/tmp"))
+    short = readable_dir("nsi")  # the trial runs by its path there, as the SSH user
     monkeypatch.setenv(agent_deps.CACHE_ENV, str(short / "cache"))
     trial = trial_isolation.write_trial(short / "code")
     machine = dataclasses.replace(netns_hosts[0].machine, python_path=str(bare_python))
@@ -122,6 +124,6 @@ def test_trials_import_the_workers_old_protobuf_while_the_agent_runs_with_its_sh
         assert results == ["SUCCEEDED "], results
     finally:
         if exp:
-            shutil.rmtree(Path.home() / "nni-experiments" / exp, ignore_errors=True)
-            shutil.rmtree(Path.home() / ".nni-agent" / "run" / exp, ignore_errors=True)
+            shutil.rmtree(netns_hosts[0].home / "nni-experiments" / exp, ignore_errors=True)
+            shutil.rmtree(netns_hosts[0].home / ".nni-agent" / "run" / exp, ignore_errors=True)
         shutil.rmtree(short, ignore_errors=True)

@@ -19,6 +19,7 @@ from nni_manager.backends.remote.config import RemoteConfig
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
+from tests.support.remote.fixtures import readable_dir
 from tests.support.worker_python import link_distributions, requirements_closure
 
 pytestmark = pytest.mark.ssh
@@ -34,16 +35,16 @@ def _agent_dependencies() -> set[str]:
 
 
 @pytest.fixture
-def stock_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def stock_python() -> Iterator[Path]:
     """A venv of the machine's own interpreter (its stdlib, its tarfile) with only the agent's
-    dependencies on its path; yields the venv's bin directory (a pythonPath)."""
+    dependencies on its path, where the SSH user can run it; yields the venv's bin directory (a pythonPath)."""
     if not STOCK.exists():
         pytest.skip("no /usr/bin/python3 on this machine")
     version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     if version != "%d.%d" % sys.version_info[:2]:
         pytest.skip(f"/usr/bin/python3 is {version}: the test's compiled dependencies are for another version")
-    root = tmp_path_factory.mktemp("stockpy")
+    root = readable_dir("nst")
     subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     deps = root / "deps"
     deps.mkdir()
@@ -88,5 +89,5 @@ def test_trial_with_code_bundle_succeeds_on_the_stock_python(plain_sshd, stock_p
     lines = stdout.splitlines()
     assert lines[0] == stock_version.splitlines()[0]  # the trial ran under the stock interpreter
     assert "helper 7" in lines and "params {'x': 5}" in stdout  # the bundle's files arrived whole
-    shutil.rmtree(Path.home() / "nni-experiments" / experiment_id, ignore_errors=True)
-    shutil.rmtree(Path.home() / ".nni-agent" / "run" / experiment_id, ignore_errors=True)
+    shutil.rmtree(plain_sshd.home / "nni-experiments" / experiment_id, ignore_errors=True)
+    shutil.rmtree(plain_sshd.home / ".nni-agent" / "run" / experiment_id, ignore_errors=True)

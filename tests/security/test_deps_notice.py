@@ -26,7 +26,7 @@ from tests.support.kube.fixtures import kube, kube_factory  # noqa: F401 (fixtur
 from tests.support.kube.harness import SLIM_IMAGE, config, pods_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
 from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
-from tests.support.remote.fixtures import plain_sshd, ssh_keys  # noqa: F401 (fixtures)
+from tests.support.remote.fixtures import plain_sshd, ssh_keys, ssh_user  # noqa: F401 (fixtures)
 from tests.support.storage.fixtures import azurite  # noqa: F401 (fixture)
 
 SAID = "cannot ship the agent's dependencies"
@@ -68,23 +68,24 @@ def test_kubernetes_says_it_once_and_the_trial_points_there(
 @pytest.fixture
 def bare_python(short_dir: Path) -> Iterator[Path]:
     """A venv of the machine's own interpreter with nothing installed (no pip either); its bin
-    directory. The agent's install for that Python's version is removed from root's home first
-    (as tests/remote/test_shipped_deps.py does): else the worker has it already."""
+    directory, where the SSH user can run it. The agent's install for that Python's version is removed
+    from the SSH user's home first (as tests/remote/test_shipped_deps.py does): else the worker has it already."""
     if not STOCK.exists():
         pytest.skip("no /usr/bin/python3 on this machine")
+    short_dir.chmod(0o755)
     subprocess.run([str(STOCK), "-m", "venv", "--without-pip", str(short_dir / "venv")], check=True)
     yield short_dir / "venv" / "bin"
 
 
 def _bare_worker(plain_sshd: Any, bare_python: Path, short_dir: Path) -> tuple[Path, Any]:
     """The trial's code folder, and the sshd machine with a bare Python whose shipped dependencies
-    (from an earlier run) are removed: nothing can be shipped to it."""
+    (from an earlier run) are removed from the SSH user's home: nothing can be shipped to it."""
     from nni_manager.backends.agent_wheel import build_agent_wheel
 
     tag = build_agent_wheel(short_dir / "wheel").tag
     version = subprocess.run([str(STOCK), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    shutil.rmtree(Path.home() / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
+    shutil.rmtree(plain_sshd.home / ".nni-agent" / tag / f"deps-{version}", ignore_errors=True)
     code = short_dir / "code"
     code.mkdir()
     (code / "trial.py").write_text(TRIAL)

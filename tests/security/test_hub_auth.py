@@ -39,7 +39,7 @@ from nni_manager.store import Store
 from tests.support.agent.prodhub import HubContext, ProdHub
 from tests.support.manager.helpers import until
 from tests.support.manager.hub_tls import Recorder
-from tests.support.remote.fixtures import plain_sshd, processes_with, ssh_keys  # noqa: F401
+from tests.support.remote.fixtures import plain_sshd, processes_with, ssh_keys, ssh_user  # noqa: F401
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 
@@ -135,15 +135,15 @@ class _Squatter:
         await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
 
 
-def _agent_pid(experiment_id: str, agent_id: str) -> int:
-    return int((Path.home() / ".nni-agent" / "run" / experiment_id / f"{agent_id}.pid").read_text())
+def _agent_pid(home: Path, experiment_id: str, agent_id: str) -> int:
+    return int((home / ".nni-agent" / "run" / experiment_id / f"{agent_id}.pid").read_text())
 
 
 def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obedience(
         plain_sshd, short_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     experiment_id = "sec" + secrets.token_hex(4)
     exp_dir = short_dir / "exp"
-    evidence = tmp_path / "pwned.txt"
+    evidence = plain_sshd.home / f"pwned-{experiment_id}.txt"  # where the SSH user's agent could write it
     forged = experiment_tls(tmp_path / "forged", ["127.0.0.1"], experiment_id)  # the squatter's own CA
 
     async def scenario() -> None:
@@ -166,7 +166,7 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
             await hub.wait_for(lambda: hub.trials["honest"].final is not None, 30, "the real hub's trial")
             assert hub.trials["honest"].final.state == pb.TRIAL_STATE_SUCCEEDED
             token = hub.token(agent_id)
-            pid = _agent_pid(experiment_id, agent_id)
+            pid = _agent_pid(plain_sshd.home, experiment_id, agent_id)
 
             # the manager goes away and its SSH link with it: sshd frees the worker port
             (mach,) = backend.machines
@@ -200,7 +200,7 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
             ctx2.attach(again)
             await again.start(ctx2)
             await hub.wait_for(lambda: ctx2.agent_connected(agent_id), 60, "the restarted manager to get the agent back")
-            assert _agent_pid(experiment_id, agent_id) == pid  # the same agent process, never restarted
+            assert _agent_pid(plain_sshd.home, experiment_id, agent_id) == pid  # the same agent process, never restarted
         finally:
             await squatter.close()
             for server in servers:
@@ -236,7 +236,8 @@ def test_a_running_agent_that_does_not_verify_the_hub_is_replaced_not_reattached
             with socket.socket() as s:  # where the old agent's tunnel was: nothing listens there now
                 s.bind(("127.0.0.1", 0))
                 gone_port = s.getsockname()[1]
-            launch = AgentLaunch(experiment_id, spec.agent_id, "old", sys.executable, "", None, gone_port, 600.0)
+            launch = AgentLaunch(experiment_id, spec.agent_id, "old", f"{machine.python_path}/python3", "", None,
+                                 gone_port, 600.0)
             old_command = bootstrap.start_command(launch).replace(
                 f" --tls --ca-file {home_path(launch.run_file('ca.crt'))}", "")
             assert "--ca-file" not in old_command
@@ -246,11 +247,12 @@ def test_a_running_agent_that_does_not_verify_the_hub_is_replaced_not_reattached
             finally:
                 client.close()
             old_pid = int(out.strip())
-            await until(lambda: _agent_pid(experiment_id, spec.agent_id) == old_pid, 10, "the old agent's pid file")
+            await until(lambda: _agent_pid(plain_sshd.home, experiment_id, spec.agent_id) == old_pid, 10,
+                        "the old agent's pid file")
 
             await backend.start(ctx)
             await hub.wait_for(lambda: ctx.agent_connected(spec.agent_id), 60, "an agent that verifies the hub")
-            assert _agent_pid(experiment_id, spec.agent_id) != old_pid
+            assert _agent_pid(plain_sshd.home, experiment_id, spec.agent_id) != old_pid
             await until(lambda: _gone(old_pid), 30, "the old agent to be stopped")
         finally:
             await backend.stop()

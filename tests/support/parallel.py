@@ -3,15 +3,20 @@
 
 Each worker is its own pytest process with its own session fixtures, so every session resource
 is made per worker with a unique name (network namespaces, sshd ports and dirs, emulators, temp
-dirs). Two kinds of thing cannot be made per worker, and are handled here:
+dirs, and the SSH tests' login user: tests/support/remote/fixtures.py `ssh_user`, with its own
+home, so its agents, the dependencies shipped to `~/.nni-agent/<tag>/deps-<py>` and its experiment
+dirs are that worker's alone, and its session removes user and home). What runs as root on the
+worker side cannot be made per worker, and is handled here:
 
-* Whatever a test checks machine-wide: the Slurm tests count the loginNode relays running on the
-  machine (`relay_processes`), and one real cluster (munged, slurmctld, two slurmd) is enough.
-* The SSH user's home: the remote, hybrid and SSH security tests' agents live under root's real
-  home (sshd sessions take it from passwd, not from $HOME), and those tests set up what they need
-  there: an agent install removed to prove a fresh one (test_bootstrap), dependencies shipped to
-  `~/.nni-agent/<tag>/deps-<py>` that make a bare worker usable (test_shipped_deps, test_deps_notice)
-  where another test needs it unusable (test_no_worker). Run side by side they break each other.
+* Slurm: its nodes and login node run as root, so its jobs' agents live in root's real home, and
+  the tests count the loginNode relays running on the machine (`relay_processes`); one real
+  cluster (munged, slurmctld, two slurmd) is enough.
+* `root_login`: SSH tests that need root on the worker: tests/remote/test_shared_storage_remote.py,
+  whose worker mounts NFS itself (NNI: with passwordless sudo, which this machine lacks) or writes
+  to a bind mount standing for blobfuse2's (NNI mounts it with sudo and `allow_other`; a bind
+  mount of root's folder is not writable by another user). Their agents live in root's home too,
+  beside Slurm's jobs: dependencies one of them ships there make another's bare Python usable
+  (test_slurm_deps needs it bare).
 
 Every test using a fixture in `ONE_WORKER` gets that fixture's group, and `--dist loadgroup` sends
 each group to one worker, in collection order (as a serial run orders them); the Slurm cluster
@@ -19,10 +24,11 @@ starts once. xdist's own `xdist_group` marker cannot carry this here: xdist 3.8 
 by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its nodeid comes from `item._id`), so
 its loadgroup spreads a group over every worker. Instead each worker writes the groups it collected
 (nodeid -> group) to a file the controller named (`GROUPS_ENV`), and the controller's scheduler
-(`GroupScheduling`, from `pytest_xdist_make_scheduler`) reads them; the marker is set as well. What the suite leaves in the SSH user's home is removed once, by the controller
-after every worker finished (`snapshot_home` / `restore_home`): a worker that cleaned up at its own
-end would delete what another worker's running test just made (a loginNode's experiment dirs).
-"""
+(`GroupScheduling`, from `pytest_xdist_make_scheduler`) reads them; the marker is set as well. What the
+suite leaves in root's home is removed once, by the controller after every worker finished
+(`snapshot_home` / `restore_home`): a worker that cleaned up at its own end would delete what another
+worker's running test just made (a loginNode's experiment dirs). Each worker's SSH user home goes with
+that worker's session (`ssh_user`)."""
 from __future__ import annotations
 
 import json
@@ -34,12 +40,11 @@ from typing import Dict, Optional, Set
 
 import pytest
 
-# fixture -> the xdist_group of every test using it (run on one worker, in one session)
-# Slurm's nodes run as root on this machine, so its jobs share root's home with the SSH tests' agents:
-# one group (dependencies shipped there by an SSH test made a Slurm job's bare Python start the agent).
-ONE_WORKER = {"slurm": "root-home", "login_node": "root-home",
-              "ssh_keys": "root-home", "plain_sshd": "root-home", "netns_hosts": "root-home",
-              "password_user": "root-home"}
+# fixture -> the xdist_group of every test using it (run on one worker, in one session): what runs as
+# root on the worker side, in root's home. Slurm's nodes and login node run as root on this machine (and
+# one cluster is enough); `root_login` is for SSH tests that need root there (mounts). The other SSH
+# tests log in as their session's own user (tests/support/remote/fixtures.py: ssh_user) and run anywhere.
+ONE_WORKER = {"slurm": "root-home", "login_node": "root-home", "root_login": "root-home"}
 
 HomeSnapshot = Dict[Path, Optional[Set[Path]]]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -69,12 +70,13 @@ WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"
 
 
 @pytest.fixture(scope="module")
-def optuna_bin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def optuna_bin() -> Iterator[Path]:
     """A worker's Python with optuna, its bin directory (a machine's pythonPath); the agent's
     dependencies come from the wheelhouse, as a bare worker's would."""
     if not (WHEELHOUSE / ".complete").exists():
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
-    root = tmp_path_factory.mktemp("optpy")
+    root = Path(tempfile.mkdtemp(prefix="nop", dir="/tmp"))
+    root.chmod(0o755)  # the SSH tests' user runs it (tmp_path_factory's folders are root's own)
     shipped = set(Path.home().glob(".nni-agent/*/deps-*"))
     # the wheels the manager takes from the wheelhouse stay in a cache of this module's own: in the
     # session's cache (tests/conftest.py) they would make later "nothing to ship" workers usable
