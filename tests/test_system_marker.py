@@ -56,3 +56,16 @@ def test_the_audit_fails_an_unmarked_test_that_starts_a_process(tmp_path: Path) 
     out = r.stdout + r.stderr
     assert "1 failed, 1 passed" in out, out[-3000:]
     assert "test_sneaky is not marked `system` but starts a process" in out, out[-3000:]
+
+
+def test_the_inner_loop_starts_no_process(tmp_path: Path) -> None:
+    """The whole inner loop under the audit: every test `-m "not system"` selects runs without
+    starting a process or a server (a new test that does fails here, naming where to mark it)."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not system",
+                        "-p", "tests.support.system_audit", "-n", "0", "--basetemp", str(tmp_path / "t"), "tests"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = r.stdout + r.stderr
+    unmarked = sorted({line.split("StartedProcess: ", 1)[1].split(" is not marked", 1)[0]
+                       for line in out.splitlines() if "StartedProcess: " in line and " is not marked" in line})
+    assert unmarked == [], f"{len(unmarked)} unmarked tests start a process or a server:\n" + "\n".join(unmarked)
+    assert r.returncode == 0, out[-3000:]

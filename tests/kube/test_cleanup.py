@@ -125,7 +125,7 @@ def test_cleanup_after_a_manager_sigkill_leaves_nothing(kube_factory, short_dir:
                                                            "trainer.kubeflow.org"])
     if platform == "trainer":
         from kubernetes import client
-        from tests.kube.test_trainer_v2 import TORCH_DISTRIBUTED
+        from tests.support.kube.operators import TORCH_DISTRIBUTED
 
         client.CustomObjectsApi(kube.api_client()).create_cluster_custom_object(
             "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", TORCH_DISTRIBUTED)

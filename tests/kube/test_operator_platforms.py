@@ -4,13 +4,10 @@ whose replicas see the operator's environment, completion by the operator's rule
 own conditions agreeing), reuse, start-up errors, NNI's configs (v2, v1, Python-built) and dry runs."""
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from nni_manager.backends.registry import backend_class
@@ -20,7 +17,8 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status
 from tests.support.kube.fixtures import namespace_of
-from tests.support.kube.operators import experiment, replica_views, role, task_role
+from tests.support.kube.operators import (all_metrics, custom_api, experiment, gone, last_condition, nni_manager_cli, object_of, replica_views, role, run_async, stopped,
+                                          task_role)
 
 NS = "default"
 KUBEFLOW = ("kubeflow.org", "v1")
@@ -28,80 +26,6 @@ FC = ("frameworkcontroller.microsoft.com", "v1")
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def run_async(test: Any) -> Any:
-    """Run an async test body on its own loop (with an overall limit)."""
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 150))
-
-    return wrapper
-
-
-def custom_api(kube: Any):
-    from kubernetes import client
-
-    return client.CustomObjectsApi(kube.api_client())
-
-
-async def object_of(kube: Any, plural: str, group_version: tuple[str, str], trial_id: str) -> str:
-    """The name of the one object made for this trial (non-reuse: labelled with its trialId)."""
-    api = custom_api(kube)
-
-    def find() -> str | None:
-        items = api.list_namespaced_custom_object(*group_version, namespace_of(kube), plural, label_selector=f"trialId={trial_id}")["items"]
-        assert len(items) <= 1, [o["metadata"]["name"] for o in items]
-        return items[0]["metadata"]["name"] if items else None
-
-    return await until(find, 30, f"the {plural} object of trial {trial_id}")
-
-
-async def gone(kube: Any, plural: str, group_version: tuple[str, str], name: str) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    api = custom_api(kube)
-
-    def absent() -> bool:
-        try:
-            api.get_namespaced_custom_object(*group_version, namespace_of(kube), plural, name)
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    await until(absent, 30, f"{plural} {name} to be deleted")
-
-
-def last_condition(kube: Any, plural: str, name: str) -> dict[str, Any]:
-    """The newest condition of the object's last status (the operator's verdict)."""
-    statuses = [s for s in kube.history(plural, namespace_of(kube), name) if (s or {}).get("conditions")]
-    assert statuses, f"{plural} {name} never had conditions"
-    return statuses[-1]["conditions"][-1]
-
-
-def metric_replicas(metrics: list[Any], trial_id: str) -> list[str]:
-    out = []
-    for m in metrics:
-        if m.id == trial_id:
-            record = json.loads(m.data)
-            out.append(json.loads(record["value"])["replica"])
-    return out
-
-
-async def all_metrics(metrics: list[Any], trial_id: str, replicas: list[str]) -> None:
-    await until(lambda: sorted(set(metric_replicas(metrics, trial_id))) == sorted(replicas), 30,
-                f"a metric from every replica of {trial_id}")
-    assert sorted(metric_replicas(metrics, trial_id)) == sorted(replicas)  # once each
-
-
-async def stopped(pid: int) -> None:
-    def dead() -> bool:
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    await until(dead, 30, f"replica process {pid} to be stopped")
-
 
 # ----------------------------------------------------------------------------- 1-2. TFJob
 
@@ -145,13 +69,6 @@ async def test_tfjob_two_workers_one_ps(kube_crd_ns, tmp_path):
         assert one.returncode == 0 and one.stdout.count("SEEN ") == 1 and '"worker"' in one.stdout
         wrong = nni_manager_cli("logs", str(ts.experiment_dir), job.id, "--replica", "chief-0")
         assert wrong.returncode == 2 and "ps-0, worker-0, worker-1" in wrong.stderr
-
-
-def nni_manager_cli(*args: str) -> Any:
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "nni_manager", *args], capture_output=True, text=True, timeout=60)
 
 
 @run_async

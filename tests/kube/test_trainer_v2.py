@@ -13,29 +13,11 @@ import pytest
 
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
-from tests.kube.test_operator_platforms import all_metrics, gone, nni_manager_cli, object_of, run_async
 from tests.support.emulators import emulator_factory
 from tests.support.kube.fixtures import Kube, KubeNamespace, _test_namespace, namespace_of, start_emulator
-from tests.support.kube.operators import experiment, replica_views, role
+from tests.support.kube.operators import (TORCH_DISTRIBUTED, TRAINER, all_metrics, custom_api, experiment, gone, nni_manager_cli,
+                                          object_of, replica_views, role, run_async, stopped)
 from tests.support.manager.helpers import form, until, wait_status
-
-TRAINER = ("trainer.kubeflow.org", "v1alpha1")
-# Kubeflow Trainer v2.3.0's manifests/base/runtimes/torch_distributed.yaml, in the test image
-TORCH_DISTRIBUTED = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-    "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [{
-        "name": "node", "template": {
-            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-            "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "nni-test/python:3.11"}]}}}}}]}}},
-}
-
-
-def custom_api(kube: Any) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(kube.api_client())
-
 
 @pytest.fixture(scope="module")
 def kube_v2_shared() -> Iterator[Kube]:
@@ -174,8 +156,6 @@ def test_trainjob_dry_run_passes_the_trainer_api(kube_v2, tmp_path):
 
 @run_async
 async def test_trainjob_cancel_stops_every_node_and_deletes_the_trainjob(kube_v2, tmp_path):
-    from tests.kube.test_operator_platforms import stopped
-
     kube = kube_v2
     cfg = experiment(kube, tmp_path, "kubeflow", operator="trainer", reuseMode=False, worker=role(2))
     async with create_training_service(cfg) as ts:

@@ -16,6 +16,7 @@ SYSTEM_FIXTURES = frozenset({
     "azurite", "azurite_oauth", "bind_mount", "nfs_server", "mounted_on_hosts", "browser", "artifacts",
     "relayed_platform", "small_disk", "short_dir", "stock_python", "bare_python", "nni_image_bin",
     "listener", "server", "job_platform", "kube_shared", "kube_ns", "kube_crd_shared", "kube_crd_ns",
+    "kube_v2_shared", "kube_v2", "k8s", "other_user",
 })
 
 # Folders whose tests drive real agents, sshd, Slurm, chaos or a browser.
@@ -23,7 +24,19 @@ SYSTEM_DIRS = ("agent", "chaos", "remote", "slurm", "webui")
 
 # Modules (or module::test names) that start a process or a server in the test's own body.
 SYSTEM_TESTS = (
-    "docs/test_config_reference.py", "docs/test_docs_site.py",
+    "docs/test_config_reference.py", "docs/test_docs_site.py", "docs/test_usage_snippets.py",
+    "docs/test_platform_configs.py::test_platform_page_config_passes_dry_run_as_pasted",
+    "experiment/test_cli_reopen.py", "experiment/test_list_status.py", "experiment/test_logs_follow.py",
+    "experiment/test_nnictl_view.py", "experiment/test_one_manager.py", "experiment/test_python_api.py",
+    "experiment/test_summary_hint.py",
+    "experiment/test_startup_corpus.py::test_broken_config_is_one_line_and_agrees_across_modes",
+    "experiment/test_startup_corpus.py::test_slurm_without_its_controller_is_one_line",
+    "kube/test_proxy.py::test_a_socks_proxy_is_refused_in_one_line",
+    "optuna/test_optuna_local.py::test_resume_asks_for_a_storage_url_with_a_password_again",
+    "security/test_blobfuse_cache.py", "security/test_detach_log.py", "security/test_preauth_flood.py",
+    "security/test_relay_flood.py",
+    "security/test_secret_values.py::test_what_is_submitted_holds_no_secret_by_value",
+    "security/test_shipped_code.py::test_slurm_agent_deps_planted_by_another_user_never_run",
     "experiment/test_annotations.py::test_a_run_expands_a_copy_and_the_trials_get_the_annotated_values",
     "experiment/test_annotations.py::test_experiments_kept_inside_the_code_folder_are_not_copied",
     "experiment/test_annotations.py::test_function_choice_and_scopes_expand_to_runnable_code",
@@ -42,6 +55,7 @@ SYSTEM_TESTS = (
     "test_proto_current.py", "test_quickstart_serving.py",
     "test_system_marker.py::test_every_test_using_a_process_fixture_is_marked_system",
     "test_system_marker.py::test_the_audit_fails_an_unmarked_test_that_starts_a_process",
+    "test_system_marker.py::test_the_inner_loop_starts_no_process",
 )
 
 

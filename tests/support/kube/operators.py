@@ -1,11 +1,16 @@
 """Operator-platform (Kubeflow, FrameworkController) experiment configs and a trial that reports per replica."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nni_manager.loader import load_config
+from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import until
 
 
@@ -77,3 +82,100 @@ async def replica_views(ts: Any, trial_id: str, replicas: list[str]) -> dict[str
     await until(read_all, 30, f"the SEEN line of every replica of {trial_id} in {base}")
     assert sorted(p.name for p in base.iterdir()) == sorted(replicas)
     return views
+
+
+# ----------------------------------------------------------------------------- checks the operator tests share
+
+def run_async(test: Any) -> Any:
+    """Run an async test body on its own loop (with an overall limit)."""
+    @functools.wraps(test)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 150))
+
+    return wrapper
+
+
+def custom_api(kube: Any):
+    from kubernetes import client
+
+    return client.CustomObjectsApi(kube.api_client())
+
+
+async def object_of(kube: Any, plural: str, group_version: tuple[str, str], trial_id: str) -> str:
+    """The name of the one object made for this trial (non-reuse: labelled with its trialId)."""
+    api = custom_api(kube)
+
+    def find() -> str | None:
+        items = api.list_namespaced_custom_object(*group_version, namespace_of(kube), plural, label_selector=f"trialId={trial_id}")["items"]
+        assert len(items) <= 1, [o["metadata"]["name"] for o in items]
+        return items[0]["metadata"]["name"] if items else None
+
+    return await until(find, 30, f"the {plural} object of trial {trial_id}")
+
+
+async def gone(kube: Any, plural: str, group_version: tuple[str, str], name: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    api = custom_api(kube)
+
+    def absent() -> bool:
+        try:
+            api.get_namespaced_custom_object(*group_version, namespace_of(kube), plural, name)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    await until(absent, 30, f"{plural} {name} to be deleted")
+
+
+def last_condition(kube: Any, plural: str, name: str) -> dict[str, Any]:
+    """The newest condition of the object's last status (the operator's verdict)."""
+    statuses = [s for s in kube.history(plural, namespace_of(kube), name) if (s or {}).get("conditions")]
+    assert statuses, f"{plural} {name} never had conditions"
+    return statuses[-1]["conditions"][-1]
+
+
+def metric_replicas(metrics: list[Any], trial_id: str) -> list[str]:
+    out = []
+    for m in metrics:
+        if m.id == trial_id:
+            record = json.loads(m.data)
+            out.append(json.loads(record["value"])["replica"])
+    return out
+
+
+async def all_metrics(metrics: list[Any], trial_id: str, replicas: list[str]) -> None:
+    await until(lambda: sorted(set(metric_replicas(metrics, trial_id))) == sorted(replicas), 30,
+                f"a metric from every replica of {trial_id}")
+    assert sorted(metric_replicas(metrics, trial_id)) == sorted(replicas)  # once each
+
+
+async def stopped(pid: int) -> None:
+    def dead() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    await until(dead, 30, f"replica process {pid} to be stopped")
+
+
+def nni_manager_cli(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "nni_manager", *args], capture_output=True, text=True, timeout=60)
+
+
+# ----------------------------------------------------------------------------- Kubeflow Trainer v2
+
+TRAINER = ("trainer.kubeflow.org", "v1alpha1")
+# Kubeflow Trainer v2.3.0's manifests/base/runtimes/torch_distributed.yaml, in the test image
+TORCH_DISTRIBUTED = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+    "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [{
+        "name": "node", "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "nni-test/python:3.11"}]}}}}}]}}},
+}
