@@ -59,9 +59,12 @@ fi
 .venv/bin/mypy
 export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's Python, as for users
 # The 25 slowest tests, then the suite's own wall time (docs/testing.md: the layers and their times).
-# Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: NNI_TEST_WORKERS
-# overrides the count (0: one process, no xdist); the Slurm tests share one worker (tests/support/parallel.py).
-workers=${NNI_TEST_WORKERS:-0}
+# Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: two per core by
+# default, at most 8 (each runs its own emulators); NNI_TEST_WORKERS overrides the count (0: one process,
+# no xdist). The Slurm tests and the two that log in as root share one worker (tests/support/parallel.py).
+default_workers=$((2 * $(nproc)))
+[ "$default_workers" -le 8 ] || default_workers=8
+workers=${NNI_TEST_WORKERS:-$default_workers}
 started=$SECONDS
 rc=0
 # A short base for tmp_path: a hub socket under it must stay within the 107-byte Unix limit.

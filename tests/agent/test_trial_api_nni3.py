@@ -21,8 +21,8 @@ import pathlib, time
 import nni_agent as nni
 p = nni.get_next_parameter()
 nni.report_intermediate_result(1)
-pathlib.Path({ready!r}).touch()
-try:
+try:  # ready inside the try: a SIGINT right after it must still find the handler
+    pathlib.Path({ready!r}).touch()
     time.sleep(60)
 except KeyboardInterrupt:
     pathlib.Path({cleaned!r}).write_text("cleaned up")
