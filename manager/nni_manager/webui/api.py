@@ -22,7 +22,7 @@ from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
-from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job, trial_job_json
+from nni_manager.webui.views import TrialJobInfo, dumps, export_entry, job_statistics, trial_job, trial_job_json
 
 API = "/api/v1/nni"
 _CORS = {"Access-Control-Allow-Headers": "Origin, X-Requested-With, Content-Type, Accept",
@@ -76,7 +76,7 @@ class Api:
             return t.working_directory or str(self.side.experiment_dir / "trials" / t.id)
         return f"{self.base_url()}{API}/trial-file/{t.id}/stdout"
 
-    def _job(self, t: TrialJobDetail) -> dict[str, Any]:
+    def _job(self, t: TrialJobDetail) -> TrialJobInfo:
         return trial_job(t, self.model.parameters.get(t.id, {}), self.model.final(t.id), self._log_path(t))
 
     def _find(self, trial_id: str) -> TrialJobDetail | None:
