@@ -434,7 +434,7 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
 class MixedPool(Protocol):
     """What the core asks of a pool of fixed machines and cluster platforms (`Backend.mixed_pool`)."""
 
-    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[object, object] | None:
         """The cluster platform the trial's placementConstraint names, if any (no machine takes it)."""
 
 
@@ -448,7 +448,7 @@ def options_of(config: ExperimentConfig, kind: type[T]) -> T:
     return options
 
 
-def as_elastic(backend: Backend[object]) -> ElasticBackend[Any, Any]:
+def as_elastic(backend: Backend[object]) -> ElasticBackend[object, object]:
     """The backend as the elastic core uses it: only an elastic backend gets there."""
     if not isinstance(backend, ElasticBackend):
         raise TypeError(f"{type(backend).__name__} is not an ElasticBackend")
