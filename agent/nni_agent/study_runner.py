@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import grpc
 
@@ -53,7 +53,7 @@ def agent_storage(endpoint: str, trial_id: str, token: str) -> Any:
 
 
 class _Interceptor(grpc.UnaryUnaryClientInterceptor):
-    def __init__(self, metadata: List[Any]) -> None:
+    def __init__(self, metadata: List[Tuple[str, str]]) -> None:
         self._metadata = metadata
 
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
@@ -62,7 +62,7 @@ class _Interceptor(grpc.UnaryUnaryClientInterceptor):
 
 
 class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, base: Any, metadata: List[Any]) -> None:
+    def __init__(self, base: Any, metadata: List[Tuple[str, str]]) -> None:
         self.method = base.method
         self.timeout = base.timeout
         self.metadata = metadata
