@@ -11,10 +11,10 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.local_files import SERVE_LIMIT, open_in, open_trial_log, read_capped
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui import manifest
@@ -57,7 +57,7 @@ class Api:
     """The handlers; `entry()` is this experiment's manifest entry as the server keeps it."""
 
     def __init__(self, side: ExperimentSide, model: DataModel, static_dir: Path | None,
-                 entry: Callable[[], dict[str, Any]], base_url: Callable[[], str]) -> None:
+                 entry: Callable[[], dict[str, JSONValue]], base_url: Callable[[], str]) -> None:
         self.side = side
         self.model = model
         self.static_dir = static_dir
