@@ -16,6 +16,7 @@ through the agent protocol. Two kinds of backend share this contract:
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
@@ -132,7 +133,7 @@ class DryRun:
     their rendering for people (YAML for clusters, shell for SSH)."""
 
     platform: str
-    requests: list[Any]
+    requests: Sequence[object]
     text: str
 
     def __str__(self) -> str:
@@ -221,7 +222,7 @@ class Backend(abc.ABC, Generic[OptionsT]):
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if cls.elastic and not any(c.__name__ == "ElasticBackend" and c.__module__ == __name__ for c in cls.__mro__):
             raise TypeError(f"{cls.__qualname__} sets elastic = True: derive it from "
