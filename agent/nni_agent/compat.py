@@ -9,7 +9,7 @@ import asyncio
 import contextvars
 import functools
 import os
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from nni_agent.boot import MIN_PYTHON  # the oldest Python the agent runs on; the boot step checks it
 
@@ -17,7 +17,7 @@ T = TypeVar("T")
 MIN_PYTHON_TEXT = "%d.%d" % MIN_PYTHON
 
 
-async def to_thread(func: Callable[..., T], *args: Any) -> T:
+async def to_thread(func: Callable[..., T], *args: object) -> T:
     """asyncio.to_thread (3.9+): run `func` in the loop's default executor, context kept."""
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, func, *args)

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Protocol
 
 from nni_agent.v1 import agent_pb2 as pb
 
@@ -71,7 +72,7 @@ class ArtificialGpus:
 class NvmlGpus:
     provider = "nvml"
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: ModuleType) -> None:  # pynvml
         self._nvml = nvml
         self.count = nvml.nvmlDeviceGetCount()
 

@@ -20,7 +20,7 @@ import re
 import threading
 from collections import deque
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -33,14 +33,14 @@ _PATH = re.compile(r"^(?:/[^?]*)?/env/([^/?]+)/([^/?]+)/?(?:\?.*)?$")
 
 
 class ChannelHandler(Protocol):
-    def on_command(self, command: dict[str, Any]) -> None: ...
+    def on_command(self, command: dict[str, object]) -> None: ...
 
 
 class _Registration:
     def __init__(self, handler: ChannelHandler, loop: asyncio.AbstractEventLoop) -> None:
         self.handler = handler
         self.loop = loop
-        self.outgoing: deque[dict[str, Any]] = deque()
+        self.outgoing: deque[dict[str, object]] = deque()
 
 
 class HttpChannelServer:
@@ -82,7 +82,7 @@ class HttpChannelServer:
         with self._cond:
             self._trials[trial_id] = _Registration(handler, asyncio.get_running_loop())
 
-    def send(self, trial_id: str, command: dict[str, Any]) -> None:
+    def send(self, trial_id: str, command: dict[str, object]) -> None:
         """Queue a command for the trial's next GET (dropped if the trial is not registered)."""
         with self._cond:
             reg = self._trials.get(trial_id)
@@ -115,7 +115,7 @@ class HttpChannelServer:
 
         return hmac.compare_digest(env_id.encode(), expected.encode())
 
-    def _deliver(self, trial_id: str, command: dict[str, Any]) -> bool:
+    def _deliver(self, trial_id: str, command: dict[str, object]) -> bool:
         with self._cond:
             reg = None if self._closed else self._trials.get(trial_id)
         if reg is None:
@@ -126,7 +126,7 @@ class HttpChannelServer:
             return False
         return True
 
-    def _next_command(self, trial_id: str) -> tuple[int, dict[str, Any] | None]:
+    def _next_command(self, trial_id: str) -> tuple[int, dict[str, object] | None]:
         with self._cond:
             reg = self._trials.get(trial_id)
             if reg is not None and not self._closed and not reg.outgoing:
@@ -184,7 +184,7 @@ def _handler_class(channel: HttpChannelServer) -> type:
                 return None
             return match.group(2)
 
-        def _reply(self, status: int, body: dict[str, Any] | None = None) -> None:
+        def _reply(self, status: int, body: dict[str, object] | None = None) -> None:
             data = b"" if body is None else json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -192,7 +192,7 @@ def _handler_class(channel: HttpChannelServer) -> type:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (stdlib signature)
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (stdlib signature)
             pass  # request lines carry the trial's secret URL: never logged
 
     return _RequestHandler

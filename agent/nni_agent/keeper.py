@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nni_agent.bundles import BundleCache, BundleError
 from nni_agent.outbox import Outbox
@@ -227,7 +227,7 @@ class Keeper:
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

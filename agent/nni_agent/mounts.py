@@ -25,7 +25,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # shutil (which loads bz2 and lzma), shlex and subprocess are imported where used: an agent
 # without shared storage never loads them (its idle memory is measured, docs/benchmarks.md)
@@ -48,7 +48,7 @@ class MountError(Exception):
 class Storage:
     """The `sharedStorage` section as the worker needs it."""
 
-    def __init__(self, data: Dict[str, Any]) -> None:
+    def __init__(self, data: Dict[str, object]) -> None:
         self.storage_type = str(data.get("storageType", ""))
         if self.storage_type not in STORAGE_TYPES:
             raise MountError(f"shared storage: unknown storageType {self.storage_type!r} (NFS or AzureBlob)")

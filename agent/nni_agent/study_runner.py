@@ -21,17 +21,20 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import grpc
 
 from nni_agent.study_storage import ENV_ENDPOINT, ENV_TOKEN, MD_TOKEN, MD_TRIAL, RUNNER_SERVICE
 
+if TYPE_CHECKING:
+    from optuna.storages import GrpcStorageProxy
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def agent_storage(endpoint: str, trial_id: str, token: str) -> Any:
+def agent_storage(endpoint: str, trial_id: str, token: str) -> GrpcStorageProxy:
     """A GrpcStorageProxy on the agent's endpoint whose calls carry the trial's credentials."""
     from optuna.storages import GrpcStorageProxy
     from optuna.storages._grpc import client as grpc_client
@@ -51,16 +54,17 @@ def agent_storage(endpoint: str, trial_id: str, token: str) -> Any:
 
 
 class _Interceptor(grpc.UnaryUnaryClientInterceptor):
-    def __init__(self, metadata: List[Any]) -> None:
+    def __init__(self, metadata: List[Tuple[str, str]]) -> None:
         self._metadata = metadata
 
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+    def intercept_unary_unary(self, continuation: Callable[[grpc.ClientCallDetails, object], object],
+                              client_call_details: grpc.ClientCallDetails, request: object) -> object:
         details = _CallDetails(client_call_details, list(client_call_details.metadata or []) + self._metadata)
         return continuation(details, request)
 
 
 class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, base: Any, metadata: List[Any]) -> None:
+    def __init__(self, base: grpc.ClientCallDetails, metadata: List[Tuple[str, str]]) -> None:
         self.method = base.method
         self.timeout = base.timeout
         self.metadata = metadata

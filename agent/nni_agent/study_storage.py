@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from typing import Any, Awaitable, Callable, Dict, Optional, Protocol, Tuple
+from typing import Awaitable, Callable, Dict, Iterable, Optional, Protocol, Tuple
 
 import grpc
 
@@ -55,7 +55,7 @@ def _raw(data: bytes) -> bytes:
 class StudyStorageServer:
     def __init__(self) -> None:
         self.forward: Optional[Forward] = None  # set once the connection exists
-        self._server: Any = None
+        self._server: Optional[grpc.aio.Server] = None
         self._port = 0
         self._trials: Dict[str, Tuple[str, StudyTrialHandler]] = {}  # trial id -> (token, trial)
 
@@ -89,7 +89,7 @@ class StudyStorageServer:
             await self._server.stop(0.5)
             self._server = None
 
-    def trial_of(self, metadata: Any) -> Optional[Tuple[str, StudyTrialHandler]]:
+    def trial_of(self, metadata: Optional[Iterable[Tuple[str, object]]]) -> Optional[Tuple[str, StudyTrialHandler]]:
         """(trial id, trial) whose token the call presents, or None."""
         values = dict((k, v) for k, v in (metadata or ()) if isinstance(v, str))
         trial_id, token = values.get(MD_TRIAL, ""), values.get(MD_TOKEN, "")
@@ -105,7 +105,7 @@ class _Handlers(grpc.GenericRpcHandler):
     def __init__(self, server: StudyStorageServer) -> None:
         self._server = server
 
-    def service(self, handler_call_details: Any) -> Any:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
         method = handler_call_details.method
         service = method.split("/")[1] if method.count("/") == 2 else ""
         if service == OPTUNA_SERVICE:
@@ -116,8 +116,8 @@ class _Handlers(grpc.GenericRpcHandler):
                                                        response_serializer=_raw)
         return None
 
-    def _storage_call(self, method: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
-        async def call(request: bytes, context: Any) -> bytes:
+    def _storage_call(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        async def call(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             found = self._server.trial_of(context.invocation_metadata())
             if found is None:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -136,7 +136,7 @@ class _Handlers(grpc.GenericRpcHandler):
 
         return call
 
-    async def _end_as(self, request: bytes, context: Any) -> bytes:
+    async def _end_as(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         found = self._server.trial_of(context.invocation_metadata())
         if found is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown trial token")

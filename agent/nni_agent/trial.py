@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nni_agent.compat import waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
@@ -164,13 +164,13 @@ class Trial:
         """The study's runner says its Optuna trial was pruned: an exit 0 is EARLY_STOPPED."""
         self._study_pruned = state == "EARLY_STOPPED"
 
-    def on_command(self, command: dict[str, Any]) -> None:
+    def on_command(self, command: dict[str, object]) -> None:
         """A command the trial PUT on the HTTP channel (runs on the loop)."""
         if self.done:
             return
-        kind = command.get("type")
-        if kind == "metric" and isinstance(command.get("metric"), str):
-            route_metric(self._events, self.trial_id, command["metric"], self._gate)
+        kind, metric = command.get("type"), command.get("metric")
+        if kind == "metric" and isinstance(metric, str):
+            route_metric(self._events, self.trial_id, metric, self._gate)
         elif kind == "request_parameter":
             index = self._http_requests
             self._http_requests += 1

@@ -32,7 +32,7 @@ __all__ = [
 METRIC_SIZE_LIMIT = 1_000_000  # bytes of one record's payload, NNI's limit
 _PARAMETER_POLL_S = 0.05
 
-_parameter_record: dict[str, Any] | None = None
+_parameter_record: dict[str, object] | None = None
 _parameter_index = 0
 _intermediate_seq = 0
 _metrics_file: BinaryIO | None = None  # kept open: one append per metric, flushed at once
@@ -151,7 +151,7 @@ def _channel_url() -> str | None:
     return _http_url
 
 
-def _http(url: str, method: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def _http(url: str, method: str, body: dict[str, object] | None = None) -> tuple[int, object]:
     import urllib.error
     import urllib.request
 
@@ -165,7 +165,7 @@ def _http(url: str, method: str, body: dict[str, Any] | None = None) -> tuple[in
         return e.code, None
 
 
-def _http_parameter(url: str) -> dict[str, Any] | None:
+def _http_parameter(url: str) -> dict[str, object] | None:
     """`request_parameter`, then long-poll GET until the `parameter` command (408: ask again;
     410: the channel is closed, no parameter), as NNI's `nni/runtime/command_channel/http.py`."""
     _http(url, "PUT", {"type": "request_parameter"})
@@ -184,7 +184,7 @@ def _http_parameter(url: str) -> dict[str, Any] | None:
             return record
 
 
-def _append_record(metric: dict[str, Any]) -> None:
+def _append_record(metric: dict[str, object]) -> None:
     payload = (json.dumps(metric) + "\n").encode("utf-8")
     if len(payload) >= METRIC_SIZE_LIMIT:
         raise ValueError(f"metric too long: {len(payload)} bytes (NNI's limit is {METRIC_SIZE_LIMIT})")

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from nni_manager.types import SearchSpace
+from nni_manager.jsontypes import JSONValue
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment as _Loop
@@ -54,11 +55,11 @@ _STOP_WAIT_S = 120.0
 class TrialResult:
     """One trial's parameters and final result (`export_data()`)."""
 
-    parameter: dict[str, Any]
-    value: Any
+    parameter: dict[str, JSONValue]
+    value: JSONValue
     trialJobId: str  # noqa: N815 - NNI's field name
 
-    def __init__(self, parameter: dict[str, Any], value: str, trialJobId: str) -> None:  # noqa: N803
+    def __init__(self, parameter: dict[str, JSONValue], value: str, trialJobId: str) -> None:  # noqa: N803
         self.parameter = parameter
         self.value = json.loads(value)
         self.trialJobId = trialJobId
@@ -73,7 +74,7 @@ class TrialMetricData:
     parameterId: int  # noqa: N815
     type: str
     sequence: int
-    data: Any
+    data: JSONValue
 
     def __init__(self, timestamp: int, trialJobId: str, parameterId: int, type: str,  # noqa: A002,N803
                  sequence: int, data: str) -> None:
@@ -91,10 +92,10 @@ class TrialHyperParameters:
 
     parameter_id: int
     parameter_source: str
-    parameters: dict[str, Any]
+    parameters: dict[str, JSONValue]
     parameter_index: int
-    placement_constraint: dict[str, Any] | None = None
-    version_info: dict[str, Any] | None = None
+    placement_constraint: dict[str, JSONValue] | None = None
+    version_info: dict[str, JSONValue] | None = None
 
 
 @dataclass(init=False)
@@ -115,7 +116,7 @@ class TrialJob:
     def __init__(self, trialJobId: str, status: str, startTime: int, sequenceId: int,  # noqa: N803
                  logPath: str = "", endTime: int = -1, stderrPath: str = "",  # noqa: N803
                  hyperParameters: list[str] | None = None, finalMetricData: list[dict[str, Any]] | None = None,  # noqa: N803
-                 message: str = "--", **kwargs: Any) -> None:
+                 message: str = "--", **kwargs: object) -> None:
         self.trialJobId = trialJobId
         self.status = status
         self.hyperParameters = [TrialHyperParameters(**json.loads(e)) for e in hyperParameters or []]
@@ -133,7 +134,7 @@ class Experiment:
     installed: NNI's ExperimentConfig to fill in), NNI's ExperimentConfig, a dict, a YAML path or
     our ExperimentConfig; `None` with an `id` to `resume()` / `view()` a stored experiment."""
 
-    def __init__(self, config_or_platform: Any = None, id: str | None = None, *,  # noqa: A002 - NNI's name
+    def __init__(self, config_or_platform: object = None, id: str | None = None, *,  # noqa: A002 - NNI's name
                  experiment_id: str | None = None) -> None:
         config = config_or_platform
         if isinstance(config, (str, list)) and not (isinstance(config, str) and _is_file(config)):
@@ -162,7 +163,7 @@ class Experiment:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self, port: int = 8080, debug: bool = False, run_mode: Any = None) -> None:
+    def start(self, port: int = 8080, debug: bool = False, run_mode: object = None) -> None:
         """Start the experiment in the background and serve its WebUI on `port` (the next free
         one if taken; `self.port` says which). Returns once it runs; raises what stopped it.
         The experiment is stopped at exit unless `run_mode` is NNI's `RunMode.Detach`."""
@@ -423,7 +424,7 @@ class Experiment:
         experiment.id = experiment.get_experiment_profile().get("id")
         status = experiment.get_status()
         pid = experiment.get_experiment_metadata(str(experiment.id)).get("pid")
-        if pid is None:
+        if not isinstance(pid, (int, float, str)):  # None: no entry (NNI writes an int)
             log.warning("Get experiment pid failed, can not stop experiment by stop().")
         else:
             experiment._pid = int(pid)
@@ -432,7 +433,7 @@ class Experiment:
 
     # -- queries and updates: NNI's REST API, as nni.experiment.Experiment calls it ---------
 
-    def _rest(self, method: str, api: str, data: Any = None) -> Any:
+    def _rest(self, method: str, api: str, data: object = None) -> Any:  # Any: NNI's REST answers, shaped per API
         if self.port is None:
             raise RuntimeError("Experiment is not running")
         parts = [f"http://127.0.0.1:{self.port}", self.url_prefix, "api/v1/nni", api]
@@ -468,7 +469,7 @@ class Experiment:
     def list_trial_jobs(self) -> list[TrialJob]:
         return [TrialJob(**job) for job in self._rest("GET", "/trial-jobs")]
 
-    def get_job_statistics(self) -> list[dict[str, Any]]:
+    def get_job_statistics(self) -> list[dict[str, JSONValue]]:
         return list(self._rest("GET", "/job-statistics"))
 
     def get_job_metrics(self, trial_job_id: str | None = None) -> dict[str, list[TrialMetricData]]:
@@ -481,17 +482,17 @@ class Experiment:
     def get_experiment_profile(self) -> dict[str, Any]:
         return dict(self._rest("GET", "/experiment"))
 
-    def get_experiment_metadata(self, exp_id: str) -> dict[str, Any]:
+    def get_experiment_metadata(self, exp_id: str) -> dict[str, JSONValue]:
         return next((m for m in self.get_all_experiments_metadata() if m.get("id") == exp_id), {})
 
-    def get_all_experiments_metadata(self) -> list[dict[str, Any]]:
+    def get_all_experiments_metadata(self) -> list[dict[str, JSONValue]]:
         return list(self._rest("GET", "/experiments-info"))
 
     def export_data(self) -> list[TrialResult]:
         """Every succeeded trial's parameters, final result and id."""
         return [TrialResult(**r) for r in self._rest("GET", "/export-data")]
 
-    def _update_experiment_profile(self, key: str, value: Any) -> None:
+    def _update_experiment_profile(self, key: str, value: object) -> None:
         kind = {"trialConcurrency": "TRIAL_CONCURRENCY", "maxExperimentDuration": "MAX_EXEC_DURATION",
                 "searchSpace": "SEARCH_SPACE", "maxTrialNumber": "MAX_TRIAL_NUM"}[key]
         profile = self.get_experiment_profile()
@@ -569,7 +570,7 @@ def _serving(pid: int, experiment_id: str | None) -> bool:
     return not isinstance(entry, dict) or entry.get("status") != "STOPPED"
 
 
-def _stored_config(directory: Path) -> Any:
+def _stored_config(directory: Path) -> ExperimentConfig:
     """The config a stored experiment ran with: its YAML file again where it still exists, else
     the stored fields (NNI's canonical form; platforms other than local need their file)."""
     from nni_manager.store import Store

@@ -21,10 +21,10 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
@@ -64,12 +64,12 @@ class TrialSummary:
 
     trial_id: str
     sequence_id: int
-    parameter_id: Any  # an int from most tuners; Hyperband's are strings like "0-3_0_1"
-    parameters: dict[str, Any]
+    parameter_id: object  # an int from most tuners; Hyperband's are strings like "0-3_0_1"
+    parameters: dict[str, object]
     status: TrialJobStatus = TrialJobStatus.WAITING
-    latest: Any = None  # the latest intermediate result as reported (number or dict)
+    latest: object = None  # the latest intermediate result as reported (number or dict)
     intermediate_count: int = 0
-    final: Any = None  # the final result as reported
+    final: object = None  # the final result as reported
     metric: float | None = None  # the number that ranks trials (final, or its "default")
     gpu_indices: list[int] | None = None
     start_time: int | None = None  # epoch ms
@@ -130,7 +130,7 @@ class Experiment:
         self._resumed: set[str] = set()  # trials of an earlier run: the new dispatcher never saw them
         self._started = time.monotonic()
         self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._ts: TrainingService | None = None
 
     # -- public -------------------------------------------------------------------------
@@ -381,7 +381,7 @@ class Experiment:
             self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await asyncio.sleep(0.05)
 
-    async def _resume(self, ts: TrainingService) -> list[dict[str, Any]]:
+    async def _resume(self, ts: TrainingService) -> list[dict[str, object]]:
         """Take over the trials of a resumed experiment: count them; their results, in NNI's
         IMPORT_DATA form ([{"parameter": ..., "value": ...}]), go to the new dispatcher."""
         from nni_manager.store import Store
@@ -389,7 +389,7 @@ class Experiment:
         details = await ts.list_trial_jobs()
         if not details:
             return []
-        finals: dict[str, Any] = {}
+        finals: dict[str, object] = {}
         store = Store.open_readonly(Path(ts.experiment_dir))
         try:
             for m in store.metrics():
@@ -454,7 +454,7 @@ class Experiment:
         self.dispatcher.request_trials(1)
 
     def _answer(self, trial_id: str, index: int, record: str | None) -> None:
-        parsed: dict[str, Any] = {}
+        parsed: dict[str, object] = {}
         if record is not None:
             try:
                 parsed = json.loads(record)
@@ -464,7 +464,7 @@ class Experiment:
         if self._ts is not None:  # the service answers its own requests: it exists
             self._spawn(self._ts.update_trial_job(trial_id, TrialJobApplicationForm(-1, HyperParameters(value, index))))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -108,7 +108,7 @@ def busy_message(experiment_id: str, pid: int | None) -> str:
         entry = None
     if isinstance(entry, dict) and (pid is None or entry.get("pid") == pid) and entry.get("status") != "STOPPED":
         urls = entry.get("webuiUrl") or []
-        url = str(urls[0]) if urls else ""
+        url = str(urls[0]) if isinstance(urls, (list, str)) and urls else ""
     who = f"nni-manager pid {pid}" if pid else "another nni-manager"
     where = f", WebUI {url}" if url else " (no WebUI)"
     return (f"experiment {experiment_id} is already running ({who}{where}): stop it first with "

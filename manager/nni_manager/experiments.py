@@ -12,7 +12,6 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nni_manager.store import DB_NAME
 from nni_manager.webui import manifest
@@ -53,7 +52,7 @@ def resolve(ref: str | Path) -> Path:
     looked = []
     entry = manifest.read().get(ref)
     if isinstance(entry, dict) and entry.get("logDir"):
-        candidate = Path(entry["logDir"]).expanduser() / ref
+        candidate = Path(str(entry["logDir"])).expanduser() / ref
         if (candidate / DB_NAME).is_file():
             return candidate
         looked.append(str(candidate))
@@ -78,9 +77,12 @@ def list_all() -> list[ExperimentInfo]:
         if not exp_id:
             continue
         log_dir = entry.get("logDir")
-        directory = Path(log_dir).expanduser() / exp_id if log_dir else None
+        directory = Path(str(log_dir)).expanduser() / exp_id if log_dir else None
         pid = entry.get("pid") if entry.get("status") != "STOPPED" and _is_manager(entry.get("pid"), entry) else None
+        pid = pid if isinstance(pid, int) else None  # _is_manager holds only for an int
         urls = entry.get("webuiUrl") or []
+        url = str(urls[0]) if isinstance(urls, (list, str)) and urls and pid else ""
+        started = entry.get("startTime")
         directory = directory if directory and (directory / DB_NAME).is_file() else None
         status, reason = str(entry.get("status", "")), ""
         if directory is not None and pid is None:  # ended: the store says how (the manifest may predate it)
@@ -88,8 +90,7 @@ def list_all() -> list[ExperimentInfo]:
             status = stored_status if stored_status in ("DONE", "ERROR", "STOPPED") else status
         found[exp_id] = ExperimentInfo(
             exp_id, directory, str(entry.get("experimentName") or ""), status, str(entry.get("platform", "")),
-            entry.get("startTime") if isinstance(entry.get("startTime"), int) else None,
-            str(urls[0]) if urls and pid else "", pid, reason)
+            started if isinstance(started, int) else None, url, pid, reason)
     root = DEFAULT_ROOT.expanduser()
     if root.is_dir():
         for db in sorted(root.glob(f"*/{DB_NAME}")):
@@ -108,7 +109,7 @@ def _from_store(directory: Path) -> ExperimentInfo:
     except Exception:  # noqa: BLE001 - a foreign or broken directory is listed as such
         return ExperimentInfo(directory.name, directory, status="UNREADABLE")
     try:
-        row: dict[str, Any] = store.experiment() or {}
+        row = store.experiment()
     finally:
         store.close()
     config = row.get("config") or {}
@@ -148,11 +149,16 @@ def stop(ref: str, timeout: float = 120.0) -> ExperimentInfo:
     os.kill(target.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while _is_cli(target.pid) or (_is_manager(target.pid, manifest.read().get(ref))
-                                  and manifest.read().get(ref, {}).get("status") != "STOPPED"):
+                                  and _status(manifest.read().get(ref)) != "STOPPED"):
         if time.monotonic() > deadline:
             raise TimeoutError(f"experiment {ref}: process {target.pid} still runs {timeout:g} s after SIGTERM")
         time.sleep(0.1)
     return target
+
+
+def _status(entry: object) -> object:
+    """A manifest entry's status (None when the entry is missing or not NNI's)."""
+    return entry.get("status") if isinstance(entry, dict) else None
 
 
 def _is_manager(pid: object, entry: object = None) -> bool:

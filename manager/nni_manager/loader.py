@@ -14,7 +14,7 @@ import ipaddress
 import re
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nni_manager.types import SearchSpace
 from nni_manager.annotations import search_space as annotated_search_space
@@ -348,7 +348,7 @@ def _search_space(root: ConfigSection, base: Path, custom: bool = False) -> Sear
                               "write e.g. `lr: {_type: loguniform, _value: [0.0001, 0.1]}`")
         return inline
     validate(inline, inline_path)
-    return inline
+    return cast(SearchSpace, inline)  # validate() checked the shape, or raised
 
 
 def _annotated_search_space(config: ExperimentConfig) -> None:

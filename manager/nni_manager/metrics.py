@@ -71,7 +71,7 @@ def metric_problem(data: str) -> str:
     return checked(data)[1]
 
 
-def metric_message(data: str, where: str, trial_id: str = "") -> dict[str, Any] | None:
+def metric_message(data: str, where: str, trial_id: str = "") -> dict[str, object] | None:
     """The stored message `data` as a dict, or None (a warning, once per row and reader) when
     it is malformed: the row is skipped, the rest is served."""
     message, problem = checked(data)
@@ -83,7 +83,7 @@ def metric_message(data: str, where: str, trial_id: str = "") -> dict[str, Any] 
     return message
 
 
-def decode_metric_value(value: object) -> Any:
+def decode_metric_value(value: object) -> object:
     """Metric values travel JSON-encoded inside the metric JSON (NNI >= 1.4)."""
     if isinstance(value, str):
         try:
@@ -93,7 +93,7 @@ def decode_metric_value(value: object) -> Any:
     return value
 
 
-def metric_value(data: str, where: str, trial_id: str = "") -> Any:
+def metric_value(data: str, where: str, trial_id: str = "") -> object:
     """The decoded value of a stored metric message; None for a malformed row (skipped with a
     warning, never raised: one bad row must not take down a listing)."""
     message = metric_message(data, where, trial_id)
@@ -126,7 +126,7 @@ class Sequences:
         return int(message.get("sequence") or 0)
 
 
-def numbered(rows: Iterable[tuple[str, str, str, int]], where: str) -> Iterator[tuple[str, str, dict[str, Any], int, int]]:
+def numbered(rows: Iterable[tuple[str, str, str, int]], where: str) -> Iterator[tuple[str, str, dict[str, object], int, int]]:
     """Stored rows (trial, type, data, timestamp) in arrival order -> (trial, type, message,
     timestamp, sequence), NNI's MetricData: REQUEST_PARAMETER rows and malformed ones (with a
     warning) left out, PERIODICAL ones numbered. `checked` and `Sequences` inlined: a full dump

@@ -93,12 +93,12 @@ def _clean(x: float) -> float:
     return float(f"{x:.12g}")
 
 
-def sample(space: SearchSpace, rng: random.Random) -> dict[str, Any]:
+def sample(space: SearchSpace, rng: random.Random) -> dict[str, object]:
     """One random point of a validated search space."""
     return {name: _sample_param(spec, rng) for name, spec in space.items()}
 
 
-def _sample_param(spec: ParameterSpec, rng: random.Random) -> Any:
+def _sample_param(spec: ParameterSpec, rng: random.Random) -> object:
     kind, v = spec["_type"], spec["_value"]
     if kind == "choice":
         return _option(rng.choice(v), rng)
@@ -121,7 +121,7 @@ def _sample_param(spec: ParameterSpec, rng: random.Random) -> Any:
     return _quantize(math.exp(rng.gauss(v[0], v[1])), v[2])  # qlognormal
 
 
-def _option(option: Any, rng: random.Random) -> Any:
+def _option(option: object, rng: random.Random) -> object:
     if isinstance(option, dict) and "_name" in option:
         nested = {k: s for k, s in option.items() if k != "_name"}
         return {"_name": option["_name"], **sample(nested, rng)}

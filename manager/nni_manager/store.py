@@ -13,10 +13,12 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from nni_manager.jsontypes import JSONValue
 
 from nni_manager.types import (
     HyperParameters,
@@ -26,6 +28,53 @@ from nni_manager.types import (
 )
 
 DB_NAME = "experiment.db"
+
+
+class ExperimentRow(TypedDict, total=False):
+    """The experiment's record (`Store.experiment()`; empty before `init_experiment`)."""
+
+    id: str
+    # dataclasses.asdict of the ExperimentConfig, secrets redacted; its shape is the config's
+    # dataclasses (per platform), which viewers read loosely with `.get`
+    config: dict[str, Any]
+    start_time: int
+    status: str
+
+
+class MetricRow(TypedDict):
+    """One stored metric, as `Store.metrics()` lists it (`data`: NNI's metric JSON, verbatim)."""
+
+    trial_id: str
+    type: str
+    sequence: int
+    data: str
+    timestamp: int
+
+
+class AgentRow(TypedDict):
+    """One registered agent (`Store.agents()`); `hints` as `add_agent` stored them."""
+
+    agent_id: str
+    name: str
+    token: str
+    hints: dict[str, JSONValue]
+    boot_id: str
+    applied_seq: int
+    next_cmd_seq: int
+    env_id: str | None
+    role: str
+    idx: int
+    enrol: int
+    spent: str
+
+
+class EnvironmentRow(TypedDict):
+    """One environment's last saved state (`Store.environments()`)."""
+
+    env_id: str
+    trial_id: str | None
+    state: str
+    reason: str
 log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -191,7 +240,7 @@ class Store:
             self._in_tx = False
 
     # ------------------------------------------------------------------ experiment
-    def init_experiment(self, experiment_id: str, config: dict[str, Any], start_time: int) -> None:
+    def init_experiment(self, experiment_id: str, config: Mapping[str, object], start_time: int) -> None:
         row = self._conn.execute("SELECT id FROM experiment").fetchone()
         if row is not None and row[0] != experiment_id:
             db = self._conn.execute("PRAGMA database_list").fetchone()[2]
@@ -205,11 +254,11 @@ class Store:
     def set_experiment_status(self, status: str) -> None:
         self._conn.execute("UPDATE experiment SET status = ?", (status,))
 
-    def experiment(self) -> dict[str, Any]:
+    def experiment(self) -> ExperimentRow:
         row = self._conn.execute("SELECT id, config, start_time, status FROM experiment").fetchone()
         if row is None:
-            return {}
-        return {"id": row[0], "config": json.loads(row[1]), "start_time": row[2], "status": row[3]}
+            return ExperimentRow()
+        return ExperimentRow(id=row[0], config=json.loads(row[1]), start_time=row[2], status=row[3])
 
     # ------------------------------------------------------------------ trials
     def save_trial(self, t: TrialJobDetail) -> None:
@@ -252,7 +301,7 @@ class Store:
     # ------------------------------------------------------------------ metrics
     def add_metric(
         self, trial_id: str, agent_id: str, boot_id: str, agent_seq: int, trial_seq: int, data: str, timestamp: int,
-        message: dict[str, Any] | None = None,
+        message: Mapping[str, object] | None = None,
     ) -> None:
         """`message` is `data` already decoded (the ingest check did), saving a parse per metric."""
         kind, sequence = _metric_kind(data) if message is None else _kind_of(message)
@@ -261,21 +310,20 @@ class Store:
             (trial_id, agent_id, boot_id, agent_seq, trial_seq, kind, sequence, data, timestamp),
         )
 
-    def add_metrics(self, rows: list[tuple[str, str, str, int, int, str, int, dict[str, Any]]]) -> None:
+    def add_metrics(self, rows: Sequence[tuple[str, str, str, int, int, str, int, Mapping[str, object]]]) -> None:
         """`add_metric` for many at once (one executemany per record batch): (trial_id, agent_id,
         boot_id, agent_seq, trial_seq, data, timestamp, data decoded)."""
         self._conn.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                [(t, a, b, s, n, *_kind_of(m), d, ts) for t, a, b, s, n, d, ts, m in rows])
 
-    def metrics(self, trial_id: str | None = None) -> list[dict[str, Any]]:
+    def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
         sql = "SELECT trial_id, type, sequence, data, timestamp FROM metrics"
-        args: tuple[Any, ...] = ()
+        args: tuple[str, ...] = ()
         if trial_id is not None:
             sql += " WHERE trial_id = ?"
             args = (trial_id,)
         rows = self._conn.execute(sql + " ORDER BY rowid", args).fetchall()
-        keys = ("trial_id", "type", "sequence", "data", "timestamp")
-        return [dict(zip(keys, r)) for r in rows]
+        return [MetricRow(trial_id=t, type=k, sequence=n, data=d, timestamp=ts) for t, k, n, d, ts in rows]
 
     # ------------------------------------------------------------------ metrics, as viewers read them
     # (the WebUI's model and `export --nni-db`: rows in arrival order, rowid their cursor)
@@ -336,15 +384,15 @@ class Store:
         return [r[1:] for r in rows]
 
     # ------------------------------------------------------------------ agents
-    def agent_by_name(self, name: str) -> dict[str, Any] | None:
+    def agent_by_name(self, name: str) -> AgentRow | None:
         row = self._conn.execute(f"SELECT {_AGENT_COLUMNS} FROM agents WHERE name = ?", (name,)).fetchone()
         return None if row is None else _agent_from_row(row)
 
-    def agents(self) -> list[dict[str, Any]]:
+    def agents(self) -> list[AgentRow]:
         rows = self._conn.execute(f"SELECT {_AGENT_COLUMNS} FROM agents ORDER BY rowid").fetchall()
         return [_agent_from_row(r) for r in rows]
 
-    def add_agent(self, agent_id: str, name: str, token: str, hints: dict[str, Any], env_id: str | None = None,
+    def add_agent(self, agent_id: str, name: str, token: str, hints: Mapping[str, object], env_id: str | None = None,
                   role: str = "", index: int = 0, enrol: bool = False) -> None:
         self._conn.execute(
             "INSERT INTO agents (agent_id, name, token, hints, env_id, role, idx, enrol) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -361,9 +409,9 @@ class Store:
     def save_environment(self, env_id: str, trial_id: str | None, state: str, reason: str = "") -> None:
         self._conn.execute("INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?)", (env_id, trial_id, state, reason))
 
-    def environments(self) -> list[dict[str, Any]]:
+    def environments(self) -> list[EnvironmentRow]:
         rows = self._conn.execute("SELECT env_id, trial_id, state, reason FROM environments ORDER BY rowid").fetchall()
-        return [dict(zip(("env_id", "trial_id", "state", "reason"), r)) for r in rows]
+        return [EnvironmentRow(env_id=e, trial_id=t, state=s, reason=r) for e, t, s, r in rows]
 
     def setting(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
@@ -397,14 +445,19 @@ def _metric_kind(data: str) -> tuple[str, int]:
         return "CUSTOM", 0
 
 
-def _kind_of(obj: Any) -> tuple[str, int]:
+def _kind_of(obj: object) -> tuple[str, int]:
+    if not isinstance(obj, Mapping):
+        return "CUSTOM", 0
+    sequence = obj.get("sequence", 0) or 0
     try:
-        return str(obj.get("type", "CUSTOM")), int(obj.get("sequence", 0) or 0)
-    except (ValueError, AttributeError, TypeError):
+        if not isinstance(sequence, (int, float, str)):
+            raise TypeError(sequence)
+        return str(obj.get("type", "CUSTOM")), int(sequence)
+    except (ValueError, TypeError):
         return "CUSTOM", 0
 
 
-def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:
+def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:  # a sqlite3 row: its cells' types are the schema's
     form = json.loads(r[7])
     hp = form.pop("hyper_parameters")
     return TrialJobDetail(
@@ -417,8 +470,8 @@ def _trial_from_row(r: tuple[Any, ...]) -> TrialJobDetail:
     )
 
 
-def _agent_from_row(r: tuple[Any, ...]) -> dict[str, Any]:
-    keys = tuple(_AGENT_COLUMNS.split(", "))
-    d = dict(zip(keys, r))
-    d["hints"] = json.loads(d["hints"])
-    return d
+def _agent_from_row(r: tuple[Any, ...]) -> AgentRow:  # a sqlite3 row, in _AGENT_COLUMNS' order
+    agent_id, name, token, hints, boot_id, applied_seq, next_cmd_seq, env_id, role, idx, enrol, spent = r
+    return AgentRow(agent_id=agent_id, name=name, token=token, hints=json.loads(hints), boot_id=boot_id,
+                    applied_seq=applied_seq, next_cmd_seq=next_cmd_seq, env_id=env_id, role=role, idx=idx,
+                    enrol=enrol, spent=spent)

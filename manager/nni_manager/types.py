@@ -37,7 +37,7 @@ class HyperParameters:
 class TrialJobApplicationForm:
     sequence_id: int
     hyper_parameters: HyperParameters
-    placement_constraint: dict[str, Any] | None = None
+    placement_constraint: dict[str, object] | None = None
     id: str | None = None  # set when resuming a known trial
 
 
@@ -75,4 +75,4 @@ class TrialJobMetric:
     data: str  # the NNI metric JSON string (nni-training-service.md §1.4)
     # the same, decoded once at ingest (nni_manager.metrics) so listeners need not parse it again;
     # shared by every listener: read it, never change it
-    message: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    message: dict[str, object] | None = field(default=None, compare=False, repr=False)

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -45,7 +45,7 @@ def fmt_value(value: object) -> str:
     return str(value)
 
 
-def fmt_params(params: dict[str, Any] | None) -> str:
+def fmt_params(params: dict[str, object] | None) -> str:
     return ", ".join(f"{k}={fmt_value(v)}" for k, v in (params or {}).items())
 
 

@@ -28,7 +28,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
@@ -62,7 +61,7 @@ class WorkerPython:
     glibc: tuple[int, int] | None  # None: not glibc (musl, ...), which manylinux wheels do not fit
 
     @classmethod
-    def from_report(cls, report: dict[str, Any]) -> WorkerPython:
+    def from_report(cls, report: dict[str, object]) -> WorkerPython:
         """The worker's Python as the boot step's `--check` reports it (`nni_agent/boot.py` `worker()`:
         version "3.11", machine, libc "glibc 2.36")."""
         major, minor = str(report["version"]).split(".")[:2]

@@ -53,7 +53,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import quote, urlsplit
 
 from nni_manager.backends import aml_code
@@ -62,6 +62,10 @@ from nni_manager.backends.base import EnvironmentRequest
 from nni_manager.backends.rest_jobs import (Job, JobView, RestClient, RestError, RestJobBackend, StateTable, agent_boot,
                                              literal_secret_lines, parse_watch_fields)
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
+
+if TYPE_CHECKING:
+    from azure.core.credentials import AccessToken
+    from azure.identity.aio import DefaultAzureCredential
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +154,30 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
+class _CodeRef(TypedDict, total=False):
+    codeId: str  # noqa: N815 - ARM's key
+
+
+class AmlJobProperties(_CodeRef):
+    """An ARM command job's `properties` (Jobs - Create Or Update, API_VERSION), as we fill them."""
+
+    jobType: str  # noqa: N815
+    command: str
+    environmentId: str  # noqa: N815
+    computeId: str  # noqa: N815
+    experimentName: str  # noqa: N815
+    displayName: str  # noqa: N815
+    description: str
+    resources: dict[str, int]
+    environmentVariables: dict[str, str]  # noqa: N815
+    tags: dict[str, str]
+
+
+class AmlJobRequest(TypedDict):
+    properties: AmlJobProperties
+
+
+class AmlBackend(RestJobBackend[AmlConfig, AmlJobRequest]):
     platform = "aml"
     service = "AML"
     states = STATES
@@ -160,8 +187,8 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
         self.client: RestClient | None = None
-        self._credential: Any = None
-        self._token: Any = None  # azure-identity's AccessToken (token, expires_on), cached
+        self._credential: DefaultAzureCredential | None = None
+        self._token: AccessToken | None = None  # (token, expires_on), cached
         self._token_lock = asyncio.Lock()
         self.studio: dict[str, str] = {}  # job name -> studio URL
         self.code: aml_code.CodeAsset | None = None  # the agent's code asset, once open() made sure of it
@@ -191,8 +218,9 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
                 self._token = await self._fetch_token()
             return {"Authorization": f"Bearer {self._token.token}"}
 
-    async def _fetch_token(self) -> Any:
+    async def _fetch_token(self) -> AccessToken:
         scope = self.opts.audience.rstrip("/") + "/.default"
+        assert self._credential is not None  # open() made it
         try:
             return await self._credential.get_token(scope)
         except Exception as e:  # azure-identity says which credentials it tried
@@ -207,7 +235,7 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
             if self._token is not None and refused == f"Bearer {self._token.token}":
                 self._token = None
 
-    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:  # ARM's answers, shaped per API
         assert self.client is not None
         reply = await self.client.request(method, self.workspace + path, params={"api-version": API_VERSION}, **kw)
         return reply.body
@@ -244,7 +272,7 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
             await self._credential.close()
 
     # ------------------------------------------------------------------ the job
-    def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
+    def job_request(self, env: EnvironmentRequest, name: str) -> AmlJobRequest:
         m = env.members[0]
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
         command = agent_boot(hub_address=m.hub_address, agent_id=env.env_id, token_lines=token_lines,
@@ -253,7 +281,7 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
                              wheel=Sh(f'"$PWD/{self.code.agent_wheel}"') if self.code else "",
                              deps_dir=Sh('"$PWD/deps"') if self.code else "",
                              sha256=self.code.sha256 if self.code else ())
-        code = {"codeId": self.code.code_id} if self.code else {}
+        code: _CodeRef = {"codeId": self.code.code_id} if self.code else {}
         return {"properties": {
             "jobType": "Command",
             "command": "\n".join(command),
@@ -268,7 +296,7 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
             "tags": {"nni_experiment": self.experiment_id, self.tag_key: ""},
         }}
 
-    def render_request(self, request: dict[str, Any]) -> str:
+    def render_request(self, request: AmlJobRequest) -> str:
         return (f"# PUT {self.opts.endpoint}{self.environment_id}?api-version={API_VERSION}\n"
                 + json.dumps({"properties": {"image": self.opts.docker_image}}, indent=2) + "\n"
                 f"# PUT {self.opts.endpoint}{self.workspace}/jobs/<name>?api-version={API_VERSION}\n"
@@ -276,7 +304,7 @@ class AmlBackend(RestJobBackend[AmlConfig, "dict[str, Any]"]):
                 "# job also gets codeId, the agent's code asset in the default datastore, made once per workspace)\n"
                 + json.dumps(request, indent=2))
 
-    async def submit(self, job: Job, request: dict[str, Any]) -> None:
+    async def submit(self, job: Job, request: AmlJobRequest) -> None:
         # PUT is idempotent (201 created, then 200): safe to retry
         body = await self._call("PUT", f"/jobs/{quote(job.name, safe='')}", json=request)
         self._remember_studio(job.name, body)

@@ -40,13 +40,20 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import quote
 
 from nni_manager import notices
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_wheel import build_agent_wheel
 from nni_manager.backends.rest_jobs import RestClient, RestError
+
+if TYPE_CHECKING:
+    from azure.core.credentials import AzureSasCredential
+    from azure.core.credentials_async import AsyncTokenCredential
+
+# what the blob client takes: an account key (name and key), a SAS, or the user's identity
+BlobCredential = Union[dict[str, str], "AzureSasCredential", "AsyncTokenCredential"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +111,7 @@ class CodeAsset:
 
 
 async def ensure(client: RestClient, workspace: str, api_version: str, gather_files: Callable[[], CodeFiles],
-                 blob_endpoint: str | None = None, identity: Any = None) -> CodeAsset | None:
+                 blob_endpoint: str | None = None, identity: AsyncTokenCredential | None = None) -> CodeAsset | None:
     """The code version for `files`, its folder's content checked (or uploaded) and the version
     created unless it exists; None when the workspace has no default AzureBlob datastore with an
     account key or SAS token, or an identity-based one without `identity` (jobs then need an image
@@ -127,6 +134,7 @@ async def ensure(client: RestClient, workspace: str, api_version: str, gather_fi
     files = await asyncio.to_thread(gather_files)
     props = store.get("properties") or {}
     name = str(store.get("name") or "workspaceblobstore")
+    credential: BlobCredential | None
     if identity_based(store):
         credential = identity
         if credential is None:
@@ -214,7 +222,7 @@ def identity_based(store: dict[str, Any]) -> bool:
 ROLE = "Storage Blob Data Contributor"
 
 
-def _blob_credential(secrets: dict[str, Any], account: str, datastore: str) -> Any:
+def _blob_credential(secrets: dict[str, Any], account: str, datastore: str) -> BlobCredential | None:
     kind = secrets.get("secretsType")
     if kind == "AccountKey" and secrets.get("key"):
         return {"account_name": account, "account_key": secrets["key"]}
@@ -253,7 +261,7 @@ def _save_record(path: Path, record: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
-async def _sync(endpoint: str, account: str, container: str, credential: Any, folder: str,
+async def _sync(endpoint: str, account: str, container: str, credential: BlobCredential, folder: str,
                 files: CodeFiles, datastore: str, code_uri: str) -> int:
     """Make `folder` hold our files: each one there already is kept only when its content is ours
     (its etag as this machine recorded it, else read back and hashed), every other one is uploaded;

@@ -16,6 +16,7 @@ through the agent protocol. Two kinds of backend share this contract:
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
@@ -132,7 +133,7 @@ class DryRun:
     their rendering for people (YAML for clusters, shell for SSH)."""
 
     platform: str
-    requests: list[Any]
+    requests: Sequence[object]
     text: str
 
     def __str__(self) -> str:
@@ -221,7 +222,7 @@ class Backend(abc.ABC, Generic[OptionsT]):
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if cls.elastic and not any(c.__name__ == "ElasticBackend" and c.__module__ == __name__ for c in cls.__mro__):
             raise TypeError(f"{cls.__qualname__} sets elastic = True: derive it from "
@@ -434,7 +435,7 @@ class ElasticBackend(Backend[OptionsT], Generic[OptionsT, RequestT]):
 class MixedPool(Protocol):
     """What the core asks of a pool of fixed machines and cluster platforms (`Backend.mixed_pool`)."""
 
-    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[object, object] | None:
         """The cluster platform the trial's placementConstraint names, if any (no machine takes it)."""
 
 
@@ -448,7 +449,7 @@ def options_of(config: ExperimentConfig, kind: type[T]) -> T:
     return options
 
 
-def as_elastic(backend: Backend[object]) -> ElasticBackend[Any, Any]:
+def as_elastic(backend: Backend[object]) -> ElasticBackend[object, object]:
     """The backend as the elastic core uses it: only an elastic backend gets there."""
     if not isinstance(backend, ElasticBackend):
         raise TypeError(f"{type(backend).__name__} is not an ElasticBackend")

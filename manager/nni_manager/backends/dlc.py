@@ -32,7 +32,9 @@ from nni_manager.backends.rest_jobs import (Job, JobView, RestError, RestJobBack
 from nni_manager.config import ConfigError, ConfigSection, ExperimentConfig
 
 if TYPE_CHECKING:
+    from alibabacloud_pai_dlc20201203.client import Client
     from alibabacloud_pai_dlc20201203.models import CreateJobRequest
+    from darabonba.runtime import RuntimeOptions
 
 JOB_TYPES = ("TFJob", "PyTorchJob")  # NNI's choices (dlcUtil.py)
 # DLC's job states -> the REST-job phases (NNI: dlcEnvironmentService.ts refreshEnvironmentsStatus)
@@ -59,7 +61,7 @@ class DlcConfig:
     job_type: str = "TFJob"
     pod_count: int = 1
     ecs_spec: str = ""
-    resource: dict[str, Any] | None = None  # ecsSpec's "{'resource_id': ..., 'cpu': ...}" form
+    resource: dict[str, object] | None = None  # ecsSpec's "{'resource_id': ..., 'cpu': ...}" form
     region: str = ""
     workspace_id: str | None = None
     nas_data_source_id: str = ""
@@ -78,7 +80,7 @@ class DlcConfig:
                 f"pod_count={self.pod_count}, access_key_id={self.access_key_id!r})")
 
 
-def _resource(spec: str, ts: ConfigSection) -> dict[str, Any] | None:
+def _resource(spec: str, ts: ConfigSection) -> dict[str, object] | None:
     """NNI's second ecsSpec form: a Python dict literal naming a resource group's quota."""
     if not (spec.startswith("{") and spec.endswith("}")):
         return None
@@ -132,7 +134,7 @@ class DlcBackend(RestJobBackend[DlcConfig, "CreateJobRequest"]):
 
     def __init__(self, config: ExperimentConfig) -> None:
         super().__init__(config)
-        self.client: Any = None
+        self.client: Client | None = None
 
     options_type = DlcConfig
 
@@ -144,13 +146,13 @@ class DlcBackend(RestJobBackend[DlcConfig, "CreateJobRequest"]):
         return Shape((Role("", self.opts.pod_count),))
 
     # ------------------------------------------------------------------ the SDK
-    def _runtime(self, retry: bool) -> Any:
+    def _runtime(self, retry: bool) -> RuntimeOptions:
         from darabonba.runtime import RuntimeOptions
 
         return RuntimeOptions(autoretry=retry, max_attempts=3 if retry else 1, read_timeout=30000,
                               connect_timeout=10000, ca=self.opts.ca_file)
 
-    async def _call(self, action: str, method: str, *args: Any, retry: bool = True) -> Any:
+    async def _call(self, action: str, method: str, *args: object, retry: bool = True) -> Any:  # the SDK's models
         """One OpenAPI call through the SDK; its errors become one line in DLC's words."""
         from alibabacloud_tea_openapi.exceptions import AlibabaCloudException
         from darabonba.exceptions import DaraException

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import quote
 
 from nni_manager.backends.base import EnvironmentRequest
@@ -96,7 +96,39 @@ def _fix_for(status: int, code: str) -> str:
     return ""
 
 
-class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
+class DltsJobRequest(TypedDict):
+    """NNI's DLTSJobConfig, field for field (the dashboard's POST api/clusters/{cluster}/jobs)."""
+
+    team: str
+    vcName: str  # noqa: N815 - the dashboard's keys
+    userName: str  # noqa: N815
+    gpuType: str  # noqa: N815
+    jobName: str  # noqa: N815
+    resourcegpu: int
+    image: str
+    cmd: str
+    interactivePorts: list[int]  # noqa: N815
+    jobType: str  # noqa: N815
+    jobtrainingtype: str
+    ssh: bool
+    ipython: bool
+    tensorboard: bool
+    workPath: str  # noqa: N815
+    enableworkpath: bool
+    dataPath: str  # noqa: N815
+    enabledatapath: bool
+    jobPath: str  # noqa: N815
+    enablejobpath: bool
+    mountpoints: list[dict[str, str]]
+    env: list[dict[str, str]]
+    hostNetwork: bool  # noqa: N815
+    useGPUTopology: bool  # noqa: N815
+    isPrivileged: bool  # noqa: N815
+    hostIPC: bool  # noqa: N815
+    preemptionAllowed: str  # noqa: N815
+
+
+class DltsBackend(RestJobBackend[DltsConfig, DltsJobRequest]):
     platform = "dlts"
     service = "DLTS"
     states = STATES
@@ -118,7 +150,7 @@ class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
     def reuse(self) -> bool:
         return False  # NNI's DLTS service ran one job per trial
 
-    async def _get(self, path: str, **params: str) -> Any:
+    async def _get(self, path: str, **params: str) -> Any:  # the dashboard's answers, shaped per API
         assert self.client is not None
         return (await self.client.request("GET", path, params={**self._auth_query(), **params})).body
 
@@ -143,7 +175,7 @@ class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
         if self.client is not None:
             await self.client.close()
 
-    def job_request(self, env: EnvironmentRequest, name: str) -> dict[str, Any]:
+    def job_request(self, env: EnvironmentRequest, name: str) -> DltsJobRequest:
         o = self.opts
         m = env.members[0]
         token_lines, ca_lines = literal_secret_lines(m.token, m.ca_certificate)
@@ -163,12 +195,12 @@ class DltsBackend(RestJobBackend[DltsConfig, "dict[str, Any]"]):
             "preemptionAllowed": "False",
         }
 
-    def render_request(self, request: dict[str, Any]) -> str:
+    def render_request(self, request: DltsJobRequest) -> str:
         return (f"# POST {self.opts.dashboard}api/clusters/{self.opts.cluster}/jobs?email=...&password=...\n"
                 "# (the agent's credential in `cmd` is single-use: spent when the agent enrols)\n"
                 + json.dumps(request, indent=2))
 
-    async def submit(self, job: Job, request: dict[str, Any]) -> None:
+    async def submit(self, job: Job, request: DltsJobRequest) -> None:
         assert self.client is not None
         # not retried: DLTS job names are not unique, so a retry could start a second job
         reply = await self.client.request("POST", f"/api/clusters/{quote(self.opts.cluster, safe='')}/jobs",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.backends import agent_deps
 from nni_manager.backends.agent_command import AgentCommand, Sh
 from nni_manager.backends.base import BackendError, DryRun, EnvironmentRequest, RequestT
@@ -36,6 +37,8 @@ from nni_manager.backends.jobs import (  # noqa: F401  (the platforms' names for
 )
 
 if TYPE_CHECKING:
+    import ssl as ssl_
+
     import aiohttp
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,8 @@ class RestError(BackendError):
 class Reply:
     status: int
     headers: dict[str, str]
-    body: Any  # parsed JSON when the reply is JSON, else text
+    # parsed JSON when the reply is JSON, else text; Any: each platform reads its own answers' shapes
+    body: Any
     sent_auth: str = field(default="", repr=False)  # the Authorization header it answered
 
 
@@ -88,7 +92,7 @@ class RestClient:
 
     def __init__(self, base_url: str, service: str, *, auth: Callable[[], Awaitable[dict[str, str]]] | None = None,
                  error_words: ErrorWords = _default_error_words, timeout: float = 30.0, attempts: int = 5,
-                 backoff: float | None = None, max_backoff: float = 30.0, ssl: Any = None,
+                 backoff: float | None = None, max_backoff: float = 30.0, ssl: ssl_.SSLContext | bool | None = None,
                  fix_for: Callable[[int, str], str] | None = None,
                  reauth: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -120,7 +124,7 @@ class RestClient:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, *, json: Any = None, data: str | bytes | None = None,
+    async def request(self, method: str, path: str, *, json: object = None, data: str | bytes | None = None,
                       content_type: str | None = None, params: dict[str, str] | None = None,
                       retry: bool | None = None, accept: tuple[int, ...] = ()) -> Reply:
         """Send one request; retry it where that is safe (`retry` defaults to the method being
@@ -168,7 +172,7 @@ class RestClient:
         raise RestError(last)  # not reached
 
 
-    async def _send(self, method: str, url: str, *, json: Any, data: str | bytes | None,
+    async def _send(self, method: str, url: str, *, json: object, data: str | bytes | None,
                     params: dict[str, str] | None, content_type: str | None) -> Reply:
         """One HTTP exchange; the body parsed as JSON when it is JSON."""
         headers = {"Accept": "application/json"}
@@ -182,7 +186,7 @@ class RestClient:
                                    ssl=self._ssl) as resp:
             raw = await resp.read()
             text = raw.decode("utf-8", errors="replace")
-            body: Any = text
+            body: JSONValue = text
             if "json" in (resp.headers.get("Content-Type") or "") or text[:1] in "{[":
                 try:
                     body = _json.loads(text) if text else None

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from nni_manager.config.model import TrainingServiceConfig
 from nni_manager.config.section import MISSING, ConfigError, ConfigSection, canonical_key
@@ -35,7 +34,7 @@ class HybridOptions:
     services: list[TrainingServiceConfig] = field(default_factory=list)
 
 
-def sections(value: list[Any], path: str, base: Path) -> list[ConfigSection]:
+def sections(value: list[object], path: str, base: Path) -> list[ConfigSection]:
     if not value:
         raise ConfigError(path, "is an empty list", "list at least one training service, e.g. `- platform: local`")
     return [ConfigSection(v, f"{path}[{i}]", base) for i, v in enumerate(value)]
@@ -60,7 +59,7 @@ def v1_sections(root: ConfigSection, v1_renames: dict[str, dict[str, str]],
     hybrid.finish()
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise ConfigError(names_path, "must list the platforms to combine", "write e.g. `trainingServicePlatforms: [local, remote]`")
-    elements: list[dict[str, Any]] = [{"platform": v1_names.get(n, n)} for n in names]
+    elements: list[dict[str, object]] = [{"platform": v1_names.get(n, n)} for n in names]
     by_platform = {e["platform"]: e for e in elements}
     for section_name, platform in _V1_SECTION_PLATFORM.items():
         v1 = root.section(section_name)
@@ -89,7 +88,7 @@ def hoist_shortcuts(root: ConfigSection, elements: list[ConfigSection], names: t
     for name in names:
         key = canonical_key(name)
         at_root = [k for k in root.data if canonical_key(k) == key]
-        seen: tuple[Any, str] | None = (root.data[at_root[0]], root.at(at_root[0])) if at_root else None
+        seen: tuple[object, str] | None = (root.data[at_root[0]], root.at(at_root[0])) if at_root else None
         for element in elements:
             for k in [k for k in element.data if canonical_key(k) == key]:
                 value = element.data.pop(k)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -91,7 +91,7 @@ def is_secret_entry(name: str, value: object) -> bool:
     return is_secret(name) or is_secret_value(name, value)
 
 
-def redacted(value: Any, name: str = "") -> Any:
+def redacted(value: object, name: str = "") -> object:
     """`value` (of a field called `name`) with every secret replaced by "***": what is stored in
     experiment.db and shown by reprs. Mappings are walked by key; a `{name: X, value: V}` entry
     (Kubernetes env lists) hides V when X names a secret. Empty secrets stay empty."""

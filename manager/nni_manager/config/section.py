@@ -23,7 +23,7 @@ class ConfigError(ValueError):
         super().__init__(f"{text}. Fix: {fix}" if fix else text)
 
 
-_MISSING: Any = object()
+_MISSING: object = object()
 MISSING = _MISSING  # what ConfigSection.take returns for an absent (or null) field
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -47,12 +47,12 @@ class ConfigSection:
     """One mapping of the config: typed reads by name (with v1 aliases), and a final
     check that flags every key nobody read, suggesting the closest known name."""
 
-    def __init__(self, data: Any, path: str, base: Path | None = None) -> None:
+    def __init__(self, data: object, path: str, base: Path | None = None) -> None:
         self.base = base or Path.cwd()  # relative paths start here (the config file's folder)
         if not isinstance(data, dict):
             raise ConfigError(path or "(root)", f"must be a mapping, got {_type_name(data)}",
                               "write it as `key: value` lines")
-        self.data: dict[str, Any] = _Fields(data)
+        self.data: dict[str, object] = _Fields(data)
         self.path = path
         self.known: list[str] = []
 
@@ -61,7 +61,7 @@ class ConfigSection:
             return f"{self.path}[{key}]"
         return f"{self.path}.{key}" if self.path else key
 
-    def take(self, name: str, *aliases: str) -> tuple[Any, str]:
+    def take(self, name: str, *aliases: str) -> tuple[object, str]:
         """(value, dotted path of the key used); value is _MISSING when absent or null."""
         self.known.append(name)
         wanted = [canonical_key(k) for k in (name, *aliases)]
@@ -187,12 +187,12 @@ class ConfigSection:
             raise ConfigError(path, f"must be a mapping, got {_type_name(value)}", "write it as `key: value` lines")
         return value
 
-    def rest(self) -> dict[str, Any]:
+    def rest(self) -> dict[str, object]:
         """Everything not read yet (removing it from the unknown-field check)."""
         rest, self.data = dict(self.data), _Fields()
         return rest
 
-    def put(self, name: str, value: Any) -> None:
+    def put(self, name: str, value: object) -> None:
         """Set a field unless the mapping has it under any spelling NNI treats as the same."""
         if name not in self.data:
             self.data[name] = value
@@ -252,7 +252,7 @@ def parse_size_mb(value: object, field_path: str) -> int:
     return max(1, int(mb))
 
 
-def yaml_file(path: Path, field: str, fix_missing: str, fix_syntax: str = "fix the file's YAML syntax") -> Any:
+def yaml_file(path: Path, field: str, fix_missing: str, fix_syntax: str = "fix the file's YAML syntax") -> object:
     """The content of a YAML file a config field names (a job protocol, a Framework template),
     or a ConfigError naming that field: the file is missing, or it is not YAML."""
     import yaml

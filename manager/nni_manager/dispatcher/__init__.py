@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
 
 from nni_manager.config import ConfigError, ExperimentConfig, TunerConfig
 from nni_manager.dispatcher.base import (
@@ -69,7 +68,7 @@ def optimize_mode(config: ExperimentConfig) -> str:
     return "minimize" if mode == "minimize" else "maximize"
 
 
-def _algorithm_json(algo: TunerConfig) -> dict[str, Any]:
+def _algorithm_json(algo: TunerConfig) -> dict[str, object]:
     """NNI's canonical form of an algorithm config (`ExperimentConfig.json()`)."""
     if algo.class_name:
         return {"className": algo.class_name, "codeDirectory": str(algo.code_directory), "classArgs": algo.class_args}
@@ -87,7 +86,7 @@ def make_dispatcher(config: ExperimentConfig, experiment_dir: Path, *, resume: b
         return BuiltinDispatcher(make_tuner(tuner, config.search_space), tuner.name)
     from nni_manager.dispatcher.nni_process import NniDispatcher
 
-    exp_params: dict[str, Any] = {"experimentType": "hpo", "trialConcurrency": config.trial_concurrency,
+    exp_params: dict[str, object] = {"experimentType": "hpo", "trialConcurrency": config.trial_concurrency,
                                   "tuner": _algorithm_json(tuner)}
     if config.assessor is not None:
         exp_params["assessor"] = _algorithm_json(config.assessor)

@@ -149,7 +149,7 @@ class GridSearch:
     def mark_tried(self, params: dict[str, Any]) -> None:
         self.history.add(json.dumps(params, sort_keys=True))
 
-    def _suggest(self) -> dict[Key, Any] | None:
+    def _suggest(self) -> dict[Key, object] | None:
         while True:
             if self.grid is None:
                 return None
@@ -201,9 +201,9 @@ class GridSearch:
         if not updated:
             self.grid = None
 
-    def _current(self) -> dict[Key, Any]:
+    def _current(self) -> dict[Key, object]:
         assert self.grid is not None and self.vector is not None
-        params: dict[Key, Any] = {}
+        params: dict[Key, object] = {}
         for i, spec in enumerate(self.specs):
             if spec.is_activated_in(params):
                 x = self.grid[i][self.vector[i]]

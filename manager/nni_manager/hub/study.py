@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 
@@ -44,7 +44,7 @@ class StudyHandlers(grpc.GenericRpcHandler):
         self._tokens = tokens
         self._service = service
 
-    def service(self, handler_call_details: Any) -> Any:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method: str = handler_call_details.method
         prefix = f"/{HUB_SERVICE}/"
         if not method.startswith(prefix) or "/" in method[len(prefix):]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
 
 from nni_manager.service import constraints
 from nni_manager.backends.base import (AgentSpec, Backend, BackendContext, ElasticBackend, DryRun, EnvironmentRequest, as_elastic,
@@ -72,7 +71,7 @@ class _PartContext:
         return self._ctx.hub_listen_address()
 
 
-class HybridBackend(ElasticBackend[HybridOptions, Any]):
+class HybridBackend(ElasticBackend[HybridOptions, object]):
     """Several platforms as one (NNI's hybrid mode): elastic when any part is (`elastic` is set per
     experiment), the fixed parts' agents placed with the clusters' environments. Its options, the
     list of services, are the loader's (`config.hybrid.parse`: each entry by its platform's
@@ -107,7 +106,7 @@ class HybridBackend(ElasticBackend[HybridOptions, Any]):
         ]
         self._owners: dict[str, Backend[object]] = {}
         self._started: list[Backend[object]] = []
-        self._env_part: dict[str, ElasticBackend[Any, Any]] = {}
+        self._env_part: dict[str, ElasticBackend[object, object]] = {}
         self._turn = 0
         self.fixed_parts = [p for p in self.parts if not p.elastic]
         self.elastic_parts = [as_elastic(p) for p in self.parts if p.elastic]
@@ -121,14 +120,14 @@ class HybridBackend(ElasticBackend[HybridOptions, Any]):
         return self if self.mixed else None
 
     # ------------------------------------------------------------------ elastic capacity
-    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[Any, Any] | None:
+    def pinned_part(self, trial: TrialJobDetail) -> ElasticBackend[object, object] | None:
         """The cluster part a trial's placementConstraint Device names by its platform, if any."""
         c = constraints.parse(trial.form.placement_constraint, None)
         if c.device is None:
             return None
         return next((p for p in self.elastic_parts if p.platform == c.device[0]), None)
 
-    def environment_backend(self, env_id: str, trial: TrialJobDetail | None = None) -> ElasticBackend[Any, Any]:
+    def environment_backend(self, env_id: str, trial: TrialJobDetail | None = None) -> ElasticBackend[object, object]:
         part = self._env_part.get(env_id)
         if part is None:
             if not self.elastic_parts:

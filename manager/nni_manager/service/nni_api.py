@@ -363,7 +363,7 @@ class TrainingService:
         """Latest GPU report per agent id."""
         return {a.agent_id: a.gpus for a in self.core.agents.by_id.values() if a.gpus is not None}
 
-    def agents(self) -> list[dict[str, Any]]:
+    def agents(self) -> list[dict[str, object]]:
         core = self.core
         return [
             {"agent_id": a.agent_id, "name": a.name, "connected": core.agent_connected(a.agent_id),
@@ -395,7 +395,7 @@ def _redacted(value: object) -> Any:
 
 
 def create_training_service(
-    config: ExperimentConfig | dict[str, Any] | str | Path,
+    config: ExperimentConfig | dict[str, object] | str | Path,
     *,
     experiment_id: str | None = None,
 ) -> TrainingService:

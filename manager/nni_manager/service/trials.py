@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.backends.base import Completion
@@ -38,7 +37,7 @@ def end_cause(st: pb.TrialStatus) -> int:
         return st.end_cause
     return pb.END_CAUSE_AGENT_SIGNALLED if st.reason.startswith(LEGACY_SIGNALLED) else pb.END_CAUSE_UNSPECIFIED
 _STOPPED = (TrialJobStatus.USER_CANCELED, TrialJobStatus.EARLY_STOPPED, TrialJobStatus.SYS_CANCELED)
-Notes = list[tuple[str, Any]]
+Notes = list[tuple[str, object]]
 
 
 class _Table(dict[str, TrialJobDetail]):
@@ -199,7 +198,7 @@ class Trials:
         return st is not None and st.state != pb.TRIAL_STATE_RUNNING
 
     # ------------------------------------------------------------------ changes
-    def change(self, t: TrialJobDetail, notes: Notes | None = None, **fields: Any) -> None:
+    def change(self, t: TrialJobDetail, notes: Notes | None = None, **fields: object) -> None:
         """Update a trial, persist it (plus an event on status change) and tell listeners."""
         status_changed = "status" in fields and fields["status"] != t.status
         for k, v in fields.items():
@@ -261,7 +260,7 @@ class Trials:
         if st.pid and len(members) <= 1 and self.pids.get(t.id) != st.pid:
             self.pids[t.id] = st.pid
             self.by_id.touched.update(t.agents)
-        fields: dict[str, Any] = {}
+        fields: dict[str, object] = {}
         if st.working_directory and (not t.working_directory or len(members) <= 1):
             fields["working_directory"] = st.working_directory
         if len(members) > 1:

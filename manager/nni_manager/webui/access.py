@@ -23,7 +23,6 @@ import secrets
 import socket
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -80,7 +79,7 @@ class Access:
             self._hosts |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         else:
             self._hosts.add(_host_name(bind))
-        self._owners: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self._owners: weakref.WeakKeyDictionary[object, int | None] = weakref.WeakKeyDictionary()
         self._logged: set[str] = set()  # refusals already logged: a polling page logs once
 
     def set_port(self, port: int) -> None:

@@ -11,10 +11,10 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.local_files import SERVE_LIMIT, open_in, open_trial_log, read_capped
 from nni_manager.types import TrialJobDetail
 from nni_manager.webui import manifest
@@ -22,7 +22,7 @@ from nni_manager.webui.access import Access
 from nni_manager.webui.model import DataModel
 from nni_manager.webui.sides import ExperimentSide, WebError
 from nni_manager.webui.static import NO_WEBUI_PAGE, nni_version
-from nni_manager.webui.views import dumps, export_entry, job_statistics, trial_job, trial_job_json
+from nni_manager.webui.views import TrialJobInfo, dumps, export_entry, job_statistics, trial_job, trial_job_json
 
 API = "/api/v1/nni"
 _CORS = {"Access-Control-Allow-Headers": "Origin, X-Requested-With, Content-Type, Accept",
@@ -57,7 +57,7 @@ class Api:
     """The handlers; `entry()` is this experiment's manifest entry as the server keeps it."""
 
     def __init__(self, side: ExperimentSide, model: DataModel, static_dir: Path | None,
-                 entry: Callable[[], dict[str, Any]], base_url: Callable[[], str]) -> None:
+                 entry: Callable[[], dict[str, JSONValue]], base_url: Callable[[], str]) -> None:
         self.side = side
         self.model = model
         self.static_dir = static_dir
@@ -76,7 +76,7 @@ class Api:
             return t.working_directory or str(self.side.experiment_dir / "trials" / t.id)
         return f"{self.base_url()}{API}/trial-file/{t.id}/stdout"
 
-    def _job(self, t: TrialJobDetail) -> dict[str, Any]:
+    def _job(self, t: TrialJobDetail) -> TrialJobInfo:
         return trial_job(t, self.model.parameters.get(t.id, {}), self.model.final(t.id), self._log_path(t))
 
     def _find(self, trial_id: str) -> TrialJobDetail | None:

@@ -14,9 +14,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+
+from nni_manager.jsontypes import JSONValue
+
+# experiment id -> its entry (a JSON object: id, port, pid, status, logDir, webuiUrl, ...); the
+# file is also NNI's, so entries are read as JSON and narrowed where used
+Manifest = dict[str, JSONValue]
 
 log = logging.getLogger(__name__)
 _STALE_S = 2.0
@@ -55,7 +60,7 @@ def _locked(path: Path) -> Iterator[None]:
                 mine.unlink()
 
 
-def _load(path: Path) -> tuple[dict[str, Any] | None, str]:
+def _load(path: Path) -> tuple[Manifest | None, str]:
     """(entries, "") ; ({}, "") for a missing file; (None, why) for one that cannot be used."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -68,12 +73,12 @@ def _load(path: Path) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
-def read(path: Path | None = None) -> dict[str, Any]:
+def read(path: Path | None = None) -> Manifest:
     data, _ = _load(path or manifest_path())
     return data or {}
 
 
-def update(change: Callable[[dict[str, Any]], None], path: Path | None = None) -> dict[str, Any]:
+def update(change: Callable[[Manifest], object], path: Path | None = None) -> Manifest:
     """Apply `change` to the whole manifest under the lock; returns what was written ({} and
     nothing written when the file exists but cannot be read or parsed)."""
     path = path or manifest_path()
@@ -91,16 +96,16 @@ def update(change: Callable[[dict[str, Any]], None], path: Path | None = None) -
     return data
 
 
-def register(entry: dict[str, Any], path: Path | None = None) -> None:
+def register(entry: Mapping[str, JSONValue], path: Path | None = None) -> None:
     """Add (or replace) this experiment's entry, as NNI's launcher does."""
-    update(lambda d: d.__setitem__(entry["id"], entry), path)
+    update(lambda d: d.__setitem__(str(entry["id"]), dict(entry)), path)
 
 
-def set_fields(experiment_id: str, path: Path | None = None, **fields: Any) -> None:
+def set_fields(experiment_id: str, path: Path | None = None, **fields: JSONValue) -> None:
     """Update status / endTime / port of our entry; a None value removes the key (as NNI)."""
-    def change(d: dict[str, Any]) -> None:
+    def change(d: Manifest) -> None:
         entry = d.get(experiment_id)
-        if entry is None:
+        if not isinstance(entry, dict):  # absent (or not NNI's: left alone)
             return
         for key, value in fields.items():
             if value is None:
@@ -110,12 +115,12 @@ def set_fields(experiment_id: str, path: Path | None = None, **fields: Any) -> N
     update(change, path)
 
 
-def experiments_info(path: Path | None = None) -> list[dict[str, Any]]:
+def experiments_info(path: Path | None = None) -> list[dict[str, JSONValue]]:
     """`/experiments-info`: every entry; those whose pid is dead become STOPPED without a port
     (NNI rewrites the file likewise)."""
     stale: list[str] = []
 
-    def change(d: dict[str, Any]) -> None:
+    def change(d: Manifest) -> None:
         for key, entry in d.items():
             if not isinstance(entry, dict) or entry.get("status") == "STOPPED":
                 continue
@@ -125,8 +130,8 @@ def experiments_info(path: Path | None = None) -> list[dict[str, Any]]:
                 entry.pop("port", None)
                 stale.append(key)
     data = read(path)
-    if any(isinstance(e, dict) and e.get("status") != "STOPPED" and isinstance(e.get("pid"), int)
-           and not alive(e["pid"]) for e in data.values()):
+    if any(isinstance(e, dict) and e.get("status") != "STOPPED" and isinstance(pid := e.get("pid"), int)
+           and not alive(pid) for e in data.values()):
         data = update(change, path)
     return [e for e in data.values() if isinstance(e, dict)]
 

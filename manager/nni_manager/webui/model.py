@@ -24,12 +24,12 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from nni_manager.metrics import Sequences, metric_message, numbered
 from nni_manager.store import DB_NAME, Store
 from nni_manager.types import TrialJobDetail
-from nni_manager.webui.views import metric_record, metric_record_json
+from nni_manager.webui.views import MetricRecord, metric_record, metric_record_json
 
 LiveTrials = Callable[[], Iterable[TrialJobDetail]]  # the running manager's trial table
 
@@ -56,9 +56,9 @@ class DataModel:
         self._parameter_rowid = 0
         self._data_version: int | None = None
         self._stored: list[TrialJobDetail] = []
-        self.finals: dict[str, list[dict[str, Any]]] = {}  # non-PERIODICAL records, arrival order
+        self.finals: dict[str, list[MetricRecord]] = {}  # non-PERIODICAL records, arrival order
         self.final_json: dict[str, str] = {}  # trial -> `final()` as JSON, for the trial table
-        self.latest: dict[str, dict[str, Any]] = {}  # the latest PERIODICAL record
+        self.latest: dict[str, MetricRecord] = {}  # the latest PERIODICAL record
         self._sequences = Sequences()  # numbers PERIODICAL records as they arrive
         self.periodical = self._sequences.periodical  # trial -> how many PERIODICAL records
         self.last_rowid: dict[str, int] = {}  # trial -> rowid of its newest metric (ETags of ranges)
@@ -83,16 +83,16 @@ class DataModel:
             return list(self._live_trials())
         return list(self._stored)
 
-    def final(self, trial_id: str) -> dict[str, Any] | None:
+    def final(self, trial_id: str) -> MetricRecord | None:
         for record in self.finals.get(trial_id, ()):
             if record["type"] == "FINAL":
                 return record
         return None
 
-    def latest_records(self) -> list[dict[str, Any]]:
+    def latest_records(self) -> list[MetricRecord]:
         """`/metric-data-latest`: per trial, its non-PERIODICAL records, then its latest
         PERIODICAL one."""
-        out: list[dict[str, Any]] = []
+        out: list[MetricRecord] = []
         for t in self.trials():
             out.extend(self.finals.get(t.id, ()))
             latest = self.latest.get(t.id)

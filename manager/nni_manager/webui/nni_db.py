@@ -26,16 +26,16 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.metrics import numbered
-from nni_manager.store import DB_NAME, Store
+from nni_manager.store import DB_NAME, ExperimentRow, Store
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 from nni_manager.webui import manifest
-from nni_manager.webui.views import dumps, hyper_parameter, metric_record, nni_params, trial_log_file
+from nni_manager.webui.views import NniParams, dumps, hyper_parameter, metric_record, nni_params, trial_log_file
 
 # NNI 3.0's createTables (core/sqlDatabase.ts), statement for statement
 TABLES = """
@@ -66,6 +66,8 @@ create index MetricData_trialJobId on MetricData(trialJobId);
 create index MetricData_type on MetricData(type);
 create index ExperimentProfile_id on ExperimentProfile(id);
 """
+# NNI's TrialJobEvent row: (timestamp, trialJobId, event, data, logPath, sequenceId, message, envId)
+_EventRow = tuple[int, str, str, "str | None", str, int, "str | None", str]
 ENV_ID = "local-env"  # NNI 3.0's local training service: `${trainingServiceId}-env`
 # the WebUI's log buttons ask for these; NNI's local service reads trial.log / trial.stdout / trial.stderr
 _LOG_FILES = {"trial.log": ("trial.log", "trial.stdout"), "trial.stdout": ("trial.stdout",),
@@ -179,7 +181,7 @@ def _keep_foreign(db: Path, ours: set[str]) -> Path | None:
     return kept
 
 
-def _params(config: dict[str, Any], work: Path, target: Path, notes: list[str]) -> dict[str, Any]:
+def _params(config: Mapping[str, object], work: Path, target: Path, notes: list[str]) -> NniParams:
     params = nni_params(config)
     params["experimentWorkingDirectory"] = str(work)
     service = params["trainingService"]
@@ -199,10 +201,10 @@ def _params(config: dict[str, Any], work: Path, target: Path, notes: list[str]) 
 
 
 def _events(trials: list[TrialJobDetail], parameters: dict[str, dict[int, str]],
-            target: Path) -> list[tuple[Any, ...]]:
+            target: Path) -> list[_EventRow]:
     """TrialJobEvent rows, in time order across trials (NNI appends them as they happen; a trial's
     rows keep their order, and trials first appear in submission order)."""
-    keyed: list[tuple[int, int, int, tuple[Any, ...]]] = []
+    keyed: list[tuple[int, int, int, _EventRow]] = []
     for order, t in enumerate(trials):
         log_path = str(target / "environments" / ENV_ID / "trials" / t.id)
         records = parameters.get(t.id) or {t.form.hyper_parameters.index: t.form.hyper_parameters.value}
@@ -224,7 +226,7 @@ def _events(trials: list[TrialJobDetail], parameters: dict[str, dict[int, str]],
     return [k[3] for k in keyed]
 
 
-def _metrics(store: Store, counter: list[int]) -> Iterator[tuple[Any, ...]]:
+def _metrics(store: Store, counter: list[int]) -> Iterator[tuple[int, str, str, str, int, str]]:
     for trial_id, _, message, timestamp, sequence in numbered(store.metric_rows(), "the NNI export"):
         r = metric_record(trial_id, message, timestamp, sequence)
         counter[0] += 1
@@ -249,19 +251,19 @@ def _trial_files(experiment_dir: Path, t: TrialJobDetail, target: Path, in_place
             shutil.copyfile(src, link)
 
 
-def _register(result: Exported, stored: dict[str, Any], start: int, end: int,
+def _register(result: Exported, stored: ExperimentRow, start: int, end: int,
               path: Path | None) -> bool:
     """A STOPPED entry pointing at `<out>`, as NNI leaves a stopped experiment; an entry whose
     manager still runs is left alone."""
     name = ((stored.get("config") or {}).get("experiment_name")) or ""
     done = [False]
 
-    def change(d: dict[str, Any]) -> None:
+    def change(d: manifest.Manifest) -> None:
         entry = d.get(result.experiment_id)
-        if isinstance(entry, dict) and entry.get("status") != "STOPPED" and isinstance(entry.get("pid"), int) \
-                and manifest.alive(entry["pid"]):
+        if isinstance(entry, dict) and entry.get("status") != "STOPPED" and isinstance(pid := entry.get("pid"), int) \
+                and manifest.alive(pid):
             return
-        new: dict[str, Any] = {"id": result.experiment_id, "startTime": start, "endTime": end,
+        new: dict[str, JSONValue] = {"id": result.experiment_id, "startTime": start, "endTime": end,
                "status": "STOPPED", "platform": "local", "experimentName": name, "tag": [], "pid": None,
                "webuiUrl": [], "logDir": str(result.working_directory), "prefixUrl": None}
         if isinstance(entry, dict):

@@ -9,10 +9,13 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
 from nni_manager.webui.server import DEFAULT_BIND, DEFAULT_PORT, WebServer
 from nni_manager.webui.sides import LiveExperiment, StoredExperiment
+
+if TYPE_CHECKING:
+    from nni_manager.experiment import Experiment
 
 
 @dataclass
@@ -22,7 +25,7 @@ class WebOptions:
     url_prefix: str = ""
 
 
-def _announce(server: WebServer, out: Any = None) -> None:
+def _announce(server: WebServer, out: TextIO | None = None) -> None:
     """The one line that shows the token (where one is required): printed, never logged."""
     out = out or sys.stdout
     if server.static_dir is None:
@@ -80,7 +83,7 @@ class LiveWebUI:
 
 
 @contextlib.asynccontextmanager
-async def live_webui(experiment: Any, experiment_id: str, options: WebOptions | None,
+async def live_webui(experiment: Experiment, experiment_id: str, options: WebOptions | None,
                      stop: Callable[[], None]) -> AsyncIterator[LiveWebUI]:
     """Serve `experiment` while the block runs; `stop` is what DELETE /experiment calls."""
     if options is None:

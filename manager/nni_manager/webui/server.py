@@ -17,10 +17,11 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from aiohttp import web
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.webui import access, manifest
 from nni_manager.webui.api import Api, make_app
 from nni_manager.webui.model import DataModel, LiveTrials
@@ -63,8 +64,8 @@ class WebServer:
         self.model = DataModel(side.experiment_dir, None if live is None else cast(LiveTrials, side.trials))
         self._runner: web.AppRunner | None = None
         self._watch: asyncio.Task[None] | None = None
-        self._entry: dict[str, Any] = {}
-        self._written: tuple[Any, ...] = ()
+        self._entry: dict[str, JSONValue] = {}
+        self._written: tuple[JSONValue, ...] = ()
 
     @property
     def url(self) -> str:
@@ -97,14 +98,14 @@ class WebServer:
             self._written = (self._entry["status"], self._entry["endTime"])
         self._watch = asyncio.create_task(self._keep_manifest())
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> dict[str, JSONValue]:
         """Our `.experiment` entry (`/experiment-metadata`), with the status of now."""
         entry = dict(self._entry)
         entry["status"] = self.side.status()[0]
         entry["endTime"] = self.side.end_time if self.side.end_time is not None else "N/A"
         return entry
 
-    def _make_entry(self) -> dict[str, Any]:
+    def _make_entry(self) -> dict[str, JSONValue]:
         return {
             "id": self.side.experiment_id, "port": self.port, "startTime": self.side.start_time,
             "endTime": "N/A", "status": self.side.status()[0], "platform": self.side.platform,

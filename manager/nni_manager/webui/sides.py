@@ -6,9 +6,9 @@ The API asks them for the experiment's status and profile and passes on the writ
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nni_manager.config import ConfigError, parse_duration
 from nni_manager.types import TrialJobDetail
@@ -16,7 +16,10 @@ from nni_manager.webui import limits
 from nni_manager.webui.views import nni_params
 
 if TYPE_CHECKING:
+    from nni_manager.config import ExperimentConfig
+    from nni_manager.experiment import Experiment
     from nni_manager.service import TrainingService
+    from nni_manager.store import ExperimentRow
 
 READONLY = "Error: can not update experiment profile in readonly mode!"
 
@@ -52,7 +55,7 @@ class ExperimentSide:
         self.end_time: int | None = None
         self.revision = 1
 
-    def config(self) -> Any:
+    def config(self) -> ExperimentConfig | Mapping[str, object]:
         raise NotImplementedError
 
     def trials(self) -> Iterable[TrialJobDetail] | None:
@@ -62,9 +65,9 @@ class ExperimentSide:
     def status(self) -> tuple[str, list[str]]:
         raise NotImplementedError
 
-    def profile(self, next_sequence_id: int) -> dict[str, Any]:
+    def profile(self, next_sequence_id: int) -> dict[str, object]:
         end = self.end_time
-        profile: dict[str, Any] = {
+        profile: dict[str, object] = {
             "params": nni_params(self.config()),
             "id": self.experiment_id,
             "execDuration": max(0, ((end or _now_ms()) - self.start_time) // 1000),
@@ -80,7 +83,7 @@ class ExperimentSide:
     async def cancel_trial(self, trial_id: str) -> None:
         raise WebError(READONLY)
 
-    async def update(self, update_type: str, params: dict[str, Any]) -> None:
+    async def update(self, update_type: str, params: Mapping[str, object]) -> None:
         raise WebError(READONLY)
 
     def stop(self) -> None:
@@ -92,7 +95,7 @@ class StoredExperiment(ExperimentSide):
     """A finished (or copied) experiment directory, served read-only: status VIEWED, as
     `nnictl view` serves one."""
 
-    def __init__(self, experiment_dir: Path, stored: dict[str, Any], end_time: int | None,
+    def __init__(self, experiment_dir: Path, stored: ExperimentRow, end_time: int | None,
                  on_stop: Callable[[], None]) -> None:
         super().__init__(stored["id"], experiment_dir, int(stored["start_time"]))
         self._config = stored["config"]
@@ -100,7 +103,7 @@ class StoredExperiment(ExperimentSide):
         self.end_time = end_time or self.start_time
         self._on_stop = on_stop
 
-    def config(self) -> Any:
+    def config(self) -> Mapping[str, object]:
         return self._config
 
     def status(self) -> tuple[str, list[str]]:
@@ -120,7 +123,7 @@ class LiveExperiment(ExperimentSide):
 
     readonly = False
 
-    def __init__(self, experiment: Any, experiment_id: str, experiment_dir: Path,
+    def __init__(self, experiment: Experiment, experiment_id: str, experiment_dir: Path,
                  on_stop: Callable[[], None]) -> None:
         super().__init__(experiment_id, experiment_dir, _now_ms())
         self.experiment = experiment
@@ -130,7 +133,7 @@ class LiveExperiment(ExperimentSide):
         self._on_stop = on_stop
         self.on_reopen: Callable[[], None] | None = None  # run a DONE experiment on (set by the runner)
 
-    def config(self) -> Any:
+    def config(self) -> ExperimentConfig:
         return self.experiment.config
 
     def _ts(self) -> TrainingService | None:
@@ -172,7 +175,7 @@ class LiveExperiment(ExperimentSide):
         except KeyError as exc:
             raise WebError(str(exc.args[0]) if exc.args else f"no trial {trial_id}", 404) from None
 
-    async def update(self, update_type: str, params: dict[str, Any]) -> None:
+    async def update(self, update_type: str, params: Mapping[str, object]) -> None:
         limit = update_type in ("MAX_TRIAL_NUM", "MAX_EXEC_DURATION")
         if self.phase not in ("RUNNING", "INITIALIZED") and not (self.phase == "DONE" and limit):
             raise WebError(f"Error: the experiment is {self.phase}; it can no longer be updated")

@@ -11,8 +11,9 @@ import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
+from nni_manager.jsontypes import JSONValue
 from nni_manager.local_files import trial_log_path
 from nni_manager.types import TrialJobDetail, TrialJobStatus
 
@@ -23,6 +24,86 @@ if TYPE_CHECKING:
 _RECORD_KEYS = ("parameter_id", "parameter_source", "parameters", "parameter_index", "placement_constraint",
                 "version_info")
 METRIC_KEYS = ("timestamp", "trialJobId", "parameterId", "type", "sequence", "data")
+
+
+class MetricRecord(TypedDict):
+    """NNI's MetricDataRecord (`/metric-data`); `data` is the value JSON-encoded twice."""
+
+    timestamp: int
+    trialJobId: str  # noqa: N815 - NNI's REST keys
+    parameterId: str  # noqa: N815
+    type: str
+    sequence: int
+    data: str
+
+
+class _TrialJobKeys(TypedDict):
+    trialJobId: str  # noqa: N815
+    status: str
+    hyperParameters: list[str]  # noqa: N815
+    startTime: int  # noqa: N815
+    logPath: str  # noqa: N815
+    sequenceId: int  # noqa: N815
+
+
+class TrialJobInfo(_TrialJobKeys, total=False):
+    """NNI 3.0's TrialJobInfo (`/trial-jobs`): the keys after the required ones come with the state."""
+
+    endTime: int  # noqa: N815
+    message: str
+    finalMetricData: list[MetricRecord]  # noqa: N815
+    stderrPath: str  # noqa: N815
+
+
+class ExportEntry(TypedDict):
+    """One `/export-data` entry."""
+
+    parameter: JSONValue
+    value: JSONValue
+    trialJobId: str  # noqa: N815
+
+
+class NniTrainingService(TypedDict, total=False):
+    """`params.trainingService` of NNI's canonical config (values as the config holds them)."""
+
+    platform: object
+    trialCommand: object  # noqa: N815
+    trialCodeDirectory: str  # noqa: N815
+    debug: bool
+    maxTrialNumberPerGpu: object  # noqa: N815
+    useActiveGpu: object  # noqa: N815
+    gpuIndices: object  # noqa: N815
+    reuseMode: bool  # noqa: N815
+
+
+class NniParams(TypedDict, total=False):
+    """`/experiment`'s `params`: the canonical camelCase v2 config NNI's WebUI reads."""
+
+    experimentName: object  # noqa: N815
+    experimentType: str  # noqa: N815
+    searchSpace: object  # noqa: N815
+    trialCommand: object  # noqa: N815
+    trialCodeDirectory: str  # noqa: N815
+    trialConcurrency: object  # noqa: N815
+    trialGpuNumber: object  # noqa: N815
+    maxExperimentDuration: str | None  # noqa: N815
+    maxTrialNumber: object  # noqa: N815
+    maxTrialDuration: str | None  # noqa: N815
+    useAnnotation: bool  # noqa: N815
+    debug: bool
+    logLevel: str  # noqa: N815
+    experimentWorkingDirectory: str  # noqa: N815
+    tuner: dict[str, object]
+    assessor: dict[str, object]
+    advisor: dict[str, object]
+    trainingService: NniTrainingService  # noqa: N815
+
+
+class JobStatistic(TypedDict):
+    """One `/job-statistics` entry."""
+
+    trialJobStatus: str  # noqa: N815
+    trialJobNumber: int  # noqa: N815
 
 
 _quote = json.encoder.encode_basestring  # a str as JSON with ensure_ascii=False (C)
@@ -52,24 +133,24 @@ def hyper_parameter(value: str, index: int) -> str:
     return dumps(out)
 
 
-def metric_record(trial_id: str, message: dict[str, Any], timestamp: int, sequence: int) -> dict[str, Any]:
+def metric_record(trial_id: str, message: Mapping[str, object], timestamp: int, sequence: int) -> MetricRecord:
     """A MetricDataRecord from one stored NNI metric message. `data` is the value string
     JSON-encoded once more (NNI stores `JSON.stringify(value)`), NaN kept as written."""
     value = message.get("value")
     if not isinstance(value, str):
         value = json.dumps(value)
     parameter_id = message.get("parameter_id")
-    return {
-        "timestamp": timestamp,
-        "trialJobId": trial_id,
-        "parameterId": "0" if parameter_id is None else str(parameter_id),
-        "type": str(message.get("type", "CUSTOM")),
-        "sequence": sequence,
-        "data": json.dumps(value, ensure_ascii=False),
-    }
+    return MetricRecord(
+        timestamp=timestamp,
+        trialJobId=trial_id,
+        parameterId="0" if parameter_id is None else str(parameter_id),
+        type=str(message.get("type", "CUSTOM")),
+        sequence=sequence,
+        data=json.dumps(value, ensure_ascii=False),
+    )
 
 
-def metric_record_json(trial_id: str, message: dict[str, Any], timestamp: int, sequence: int) -> str:
+def metric_record_json(trial_id: str, message: Mapping[str, object], timestamp: int, sequence: int) -> str:
     """`dumps(metric_record(...))`, written directly: 3x faster, for `/metric-data` of a million rows."""
     value = message.get("value")
     if type(value) is not str:
@@ -84,20 +165,20 @@ def metric_record_json(trial_id: str, message: dict[str, Any], timestamp: int, s
             f'"data":{_quote(_quote(value))}}}')
 
 
-def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any] | None,
-              log_path: str) -> dict[str, Any]:
+def trial_job(t: TrialJobDetail, parameters: dict[int, str], final: MetricRecord | None,
+              log_path: str) -> TrialJobInfo:
     """A TrialJobInfo with NNI 3.0's keys and nothing else (no `envId`: nni 2.x's TrialJob has
     no **kwargs)."""
     if not parameters:
         parameters = {t.form.hyper_parameters.index: t.form.hyper_parameters.value}
-    job: dict[str, Any] = {
-        "trialJobId": t.id,
-        "status": t.status.value,
-        "hyperParameters": [hyper_parameter(v, i) for i, v in sorted(parameters.items())],
-        "startTime": t.start_time or t.submit_time,
-        "logPath": log_path,
-        "sequenceId": t.sequence_id,
-    }
+    job = TrialJobInfo(
+        trialJobId=t.id,
+        status=t.status.value,
+        hyperParameters=[hyper_parameter(v, i) for i, v in sorted(parameters.items())],
+        startTime=t.start_time or t.submit_time,
+        logPath=log_path,
+        sequenceId=t.sequence_id,
+    )
     if t.end_time is not None and t.status.is_terminal:
         job["endTime"] = t.end_time
     if t.message:
@@ -135,7 +216,7 @@ def trial_job_json(t: TrialJobDetail, parameters: dict[int, str], final_json: st
     return "".join(out)
 
 
-def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: dict[str, Any]) -> dict[str, Any] | None:
+def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: MetricRecord) -> ExportEntry | None:
     """`/export-data`: the parameters of the final's parameter id, `value` decoded once."""
     records = []
     for _index, value in sorted(parameters.items()) or [(0, t.form.hyper_parameters.value)]:
@@ -148,42 +229,45 @@ def export_entry(t: TrialJobDetail, parameters: dict[int, str], final: dict[str,
     if not records:
         return None
     chosen = next((r for r in records if str(r.get("parameter_id")) == final["parameterId"]), records[0])
-    return {"parameter": chosen.get("parameters"), "value": json.loads(final["data"]), "trialJobId": t.id}
+    return ExportEntry(parameter=chosen.get("parameters"), value=json.loads(final["data"]), trialJobId=t.id)
 
 
-def job_statistics(trials: Iterable[TrialJobDetail]) -> list[dict[str, Any]]:
+def job_statistics(trials: Iterable[TrialJobDetail]) -> list[JobStatistic]:
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.status.value] = counts.get(t.status.value, 0) + 1
-    return [{"trialJobStatus": s, "trialJobNumber": n} for s, n in counts.items()]
+    return [JobStatistic(trialJobStatus=s, trialJobNumber=n) for s, n in counts.items()]
 
 
-def _get(obj: object, key: str, default: object = None) -> Any:
+def _get(obj: object, key: str, default: object = None) -> object:
     if isinstance(obj, dict):
         return obj.get(key, default)
     return getattr(obj, key, default)
 
 
-def _duration(seconds: Any) -> str | None:
-    if seconds is None:
+def _duration(value: object) -> str | None:
+    if value is None:
         return None
-    seconds = float(seconds)
+    if not isinstance(value, (int, float, str)):
+        raise TypeError(f"a duration in seconds, not {value!r}")
+    seconds = float(value)
     return f"{int(seconds)}s" if seconds == int(seconds) else f"{seconds}s"
 
 
-def _algorithm(section: object) -> dict[str, Any] | None:
+def _algorithm(section: object) -> dict[str, object] | None:
     if section is None:
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for ours, theirs in (("name", "name"), ("class_name", "className"), ("code_directory", "codeDirectory")):
         value = _get(section, ours)
         if value is not None:
             out[theirs] = str(value) if ours == "code_directory" else value
-    out["classArgs"] = dict(_get(section, "class_args") or {})
+    class_args = _get(section, "class_args") or {}
+    out["classArgs"] = dict(class_args) if isinstance(class_args, Mapping) else class_args
     return out
 
 
-def nni_params(config: ExperimentConfig | Mapping[str, object]) -> dict[str, Any]:
+def nni_params(config: ExperimentConfig | Mapping[str, object]) -> NniParams:
     """The canonical camelCase v2 config NNI's WebUI reads (`/experiment`'s `params`), from our
     ExperimentConfig or its stored dict. Only fields NNI knows (so `nnictl view` validates it);
     backend options (machine lists, credentials) are left out."""
@@ -191,7 +275,7 @@ def nni_params(config: ExperimentConfig | Mapping[str, object]) -> dict[str, Any
     platform = _get(ts, "platform", "local")
     command = _get(config, "trial_command") or ""
     code_dir = str(_get(config, "trial_code_directory") or "")
-    params: dict[str, Any] = {}
+    params = NniParams()
     if _get(config, "experiment_name"):
         params["experimentName"] = _get(config, "experiment_name")
     params["experimentType"] = "hpo"
@@ -211,17 +295,20 @@ def nni_params(config: ExperimentConfig | Mapping[str, object]) -> dict[str, Any
     params["debug"] = bool(_get(config, "debug", False))
     params["logLevel"] = "info"
     params["experimentWorkingDirectory"] = str(_get(config, "experiment_working_directory") or "")
-    for ours, theirs in (("tuner", "tuner"), ("assessor", "assessor"), ("advisor", "advisor")):
-        section = _algorithm(_get(config, ours))
-        if section is not None:
-            params[theirs] = section
-    service: dict[str, Any] = {"platform": platform, "trialCommand": command, "trialCodeDirectory": code_dir,
-                               "debug": params["debug"],
-                               "maxTrialNumberPerGpu": _get(ts, "max_trial_number_per_gpu", 1)}
+    if (tuner := _algorithm(_get(config, "tuner"))) is not None:
+        params["tuner"] = tuner
+    if (assessor := _algorithm(_get(config, "assessor"))) is not None:
+        params["assessor"] = assessor
+    if (advisor := _algorithm(_get(config, "advisor"))) is not None:
+        params["advisor"] = advisor
+    service = NniTrainingService(platform=platform, trialCommand=command, trialCodeDirectory=code_dir,
+                                 debug=params["debug"],
+                                 maxTrialNumberPerGpu=_get(ts, "max_trial_number_per_gpu", 1))
     if _get(ts, "use_active_gpu") is not None:
         service["useActiveGpu"] = _get(ts, "use_active_gpu")
     if _get(ts, "gpu_indices") is not None:
-        service["gpuIndices"] = list(_get(ts, "gpu_indices"))
+        gpu_indices = _get(ts, "gpu_indices")
+        service["gpuIndices"] = list(gpu_indices) if isinstance(gpu_indices, Iterable) else gpu_indices
     service["reuseMode"] = False
     params["trainingService"] = service
     return params

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ def tunnel_needs() -> list[Need]:
     return out
 
 
-async def allowed(api: Any, namespace: str, need: Need) -> bool:
+async def allowed(api: ApiClient, namespace: str, need: Need) -> bool:
     from kubernetes.aio import client
 
     attrs: dict[str, Any] = {"namespace": namespace, "verb": need.verb, "group": need.group}
@@ -70,7 +73,7 @@ async def allowed(api: Any, namespace: str, need: Need) -> bool:
     return bool(review.status and review.status.allowed)
 
 
-async def missing(api: Any, namespace: str, needs: list[Need]) -> list[Need] | None:
+async def missing(api: ApiClient, namespace: str, needs: list[Need]) -> list[Need] | None:
     """The needs the cluster denies, or None when it cannot say (no SelfSubjectAccessReview)."""
     try:
         answers = await asyncio.gather(*(allowed(api, namespace, n) for n in needs))

@@ -10,13 +10,21 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from nni_manager.backends.base import BackendError
 from nni_manager.backends.kubernetes import oidc, proxy
 from nni_manager.backends.kubernetes.config import KubeConfig
 from nni_manager.config import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from kubernetes.aio.client import ApiClient, Configuration
+    from kubernetes.aio.client.rest import RESTResponse
+    from kubernetes.aio.config.kube_config import KubeConfigLoader
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +66,7 @@ def admission_fix(message: str) -> str:
 def api_error(e: Exception, doing: str) -> KubeError:
     """ApiException -> one line naming the status and the likely fix."""
     status = getattr(e, "status", None)
-    body: Any = getattr(e, "body", None)
+    body: object = getattr(e, "body", None)
     message = ""
     if isinstance(e, KubeError):  # the credentials could not be renewed: that line already says why
         return KubeError(f"{doing}: {e}")
@@ -130,9 +138,9 @@ class Credentials:
         self.kube = kube
         self.in_cluster = False
         self.namespace: str | None = None  # the context's namespace, or the pod's own in a cluster
-        self._loader: Any = None
-        self._expiry: Any = None  # an exec plugin's expirationTimestamp or an id-token's exp (datetime)
-        self._refused: tuple[Any, KubeError] | None = None  # (kubeconfig files' state, the refusal)
+        self._loader: KubeConfigLoader | None = None
+        self._expiry: datetime.datetime | None = None  # an exec plugin's expirationTimestamp or an id-token's exp
+        self._refused: tuple[tuple[tuple[str, int | None], ...], KubeError] | None = None  # (files' state, refusal)
         self._read_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -156,7 +164,7 @@ class Credentials:
                               "set `kubeConfig: /path/to/kubeconfig` (or KUBECONFIG), or run `kubectl config view` "
                               "to check that your cluster's login wrote ~/.kube/config")
 
-    def _files_state(self, source: str) -> tuple:
+    def _files_state(self, source: str) -> tuple[tuple[str, int | None], ...]:
         out: list[tuple[str, int | None]] = []
         for p in source.split(os.pathsep):
             try:
@@ -165,7 +173,7 @@ class Credentials:
                 out.append((p, None))
         return tuple(out)
 
-    async def load(self, cfg: Any, force_refresh: bool = False) -> None:
+    async def load(self, cfg: Configuration, force_refresh: bool = False) -> None:
         source = self._source()
         try:
             if source is None:
@@ -203,7 +211,7 @@ class Credentials:
             raise KubeError(f"cannot load Kubernetes credentials from {where}: {e} (set trainingService.kubeConfig, "
                             "KUBECONFIG, or run inside a cluster)") from None
         self._read_at = time.monotonic()
-        cfg.refresh_api_key_hook = self._before_request
+        _set_hook(cfg, self._before_request)
 
     def stale(self) -> bool:
         """Whether the credentials are about to expire (or, in a cluster, are due to be re-read)."""
@@ -217,11 +225,11 @@ class Credentials:
         now = datetime.datetime.now(datetime.timezone.utc)
         return bool(now + datetime.timedelta(seconds=EXPIRY_SKEW_S) >= self._expiry)
 
-    async def _before_request(self, cfg: Any) -> None:
+    async def _before_request(self, cfg: Configuration) -> None:
         if self._stale():
             await self.refresh(cfg, stale_only=True)
 
-    async def refresh(self, cfg: Any, stale_only: bool = False, refused: Any = None) -> None:
+    async def refresh(self, cfg: Configuration, stale_only: bool = False, refused: str | None = None) -> None:
         """Load the credentials again (runs the exec plugin, refreshes OIDC, re-reads token files);
         `refused`: the token a 401 answered (no reload when another call has replaced it meanwhile)."""
         async with self._lock:
@@ -233,11 +241,23 @@ class Credentials:
             try:
                 await self.load(cfg, force_refresh=refused is not None)
             finally:
-                cfg.refresh_api_key_hook = self._before_request
+                _set_hook(cfg, self._before_request)
             log.info("Kubernetes credentials reloaded")
 
 
-def _retry_after(headers: Any, default: float) -> float:
+def _set_hook(cfg: Configuration, hook: Callable[[Configuration], Awaitable[None]]) -> None:
+    """`cfg.refresh_api_key_hook = hook`: setattr, since the client declares the attribute by its
+    default (None) only, so mypy would type it `None`."""
+    setattr(cfg, "refresh_api_key_hook", hook)  # noqa: B010
+
+
+class _Pool(Protocol):
+    """A connection pool the client retired (aiohttp's ClientSession, aiohttp_retry's RetryClient)."""
+
+    async def close(self) -> None: ...
+
+
+def _retry_after(headers: Mapping[str, str] | None, default: float) -> float:
     value = (headers or {}).get("Retry-After", "")
     try:
         return min(max(float(value), 0.0), 60.0)
@@ -245,17 +265,17 @@ def _retry_after(headers: Any, default: float) -> float:
         return default
 
 
-_CLIENT_CLASS: Any = None
+_CLIENT_CLASS: type[ApiClient] | None = None
 
 
-def _tls_context(cfg: Any) -> Any:
+def _tls_context(cfg: Configuration) -> ssl.SSLContext:
     """The TLS context the official client builds from `cfg` (CA, client certificate, verification)."""
     from kubernetes.aio.client.rest import RESTClientObject
 
     return RESTClientObject(cfg).ssl_context  # builds no session: that is made on the first request
 
 
-def _client_class() -> Any:
+def _client_class() -> Any:  # built on first use (no kubernetes.aio import before); its instances are ApiClients
     """ApiClient that refreshes credentials on 401 and waits out 429 / 5xx / a dropped connection."""
     global _CLIENT_CLASS
     if _CLIENT_CLASS is not None:
@@ -265,13 +285,13 @@ def _client_class() -> Any:
 
     class RetryingApiClient(client.ApiClient):
         credentials: Credentials
-        cert_pair: tuple[Any, Any] = (None, None)  # the client certificate and key files the TLS context holds
-        retired: list[tuple[float, Any]]  # (when to close it, a pool made with an earlier certificate)
+        cert_pair: tuple[str | None, str | None] = (None, None)  # the client certificate and key files the TLS context holds
+        retired: list[tuple[float, _Pool]]  # (when to close it, a pool made with an earlier certificate)
         # False while the experiment starts: a server that cannot be reached then is a wrong
         # address or a network problem to report at once, not a restart to wait out
         retry_connections = True
 
-        async def _auth_headers(self, headers: dict[str, Any] | None) -> dict[str, Any] | None:
+        async def _auth_headers(self, headers: dict[str, str] | None) -> dict[str, str] | None:
             if headers is None:
                 return headers
             for setting in (await self.configuration.auth_settings()).values():
@@ -312,9 +332,9 @@ def _client_class() -> Any:
             self.retired.clear()
             await super().close()
 
-        async def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
-                           post_params: Any = None, _request_timeout: Any = None,
-                           _preload_content: bool = True) -> Any:
+        async def call_api(self, method: str, url: str, header_params: dict[str, str] | None = None,
+                           body: object = None, post_params: object = None, _request_timeout: object = None,
+                           _preload_content: bool = True) -> RESTResponse:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + RETRY_BUDGET_S
             delay, refreshed = 0.5, False
@@ -355,7 +375,7 @@ def _client_class() -> Any:
     return _CLIENT_CLASS
 
 
-async def load_client(kube: KubeConfig) -> Any:
+async def load_client(kube: KubeConfig) -> ApiClient:
     """An ApiClient from the credentials (see `Credentials`); the namespace, when the config names
     none, becomes the context's or (in a cluster) the pod's own."""
     from kubernetes.aio import client

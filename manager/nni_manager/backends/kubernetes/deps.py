@@ -44,10 +44,10 @@ class Shipped:
     size: int  # bytes of wheels
     sha256: tuple[tuple[str, str], ...] = ()  # (wheel file name, sha256): the pod command's --sha256
 
-    def volumes(self) -> list[dict[str, Any]]:
+    def volumes(self) -> list[dict[str, object]]:
         return [{"name": f"nni-deps-{i}", "configMap": {"name": n}} for i, n in enumerate(self.config_maps)]
 
-    def mounts(self) -> list[dict[str, Any]]:
+    def mounts(self) -> list[dict[str, object]]:
         return [{"name": f"nni-deps-{i}", "mountPath": f"{DEPS_DIR}/{i}", "readOnly": True}
                 for i in range(len(self.config_maps))]
 
@@ -56,14 +56,14 @@ def probes_file() -> Path:
     return agent_deps.cache_dir() / "probes.json"
 
 
-def cached_probe(image: str) -> dict[str, Any] | None:
+def cached_probe(image: str) -> dict[str, object] | None:
     try:
         return json.loads(probes_file().read_text()).get(image)
     except (OSError, ValueError):
         return None
 
 
-def remember_probe(image: str, report: dict[str, Any]) -> None:
+def remember_probe(image: str, report: dict[str, object]) -> None:
     f = probes_file()
     try:
         known = json.loads(f.read_text())

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nni_manager.backends.kubernetes.client import api_error
 from nni_manager.backends.kubernetes.config import KubeConfig
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +24,7 @@ class Node:
     sizes: dict[str, float]  # RESOURCES, allocatable (memory in bytes)
 
 
-async def list_nodes(api: Any) -> list[Node] | None:
+async def list_nodes(api: ApiClient) -> list[Node] | None:
     """Every node's allocatable resources; None where we may not list nodes (RBAC): no check then."""
     from kubernetes.aio import client
     from kubernetes.utils import parse_quantity

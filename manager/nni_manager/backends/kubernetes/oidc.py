@@ -19,7 +19,11 @@ import os
 import ssl
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import Configuration
+    from kubernetes.aio.config.kube_config import KubeConfigLoader
 from urllib.parse import quote
 
 import yaml
@@ -197,7 +201,8 @@ def loader_class() -> Any:
     return OidcKubeConfigLoader
 
 
-async def load(source: str, context: str | None, cfg: Any, force_refresh: bool, skew_s: float) -> Any:
+async def load(source: str, context: str | None, cfg: Configuration, force_refresh: bool,
+               skew_s: float) -> KubeConfigLoader:
     """Load `source` (one path or several joined by os.pathsep) into `cfg`, as load_kube_config does."""
     from kubernetes.aio.config.config_exception import ConfigException
     from kubernetes.aio.config.kube_config import KubeConfigMerger

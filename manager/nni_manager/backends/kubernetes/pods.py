@@ -5,7 +5,6 @@ Ours, beyond NNI: `dockerImage`, `cpuNumber`, `memorySize`, `gpuNumber` (or tria
 """
 from __future__ import annotations
 
-from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
 from nni_manager.backends.kubernetes.common import KubeBackend
@@ -28,7 +27,7 @@ class PodsBackend(KubeBackend[KubeConfig]):
     def pod_names(self, object_name: str) -> list[tuple[str, str, int]]:
         return [(object_name, "", 0)]
 
-    def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def main_object(self, env: EnvironmentRequest, name: str, meta: dict[str, object]) -> dict[str, object]:
         template = self.pod_template(self.kube.roles[0], env, meta, container="trial")
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {**meta, **template["metadata"]},
                 "spec": template["spec"]}

@@ -6,7 +6,14 @@ since the client cannot speak it (it would fail on every call with a bare connec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import aiohttp
+    from kubernetes.aio.client import Configuration
+    from yarl import URL
 
 SUPPORTED = ("http", "https")
 
@@ -18,17 +25,17 @@ class ProxyError(ValueError):
 @dataclass(frozen=True)
 class Route:
     proxy: str | None  # the proxy's URL (credentials included, as given), or None: direct
-    auth: Any = None  # aiohttp.BasicAuth from the environment's proxy URL or ~/.netrc
-    headers: Any = None  # the Configuration's proxy_headers
+    auth: aiohttp.BasicAuth | None = None  # from the environment's proxy URL or ~/.netrc
+    headers: Mapping[str, str] | None = None  # the Configuration's proxy_headers
     server_hostname: str | None = None  # the kubeconfig's tls-server-name: SNI and verification
 
 
-def _shown(url: Any) -> str:
+def _shown(url: URL) -> str:
     """The proxy URL without its password (it may carry one)."""
     return str(url.with_password(None)) if url.password else str(url)
 
 
-def route(cfg: Any) -> Route:
+def route(cfg: Configuration) -> Route:
     """The way to the API server of `cfg` (a kubernetes.aio Configuration); ProxyError if unusable."""
     from aiohttp.helpers import get_env_proxy_for_url
     from yarl import URL

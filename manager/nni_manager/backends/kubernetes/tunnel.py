@@ -20,10 +20,13 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nni_manager.backends.kubernetes import proxy
 from nni_manager.hub.address import host_port
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +142,7 @@ def certificate_names(experiment_id: str, namespace: str, cluster_ip: str) -> tu
 class Tunnel:
     """Keeps idle port-forward streams to the relay and joins each paired one to the hub."""
 
-    def __init__(self, api: Any, namespace: str, pod: str, hub: Callable[[], str],
+    def __init__(self, api: ApiClient, namespace: str, pod: str, hub: Callable[[], str],
                  on_gone: Callable[[], Any] | None = None, pool: int = POOL) -> None:
         self._api = api  # kubernetes.aio ApiClient: its host, credentials and TLS settings
         self.namespace, self.pod, self.pool = namespace, pod, pool

@@ -4,7 +4,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ def describe_pod(pod: dict[str, Any]) -> tuple[str, str]:
     return "waiting", f"pod {name} is starting ({phase})"
 
 
-async def watch_pods(api: Any, namespace: str, label_selector: str,
+async def watch_pods(api: ApiClient, namespace: str, label_selector: str,
                      on_event: Callable[[str, dict[str, Any]], None]) -> None:
     """List, then watch from that resourceVersion, forever: `on_event(type, pod dict)` for every
     pod (listed ones as MODIFIED). After any gap (410 Gone, a broken stream, an API server
