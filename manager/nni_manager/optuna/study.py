@@ -22,7 +22,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import yaml
 
@@ -34,9 +35,22 @@ from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
 
 if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
     from nni_manager.service import TrainingService
+    from nni_manager.store import Store
 
 log = logging.getLogger(__name__)
+
+
+class OptunaRecord(TypedDict):
+    """An Optuna trial as the experiment records it (the trial's parameter record's "optuna")."""
+
+    number: int
+    state: str
+    params: dict[str, object]
+    values: list[float] | None
 
 # user attributes of each Optuna trial an NNI trial creates (set with its creation, in one write):
 # whose it is, so that a user looking at the study (optuna-dashboard) finds the trial and its logs
@@ -142,7 +156,7 @@ def study_config(source: Path | Mapping[str, Any], spec: StudySpec, python: str 
     return config
 
 
-def create_study(spec: StudySpec) -> Any:
+def create_study(spec: StudySpec) -> BaseStorage:
     """Open the storage and create the study if it is new (`load_if_exists`); the storage."""
     optuna = require_optuna()
     storage = open_storage(spec.storage_url)
@@ -157,15 +171,15 @@ def create_study(spec: StudySpec) -> Any:
 class StudySource(Dispatcher):
     """The study in the tuner's place: a trial per request, until `n_trials` were offered."""
 
-    def __init__(self, storage: Any, study_name: str, n_trials: int, experiment_id: str, proxy: StorageProxy,
-                 on_stop: Any = None) -> None:
+    def __init__(self, storage: BaseStorage, study_name: str, n_trials: int, experiment_id: str, proxy: StorageProxy,
+                 on_stop: Callable[[], None] | None = None) -> None:
         super().__init__("optuna", "maximize")
         self.storage, self.study_name, self.n_trials = storage, study_name, n_trials
         self.experiment_id = experiment_id
         self.proxy = proxy
         self.on_stop = on_stop
-        self.on_record: Any = None  # (trial id, optuna_record) once a trial ended: the experiment keeps it
-        self.message_of: Any = lambda trial_id: ""  # an ended trial's message (why it ended)
+        self.on_record: Callable[[str, OptunaRecord], None] | None = None  # (trial id, optuna_record) once a trial ended: the experiment keeps it
+        self.message_of: Callable[[str], str] = lambda trial_id: ""  # an ended trial's message (why it ended)
         self.uncounted: set[str] = set()  # our trials n_trials does not count: they ran no Optuna trial
         self.counted_before = 0
         self.created: dict[str, list[int]] = {}  # our trial id -> the storage ids of the Optuna trials it created
@@ -202,7 +216,7 @@ class StudySource(Dispatcher):
         if seen is not None and self.on_record is not None:
             self.on_record(trial_id, seen)
 
-    def optuna_trial_of(self, trial_id: str) -> dict[str, Any] | None:
+    def optuna_trial_of(self, trial_id: str) -> OptunaRecord | None:
         """What the study holds of our trial `trial_id`'s Optuna trial: number, state, params, values."""
         created = self.created.get(trial_id)
         if not created:
@@ -252,13 +266,13 @@ def counts_without_optuna_trial(status: str, message: str) -> bool:
     return status == "FAILED" and re.match(r"exit code [12]\b", message) is not None
 
 
-def optuna_record(frozen: Any) -> dict[str, Any]:
+def optuna_record(frozen: FrozenTrial) -> OptunaRecord:
     """An Optuna trial as the experiment records it (the trial's parameter record's "optuna")."""
     return {"number": frozen.number, "state": frozen.state.name, "params": dict(frozen.params),
             "values": list(frozen.values) if frozen.values is not None else None}
 
 
-def with_optuna(record: str, seen: dict[str, Any]) -> str:
+def with_optuna(record: str, seen: OptunaRecord) -> str:
     """The trial's parameter record with the Optuna trial's params as its parameters (what `trials`,
     the WebUI and export show) and the Optuna trial itself under "optuna"."""
     try:
@@ -270,7 +284,7 @@ def with_optuna(record: str, seen: dict[str, Any]) -> str:
     return json.dumps({**data, "parameters": seen["params"], "optuna": seen})
 
 
-def keep_optuna_record(ts: Any, experiment: Experiment, trial_id: str, seen: dict[str, Any]) -> None:
+def keep_optuna_record(ts: TrainingService, experiment: Experiment, trial_id: str, seen: OptunaRecord) -> None:
     """Record on the manager's loop, in the experiment's store and its summary, the Optuna trial
     that NNI trial `trial_id` ran (until now its params were in the study alone)."""
     from nni_manager.types import HyperParameters
@@ -341,7 +355,7 @@ def tagged_new_trial(request: bytes, attrs: dict[str, str]) -> bytes:
                                          template_trial_is_none=False).SerializeToString()
 
 
-def tag_trial(storage: Any, storage_id: int, attrs: dict[str, str]) -> None:
+def tag_trial(storage: BaseStorage, storage_id: int, attrs: dict[str, str]) -> None:
     for key, value in attrs.items():
         storage.set_trial_user_attr(storage_id, key, value)
 
@@ -349,7 +363,7 @@ def tag_trial(storage: Any, storage_id: int, attrs: dict[str, str]) -> None:
 class StudyExperiment(Experiment):
     """An ordinary experiment whose trials are the study's."""
 
-    def __init__(self, config: ExperimentConfig, *, study: StudySpec, storage: Any,
+    def __init__(self, config: ExperimentConfig, *, study: StudySpec, storage: BaseStorage,
                  source: str | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.study = study
         self.storage = storage
@@ -392,7 +406,7 @@ class StudyExperiment(Experiment):
                     self._uncounted.add(trial_id)
         return history
 
-    def _optuna_trial(self, storage_id: int) -> dict[str, Any] | None:
+    def _optuna_trial(self, storage_id: int) -> OptunaRecord | None:
         try:
             return optuna_record(self.storage.get_trial(storage_id))
         except KeyError:
@@ -438,7 +452,7 @@ class StudyExperiment(Experiment):
 SPEC_SETTING = "optuna_study"  # the experiment store's setting: what `nni-manager resume` runs again
 
 
-def save_spec(store: Any, spec: StudySpec, source: str | Mapping[str, Any] | None) -> None:
+def save_spec(store: Store, spec: StudySpec, source: str | Mapping[str, Any] | None) -> None:
     """Keep the study's command line in the experiment's store for `resume`: the storage URL only
     when it holds no password (else `resume` reads it from NNI_MANAGER_STUDY_STORAGE again)."""
     from urllib.parse import urlsplit
@@ -455,7 +469,7 @@ def save_spec(store: Any, spec: StudySpec, source: str | Mapping[str, Any] | Non
         store.set_setting(SPEC_SETTING, json.dumps(kept))
 
 
-def saved_spec(store: Any) -> dict[str, Any] | None:
+def saved_spec(store: Store) -> dict[str, Any] | None:
     """What save_spec kept, or None for an experiment that ran no study."""
     value = store.setting(SPEC_SETTING)
     return json.loads(value) if value else None
