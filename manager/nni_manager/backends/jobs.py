@@ -513,7 +513,11 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         return job.hub or "the manager's hub"
 
     async def _ended(self, job: Job, view: JobView) -> None:
+        """The job is over (the platform's verdict, or one of ours): its members end, each with its
+        own words where the view has them (a replica that failed before its job ended fails)."""
         assert self.ctx is not None
+        if job.done:
+            return  # ended already (a platform may learn of an end from more than the listing)
         job.done = True
         await self.forget(job)
         if job.released:
@@ -521,4 +525,7 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         words = await self.ended_words(job, view)
         for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
             if m not in job.ended:  # told already (JobView.members)
-                self.ctx.agent_failed(m, words, failed=view.phase == "failed")
+                phase, said = view.members.get(m, (view.phase, words))
+                if phase in LIVE_PHASES:  # the member ran to its job's end: the job's words
+                    phase, said = view.phase, words
+                self.ctx.agent_failed(m, said, failed=phase == "failed")

@@ -26,8 +26,8 @@ import yaml
 
 from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
-from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.jobs import Phase, StateTable
+from nni_manager.backends.base import BackendContext, DryRun, EnvironmentRequest, HubRoute
+from nni_manager.backends.jobs import Job, JobBackend, JobView, Phase, StateTable
 from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, tunnel
 from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
@@ -36,7 +36,7 @@ from nni_manager.backends.kubernetes.main_objects import MainObjects
 from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
 from nni_manager.backends.kubernetes import objects as kube_objects
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
-from nni_manager.backends.kubernetes.watch import watch_pods
+from nni_manager.backends.kubernetes.watch import describe_pod, watch_pods
 from nni_manager.config import ConfigError
 from nni_manager.hub.address import bare_host, host_port
 from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_digest, relay_token
@@ -53,11 +53,12 @@ DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run
 KubeOptionsT = TypeVar("KubeOptionsT", bound=KubeConfig)  # the platform's own options class (config.py, adl.py)
 
 
-class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
-    """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
+class KubeBackend(JobBackend[KubeOptionsT, "list[dict[str, Any]]"]):
+    """Base of the Kubernetes platforms: a job platform (jobs.py) whose job is an environment's main
+    object, named `object_name`, found by the experiment's labels; its pods' ends (the watch) and
+    start verdicts (tracking.py) end members and jobs through jobs.py as the listing's do."""
 
-    hub = "network"
-    default_reconnect_window = 300.0
+    service = "Kubernetes"
     # the main object: None for plain pods, else (group, version, plural, kind)
     custom: ClassVar[tuple[str, str, str, str] | None] = None
     # how long an environment may stay stuck (image pull, crash loop) before it fails
@@ -72,7 +73,9 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         self._api: Any = None
         self._core: k8s.CoreV1Api | None = None
         self._custom: k8s.CustomObjectsApi | None = None
-        self._ctx: BackendContext | None = None
+        self._stopping = False  # stop-all: objects are deleted without waiting for their operator's verdict
+        self._deleted: set[str] = set()  # objects this manager deleted (release, then forget: once)
+        self._retiring: set[asyncio.Task[None]] = set()  # deletions of jobs that ended on their own
         self._wheel: AgentWheel | None = None
         self._wheel_sha256 = ""  # the pods' command carries it: the boot step runs no other wheel
         self._watch: asyncio.Task[None] | None = None
@@ -151,7 +154,7 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
         return self._core, self._custom
 
-    def _new_tracker(self, ctx: BackendContext | None) -> PodTracker:
+    def _new_tracker(self, ctx: Any) -> PodTracker:
         return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
                                    self.member_names, self.agent_of_pod), ctx)
 
@@ -266,9 +269,21 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         Credentials(self.kube).check_present()
 
     async def start(self, ctx: BackendContext) -> None:
-        self._ctx = ctx
-        self._tracker = self._new_tracker(ctx)
-        self.experiment_id = ctx.experiment_id
+        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod watch and the start checks."""
+        self._tracker = self._new_tracker(MemberVerdicts(self))
+        await super().start(ctx)
+        ours = selector({"app": APP, "expId": self.experiment_id})
+        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
+                                          name=f"{self.platform}-pod-watch")
+        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
+                                                name=f"{self.platform}-start-check")
+        self._api.retry_connections = True
+
+    async def open(self) -> None:
+        """Check access, the namespace and the operator, and make the per-experiment objects (the
+        agent's wheel and dependencies, the pull secret, the tunnel), before any trial."""
+        ctx = self.ctx
+        assert ctx is not None
         core, custom = await self._client()
         self._api.retry_connections = False  # until started: an unreachable server is reported at once
         await self._check_access()
@@ -299,13 +314,6 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             self._tunnel = tunnel.Tunnel(self._api, ns, tunnel.relay_name(self.experiment_id),
                                          ctx.hub_listen_address, on_gone=self._ensure_relay_pod)
             await self._tunnel.start()
-        await self._reattach()
-        ours = selector({"app": APP, "expId": self.experiment_id})
-        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
-                                          name=f"{self.platform}-pod-watch")
-        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
-                                                name=f"{self.platform}-start-check")
-        self._api.retry_connections = True
 
     def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> list[dict[str, Any]]:
         """The environment's objects, in creation order: its Secret (the agents' tokens and the CA)
@@ -318,17 +326,22 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         ts = self.config.training_service
         return host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>")
 
-    async def provision(self, env: EnvironmentRequest) -> None:
-        core, _ = await self._client()
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> list[dict[str, Any]]:
         await self._note_fit()
-        name = self.object_name(env.env_id)
-        secret, obj = [await self._owned(o) for o in self.build_request(env)]
+        return [await self._owned(o) for o in self.build_request(env)]
+
+    async def submit(self, job: Job, request: list[dict[str, Any]]) -> None:
+        """The environment's Secret, then its main object (`_create_main`); the Secret is owned by it."""
+        core, _ = await self._client()
+        name = job.name
+        secret, obj = request
+        self._deleted.discard(name)
         try:
             await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:  # a restarted manager re-provisioning the same env
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
-        created = await self._create_main(obj, name, env)
+        created = await self._create_main(obj, name, job)
         owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
                  "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
         try:  # the Secret goes when its object goes (garbage collection), also if we are gone
@@ -336,9 +349,9 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._tracker.starting[env.env_id] = time.monotonic()
+        self._tracker.starting[job.env_id] = time.monotonic()
 
-    async def _create_main(self, obj: dict[str, Any], name: str, env: EnvironmentRequest) -> dict[str, Any]:
+    async def _create_main(self, obj: dict[str, Any], name: str, job: Job) -> dict[str, Any]:
         """Create the environment's main object. A namespace ResourceQuota that has no room for one
         more pod now (count/pods, pods, cpu, memory: other experiments' pods hold it) makes the
         environment wait, its reason said on its members, until the start deadline; a 409 adopts the
@@ -350,17 +363,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 return await (await self._mains()).create(obj)
             except Exception as e:
                 status = getattr(e, "status", None)
-                created = await self._existing_main(name, env) if status == 409 else None
+                created = await self._existing_main(name, obj) if status == 409 else None
                 if created is not None:
                     return created
                 error = api_error(e, f"creating {obj['kind']} {name}")
                 if not (status == 403 and obj["kind"] == "Pod" and "exceeded quota" in str(getattr(e, "body", ""))
                         and time.monotonic() + delay < deadline):
                     raise error from None
-                ctx = self._ctx
-                if ctx is not None:
-                    for member in env.members:
-                        ctx.agent_status(member.agent_id, f"waiting for room in the namespace's quota: {error}")
+                self._say(job, f"waiting for room in the namespace's quota: {error}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, 15.0)
 
@@ -381,14 +391,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         core, custom = await self._client()
         return MainObjects(self._api, core, custom, self.namespace, self.custom)
 
-    async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
+    async def _existing_main(self, name: str, obj: dict[str, Any]) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
         answer, a restarted manager), or None when the name belongs to something else."""
         try:
             found = await (await self._mains()).get(name)
         except Exception:
             return None
-        mine = labels(self.experiment_id, env)
+        mine = obj["metadata"]["labels"]
         have = (found.get("metadata") or {}).get("labels") or {}
         return found if all(have.get(k) == v for k, v in mine.items()) else None
 
@@ -417,16 +427,38 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 return
             await asyncio.sleep(0.2)
 
-    async def release(self, env_id: str) -> None:
-        self._tracker.starting.pop(env_id, None)
+    async def cancel(self, job: Job) -> None:
+        """Verdict, then delete: a released environment's object is deleted once its operator has
+        recorded the trial's outcome (not at stop-all, nor for an object nothing wants)."""
+        if job.released and job.env_id and not self._stopping:
+            await self._await_verdict(job.name)
+        await self._delete_env_objects(job.name)
+
+    async def forget(self, job: Job) -> None:
+        """A job that ended on its own (or was released): its object and Secret go, after its
+        operator's verdict, in the background (its members are told at once)."""
+        self._tracker.starting.pop(job.env_id, None)
+        if job.name in self._deleted or self._stopping:
+            return
+        task = asyncio.create_task(self._retire(job), name=f"{self.platform}-delete-{job.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, job: Job) -> None:
+        try:
+            await self.cancel(dataclasses.replace(job, released=True))
+        except self.errors as e:
+            log.warning("deleting %s: %s", job.name, e)
+
+    async def _delete_env_objects(self, name: str) -> None:
+        """The environment's main object (its pods with it) and Secret; gone already is fine."""
         core, _ = await self._client()
-        name = self.object_name(env_id)
-        await self._await_verdict(name)  # then delete: the verdict first
         try:
             await (await self._mains()).delete(name, propagation_policy="Background")
         except Exception as e:
             if getattr(e, "status", None) != 404:
-                log.warning("releasing %s: %s", name, api_error(e, f"deleting {name}"))
+                raise api_error(e, f"deleting {name}") from None
+        self._deleted.add(name)
         try:
             await core.delete_namespaced_secret(f"{name}-nni", self.namespace)
         except Exception as e:
@@ -434,10 +466,17 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 log.warning("deleting secret %s-nni: %s", name, e)
 
     async def stop(self) -> None:
-        for task in (self._watch, self._start_check):
+        """The watch and start checks end; jobs.py's stop-all (every object of the experiment,
+        retried, "may still run" when the cluster cannot be listed), then `close`."""
+        self._stopping = True
+        for task in (self._watch, self._start_check, *self._retiring):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        await super().stop()
+
+    async def close(self) -> None:
+        """Everything else the experiment made (by its labels), the tunnel, the relay, the owner."""
         if self._core is None:
             return
         core, custom = self._core, self._custom
@@ -540,29 +579,62 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 raise api_error(e, "creating the image pull secret") from None
         self._pull_secret = body["metadata"]["name"]
 
-    # ------------------------------------------------------------------ watching
-    async def _reattach(self) -> None:
-        """After a manager restart: environments whose object is gone fail; objects of this
-        experiment the manager no longer wants are deleted."""
-        assert self._ctx is not None
-        wanted = {self.object_name(e.env_id): e for e in self._ctx.environments()}
-        existing = set(await self._list_objects())
-        for name, env in wanted.items():
-            if name not in existing and env.members:
-                self._ctx.agent_failed(env.members[0].agent_id, f"{name} is gone (deleted while the manager was down)")
-        for name in existing - set(wanted):
-            log.info("deleting %s: its environment is no longer used", name)
-            await self._delete_object(name)
+    # ------------------------------------------------------------------ the job pattern (jobs.py)
+    @property
+    def prefix(self) -> str:
+        return f"nniexp{self.experiment_id.lower()}"
 
-    async def _list_objects(self) -> list[str]:
-        return await (await self._mains()).names(selector(labels(self.experiment_id)))
+    def job_name(self, env_id: str, trial_id: str | None) -> str:
+        return self.object_name(env_id)
 
-    async def _delete_object(self, name: str) -> None:
+    def job_label(self, job: Job) -> str:
+        return self.object_label(job.name)
+
+    def object_label(self, name: str) -> str:
+        """An environment's main object in messages ("TFJob nniexp...", "pod nniexp...")."""
+        return f"{self.custom[3] if self.custom else 'pod'} {name}"
+
+    def submitted_words(self, job: Job) -> str:
+        return f"{self.job_label(job)} is created in namespace {self.namespace}"
+
+    def check_hint(self, job: Job) -> str:
+        return (f"check its pods' logs (kubectl logs -n {self.namespace} -l envId={job.env_id}): the image needs "
+                "Python >= 3.8, and the pods must reach the hub (the relay with hubTunnel, else nniManagerIp)")
+
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        return None  # the pods' token files are not single-use: the hub need not ask
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        """One list call, by the experiment's labels: every environment's main object."""
         try:
-            await (await self._mains()).delete(name)
+            found = await (await self._mains()).list(selector(labels(self.experiment_id)))
         except Exception as e:
-            if getattr(e, "status", None) != 404:
-                log.warning("deleting %s: %s", name, e)
+            raise api_error(e, f"listing the {self.custom[2] if self.custom else 'pods'} of experiment "
+                               f"{self.experiment_id} in namespace {self.namespace}") from None
+        views: dict[str, JobView] = {}
+        for obj in found:
+            meta = obj.get("metadata") or {}
+            if "envId" in (meta.get("labels") or {}):  # not the relay, nor a probe pod
+                views[str(meta.get("name", ""))] = self._view(obj)
+        return views
+
+    def _view(self, obj: dict[str, Any]) -> JobView:
+        """An object as a job view; its members' phases and words are what the pod watch saw."""
+        name = str(obj["metadata"]["name"])
+        state = self.state_of(obj)
+        phase = self.states.phase(state)
+        words = describe_pod(obj)[1] if self.custom is None else f"{self.object_label(name)} is {state or 'created'}"
+        job = next((j for j in self.jobs.values() if j.name == name), None)
+        if job is None:
+            return JobView(name, phase, words, state=state)
+        members: dict[str, tuple[Phase, str]] = {}
+        for m in job.members:
+            pod = self._tracker.pod_states.get(m)
+            if pod in ("failed", "oom", "succeeded", "gone"):
+                members[m] = ("failed" if pod in ("failed", "oom") else "stopped", self._tracker.last_words.get(m, words))
+            else:  # live: what the watch and the start checks said last stays said
+                members[m] = ("running" if pod == "running" else "waiting", job.said.get(m, words))
+        return JobView(name, phase, words, state=state, members=members)
 
     def agent_of_pod(self, pod: dict[str, Any]) -> str:
         """The agent a pod runs: the pod's name (platforms whose operator names pods unpredictably
@@ -611,3 +683,34 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(bare_host(host)).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+class MemberVerdicts:
+    """The PodTracker's context: what the pod watch and the start checks say of a member goes to
+    the core, and a member's end ends it alone or, the last one, its job, through jobs.py."""
+
+    def __init__(self, backend: KubeBackend[Any]) -> None:
+        self.backend = backend
+
+    def _job(self, agent_id: str) -> Job | None:
+        return next((j for j in self.backend.jobs.values() if agent_id in j.members), None)
+
+    def agent_status(self, agent_id: str, message: str) -> None:
+        job, ctx = self._job(agent_id), self.backend.ctx
+        if job is None or ctx is None or job.done or job.released or agent_id in job.ended:
+            return
+        job.said[agent_id] = message
+        ctx.agent_status(agent_id, message)
+
+    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
+        job, b = self._job(agent_id), self.backend
+        if job is None or job.done or agent_id in job.ended:
+            return
+        phase: Phase = "failed" if failed else "stopped"
+        view = JobView(job.name, phase, reason, members={agent_id: (phase, reason)})
+        if all(m == agent_id or m in job.ended for m in job.members):
+            task = asyncio.create_task(b._ended(job, view), name=f"{b.platform}-ended-{job.name}")
+            b._retiring.add(task)
+            task.add_done_callback(b._retiring.discard)
+        else:
+            b._members_ended(job, view)
