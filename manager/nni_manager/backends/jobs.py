@@ -1,5 +1,7 @@
 """The job pattern, once, for every platform where one environment is one job a scheduler runs:
-OpenPAI, DLTS and Azure ML over REST (`rest_jobs.py`), Slurm over its commands (`slurm/`).
+OpenPAI, DLTS and Azure ML over REST (`rest_jobs.py`), Slurm over its commands (`slurm/`), the
+Kubernetes family over the API server (`kubernetes/common.py`: a job is an environment's main
+object; its pod watch ends members and jobs through `_members_ended` / `_ended` too).
 
 A platform says only what differs, as TorchX's `Scheduler` and submitit's `InfoWatcher` do:
 
