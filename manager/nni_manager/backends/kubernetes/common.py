@@ -99,6 +99,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
 
     async def start(self, ctx: BackendContext) -> None:
         """jobs.py's start (`open`, re-attach, the listing's polls), then the pod watch and the start checks."""
+        self._tracker = self._new_tracker(self._verdicts)  # now: a platform may set `custom` in its __init__
         await super().start(ctx)
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
