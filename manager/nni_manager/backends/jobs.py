@@ -1,5 +1,7 @@
 """The job pattern, once, for every platform where one environment is one job a scheduler runs:
-OpenPAI, DLTS and Azure ML over REST (`rest_jobs.py`), Slurm over its commands (`slurm/`).
+OpenPAI, DLTS and Azure ML over REST (`rest_jobs.py`), Slurm over its commands (`slurm/`), the
+Kubernetes family over the API server (`kubernetes/common.py`: a job is an environment's main
+object; its pod watch ends members and jobs through `_members_ended` / `_ended` too).
 
 A platform says only what differs, as TorchX's `Scheduler` and submitit's `InfoWatcher` do:
 
@@ -514,8 +516,12 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         return job.hub or "the manager's hub"
 
     async def _ended(self, job: Job, view: JobView, ours: bool = False) -> None:
-        """`ours`: the backend's own verdict (its words say why), not an end the platform reported."""
+        """The job is over (the platform's verdict, or one of ours): its members end, each with its
+        own words where the view has them (a replica that failed before its job ended fails).
+        `ours`: the backend's own verdict (its words say why), not an end the platform reported."""
         assert self.ctx is not None
+        if job.done:
+            return  # ended already (a platform may learn of an end from more than the listing)
         job.done = True
         await self.forget(job)
         if job.released:
@@ -523,4 +529,7 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         words = view.words if ours else await self.ended_words(job, view)
         for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
             if m not in job.ended:  # told already (JobView.members)
-                self.ctx.agent_failed(m, words, failed=view.phase == "failed")
+                phase, said = view.members.get(m, (view.phase, words))
+                if phase in LIVE_PHASES:  # the member ran to its job's end: the job's words
+                    phase, said = view.phase, words
+                self.ctx.agent_failed(m, said, failed=phase == "failed")

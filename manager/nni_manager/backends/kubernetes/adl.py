@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nni_manager.backends.base import EnvironmentRequest, Shape
-from nni_manager.backends.jobs import StateTable
+from nni_manager.backends.jobs import Job, StateTable
 from nni_manager.backends.kubernetes.client import api_error
 from nni_manager.backends.kubernetes.common import KubeBackend
 from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig, _common
@@ -134,17 +134,17 @@ class AdlBackend(KubeBackend[AdlConfig]):
         return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": meta,
                 "spec": {"preemptible": a.adaptive, "minReplicas": 0, "maxReplicas": 1, "template": pod}}
 
-    async def provision(self, env: EnvironmentRequest) -> None:
-        await super().provision(env)
+    async def submit(self, job: Job, request: list[dict[str, Any]]) -> None:
+        await super().submit(job, request)
         if self.adl.checkpoint_class is None:
             return
         core, custom = await self._client()
-        name = self.object_name(env.env_id)
-        job = await custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": job["metadata"]["uid"]}
+        name = job.name
+        made = await custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": made["metadata"]["uid"]}
         claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                  "metadata": {"name": f"{name}-checkpoint", "namespace": self.namespace,
-                              "labels": job["metadata"].get("labels", {}), "ownerReferences": [owner]},
+                              "labels": made["metadata"].get("labels", {}), "ownerReferences": [owner]},
                  "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": self.adl.checkpoint_class,
                           "resources": {"requests": {"storage": self.adl.checkpoint_size}}}}
         try:

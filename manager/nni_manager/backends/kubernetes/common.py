@@ -1,5 +1,5 @@
-"""What the Kubernetes platforms share: the objects around an environment, turning what the
-cluster says about their pods into trial messages, re-attaching, cleanup.
+"""What the Kubernetes platforms share: a job platform (jobs.py) whose jobs are the environments'
+main objects, on the cluster side in cluster.py (client, access, relay, wheel, dependencies).
 
 A platform subclass only says what one environment's main object is (`main_object`) and how
 its pods are named (`pod_names`); everything else lives here. Per environment we create:
@@ -14,52 +14,35 @@ Secret when `privateRegistryAuthPath` is set. Everything carries the labels `app
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import time
-from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-import yaml
-
-from nni_manager.backends.agent_wheel import AgentWheel, build_agent_wheel
 from nni_manager.backends import agent_deps
-from nni_manager.backends.base import BackendContext, DryRun, ElasticBackend, EnvironmentRequest, HubRoute
-from nni_manager.backends.jobs import Phase, StateTable
-from nni_manager.backends.kubernetes import access, deps, nodes, owner, probe, tunnel
-from nni_manager.backends.kubernetes.client import Credentials, KubeError, api_error, load_client, manager_ip_for
-from nni_manager.backends.kubernetes.config import KubeConfig, RoleConfig
-from nni_manager.backends.kubernetes.hub_relay import HubRelay
+from nni_manager.backends.agent_wheel import build_agent_wheel
+from nni_manager.backends.base import BackendContext, EnvironmentRequest
+from nni_manager.backends.jobs import Job, JobView, Phase, StateTable
+from nni_manager.backends.kubernetes import nodes, owner, tunnel
+from nni_manager.backends.kubernetes.client import KubeError, api_error
+from nni_manager.backends.kubernetes.cluster import DRY_RUN_TRIAL, ClusterBackend, KubeOptionsT
 from nni_manager.backends.kubernetes.main_objects import MainObjects
-from nni_manager.backends.kubernetes.objects import APP, Objects, labels, selector, storage_mount
-from nni_manager.backends.kubernetes import objects as kube_objects
+from nni_manager.backends.kubernetes.objects import APP, labels, selector, storage_mount
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
-from nni_manager.backends.kubernetes.watch import watch_pods
-from nni_manager.config import ConfigError
-from nni_manager.hub.address import bare_host, host_port
-from nni_manager.hub.relay_token import FILE as RELAY_TOKEN_FILE, relay_digest, relay_token
-
-if TYPE_CHECKING:
-    from kubernetes.aio import client as k8s
+from nni_manager.backends.kubernetes.verdicts import MemberVerdicts
+from nni_manager.backends.kubernetes.watch import describe_pod, watch_pods
 
 log = logging.getLogger(__name__)
 
 __all__ = ["APP", "DRY_RUN_TRIAL", "KubeBackend", "labels", "selector"]
-DRY_RUN_TRIAL = "Abc12"  # a trial id as the manager makes them, for the dry run's per-trial names
 
 
-KubeOptionsT = TypeVar("KubeOptionsT", bound=KubeConfig)  # the platform's own options class (config.py, adl.py)
+class KubeBackend(ClusterBackend[KubeOptionsT]):
+    """Base of the Kubernetes platforms: a job platform (jobs.py) whose job is an environment's main
+    object, named `object_name`, found by the experiment's labels; its pods' ends (the watch) and
+    start verdicts (tracking.py) end members and jobs through jobs.py as the listing's do."""
 
-
-class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
-    """Base of the Kubernetes platforms (elastic: one environment = one main object)."""
-
-    hub = "network"
-    default_reconnect_window = 300.0
-    # the main object: None for plain pods, else (group, version, plural, kind)
-    custom: ClassVar[tuple[str, str, str, str] | None] = None
+    service = "Kubernetes"
     # how long an environment may stay stuck (image pull, crash loop) before it fails
     start_timeout: ClassVar[float] = 300.0
     # the main object's states (`state_of`) mapped onto the job phases, as every job platform's (jobs.py)
@@ -69,53 +52,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self._api: Any = None
-        self._core: k8s.CoreV1Api | None = None
-        self._custom: k8s.CustomObjectsApi | None = None
-        self._ctx: BackendContext | None = None
-        self._wheel: AgentWheel | None = None
-        self._wheel_sha256 = ""  # the pods' command carries it: the boot step runs no other wheel
+        self._stopping = False  # stop-all: objects are deleted without waiting for their operator's verdict
+        self._deleted: set[str] = set()  # objects this manager deleted (release, then forget: once)
+        self._retiring: set[asyncio.Task[None]] = set()  # deletions of jobs that ended on their own
+        self._verdicts = MemberVerdicts(self)  # the tracker's context: pod verdicts through jobs.py
         self._watch: asyncio.Task[None] | None = None
-        self._pull_secret: str | None = None
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
-        self._tunnel: tunnel.Tunnel | None = None
-        self._relay_token = ""  # the experiment's (tunnelled): agents prove it to the relay
-        self._access_checked = False
         self._start_check: asyncio.Task[None] | None = None
-        self._tracker = self._new_tracker(None)  # start() makes the one that watches
-        self._deps: dict[str, deps.Shipped] = {}  # image -> the agent's dependencies shipped for it
-        self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
-        self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
-
-    @property
-    def kube(self) -> KubeOptionsT:
-        return self.opts
-
-    @property
-    def reuse(self) -> bool:
-        return self.kube.reuse_mode
-
-    @property
-    def namespace(self) -> str:
-        return self.kube.namespace
-
-    @property
-    def objects(self) -> Objects:
-        """What the objects are built from, now (objects.py builds them without a cluster)."""
-        ts = self.config.training_service
-        return Objects(self.kube, self.experiment_id, self.dry_run_hub(), ts.hub_tls, self.config.trial_grace_period,
-                       self.orphan_timeout, self.reuse, self.tunnelled, dict(self.agent_env), self._wheel,
-                       self._wheel_sha256, self._pull_secret, self._deps, self._relay_token)
-
-    def pod_template(self, role: RoleConfig, env: EnvironmentRequest | None, meta: dict[str, Any],
-                     container: str, command_prefix: str = "") -> dict[str, Any]:
-        """The pod of one role (objects.Objects.pod_template)."""
-        return self.objects.pod_template(role, env, meta, container, command_prefix)
-
-
-    # ------------------------------------------------------------------ subclass hooks
-    experiment_id: str = "dryrun"  # set by start(); before it (render) a placeholder valid in names and labels
-    operator_name: ClassVar[str] = "operator"  # for "is the ... installed?"
+        self._tracker = self._new_tracker(self._verdicts)
 
     def object_name(self, env_id: str) -> str:
         """NNI's naming: nniexp<exp>env<n> (lower-case: Kubernetes names are DNS labels)."""
@@ -143,114 +87,9 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         leaf = f"{role or 'trial'}_{index}_output" if replicas > 1 else f"{role or 'trial'}_output"
         return f"{root}/nni/{self.experiment_id}/{trial_id}/output/{leaf}"
 
-    async def _client(self) -> tuple[Any, Any]:
-        if self._core is None:
-            from kubernetes.aio import client
-
-            self._api = await load_client(self.kube)
-            self._core, self._custom = client.CoreV1Api(self._api), client.CustomObjectsApi(self._api)
-        return self._core, self._custom
-
-    def _new_tracker(self, ctx: BackendContext | None) -> PodTracker:
+    def _new_tracker(self, ctx: Any) -> PodTracker:
         return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
                                    self.member_names, self.agent_of_pod), ctx)
-
-    async def _clients(self) -> tuple[Any, Any, Any]:
-        core, custom = await self._client()
-        return self._api, core, custom
-
-    async def _close_client(self) -> None:
-        """Close the ApiClient (and its aiohttp session) when the experiment stops before stop() would."""
-        if self._core is not None:
-            await self._api.close()
-            self._core = self._custom = None
-
-    @property
-    def tunnelled(self) -> bool:
-        """Agents reach the hub through the relay and the API server (`hubTunnel`; default: on
-        unless `nniManagerIp` says where the cluster can reach this machine)."""
-        ts = self.config.training_service
-        return ts.hub_tunnel if ts.hub_tunnel is not None else ts.nni_manager_ip is None
-
-    async def manager_address(self) -> str | None:
-        await self._client()
-        host = self._api.configuration.host
-        address = manager_ip_for(host)
-        if _loopback(address):  # kind, minikube: pods would dial their own loopback and wait 6 minutes
-            await self._close_client()  # refused before the hub (and so stop()) started
-            raise ConfigError("trainingService.hubTunnel",
-                              f"is false and nniManagerIp is not set, but the API server ({host}) is on this "
-                              "machine's loopback: pods cannot reach the manager at a loopback address",
-                              "remove `hubTunnel: false` (agents then reach the manager through the API server), "
-                              "or set nniManagerIp to an address or DNS name of this machine that pods can reach")
-        return address
-
-    async def hub_route(self, experiment_id: str, experiment_dir: Path) -> HubRoute | None:
-        """With the tunnel: the hub listens on loopback only and agents dial the relay's Service."""
-        if not self.tunnelled:
-            return None
-        self.experiment_id = experiment_id
-        self._relay_token = relay_token(experiment_dir)
-        ns = self.namespace
-        await self._client()
-        try:
-            await self._check_access()  # before the relay: a refused experiment leaves nothing behind
-            await self._ensure_pull_secret()
-            try:
-                cluster_ip = await self._relay().ensure()
-            except BaseException:  # nothing half-made stays behind: the hub (and so stop()) never started
-                await self._delete_relay()
-                raise
-        except BaseException:  # nor an open client (its aiohttp session), nor the owner
-            await self._delete_owner()
-            await self._close_client()
-            raise
-        ts = self.config.training_service
-        return HubRoute(bind=host_port(ts.hub_bind_address or "127.0.0.1", ts.hub_port or 0),
-                        advertise=tunnel.advertise(cluster_ip),
-                        names=tunnel.certificate_names(experiment_id, ns, cluster_ip))
-
-    def _relay_objects(self, experiment_id: str) -> list[dict[str, Any]]:
-        overrides: dict[str, Any] = {}
-        if self._pull_secret:
-            overrides["imagePullSecrets"] = [{"name": self._pull_secret}]
-        # not the trials' nodeSelector / tolerations: they name the GPU pool, where the relay would
-        # keep a node up (and an autoscaler from removing it) for the whole experiment
-        for key in ("priorityClassName",):
-            if key in self.kube.pod_spec:
-                overrides[key] = copy.deepcopy(self.kube.pod_spec[key])
-        image = self.config.training_service.hub_tunnel_image or tunnel.DEFAULT_IMAGE
-        token_sha256 = relay_digest(self._relay_token) if self._relay_token else "<sha256 of the experiment's relay token>"
-        return tunnel.relay_objects(experiment_id, self.namespace, image, token_sha256, overrides, self.reconnect_window,
-                                    annotations=self.kube.pod_annotations)
-
-    def _relay(self) -> HubRelay:
-        return HubRelay(self._core, self.namespace, self.experiment_id,
-                        lambda: self._relay_objects(self.experiment_id), self._owned)
-
-    async def _ensure_relay_pod(self) -> None:
-        """The relay pod again (the tunnel's `on_gone`: it ended or was evicted)."""
-        await self._relay().ensure_pod()
-
-    def required_access(self) -> list[access.Need]:
-        """Every verb the experiment uses in its namespace (checked at start)."""
-        needs = access.platform_needs(self.custom)
-        if self.tunnelled:  # the hub relay: its pod, Service and program, reached by port-forward
-            needs += access.tunnel_needs()
-        return needs
-
-    async def _check_access(self) -> None:
-        """One line per verb the cluster denies, before anything is created (once: the tunnel's
-        hub_route asks before start does)."""
-        if self._access_checked:
-            return
-        denied = await access.missing(self._api, self.namespace, self.required_access())
-        if denied:
-            lines = "\n".join("  " + n.line(self.namespace) for n in denied)
-            raise KubeError(f"Kubernetes RBAC denies what the experiment needs:\n{lines}\ngrant these verbs to your "
-                            "user or service account (the minimal Role is in docs/platforms/kubernetes.md; check with "
-                            f"`kubectl auth can-i --list -n {self.namespace}`)")
-        self._access_checked = True
 
     async def _unserved(self, custom_api: Any) -> str:
         """Why the main object's kind is not served, in one line (kubeflow.py: which operator to install)."""
@@ -262,20 +101,25 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
     async def _prepare(self) -> None:
         """Platform objects made once per experiment, after the checks (FrameworkController's account)."""
 
-    def extra_objects(self) -> list[dict[str, Any]]:
-        """Per-experiment objects a platform adds to the dry run."""
-        return []
-
     async def _cleanup_extra(self) -> None:
         """Delete what `_prepare` made (by the experiment's labels)."""
 
-    def preflight(self) -> None:
-        Credentials(self.kube).check_present()
-
     async def start(self, ctx: BackendContext) -> None:
-        self._ctx = ctx
-        self._tracker = self._new_tracker(ctx)
-        self.experiment_id = ctx.experiment_id
+        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod watch and the start checks."""
+        self._tracker = self._new_tracker(self._verdicts)  # now: a platform may set `custom` in its __init__
+        await super().start(ctx)
+        ours = selector({"app": APP, "expId": self.experiment_id})
+        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
+                                          name=f"{self.platform}-pod-watch")
+        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
+                                                name=f"{self.platform}-start-check")
+        self._api.retry_connections = True
+
+    async def open(self) -> None:
+        """Check access, the namespace and the operator, and make the per-experiment objects (the
+        agent's wheel and dependencies, the pull secret, the tunnel), before any trial."""
+        ctx = self.ctx
+        assert ctx is not None
         core, custom = await self._client()
         self._api.retry_connections = False  # until started: an unreachable server is reported at once
         await self._check_access()
@@ -305,13 +149,6 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             self._tunnel = tunnel.Tunnel(self._api, ns, tunnel.relay_name(self.experiment_id),
                                          ctx.hub_listen_address, on_gone=self._ensure_relay_pod)
             await self._tunnel.start()
-        await self._reattach()
-        ours = selector({"app": APP, "expId": self.experiment_id})
-        self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
-                                          name=f"{self.platform}-pod-watch")
-        self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
-                                                name=f"{self.platform}-start-check")
-        self._api.retry_connections = True
 
     def build_request(self, env: EnvironmentRequest, hub: str | None = None) -> list[dict[str, Any]]:
         """The environment's objects, in creation order: its Secret (the agents' tokens and the CA)
@@ -320,21 +157,22 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         meta = {"name": name, "namespace": self.namespace, "labels": labels(self.experiment_id, env)}
         return [self.objects.secret(env, name, meta), self.main_object(env, name, meta)]
 
-    def dry_run_hub(self) -> str:
-        ts = self.config.training_service
-        return host_port(ts.nni_manager_ip or "<nniManagerIp>", ts.hub_port or "<hubPort>")
-
-    async def provision(self, env: EnvironmentRequest) -> None:
-        core, _ = await self._client()
+    async def prepare(self, job: Job, env: EnvironmentRequest) -> list[dict[str, Any]]:
         await self._note_fit()
-        name = self.object_name(env.env_id)
-        secret, obj = [await self._owned(o) for o in self.build_request(env)]
+        return [await self._owned(o) for o in self.build_request(env)]
+
+    async def submit(self, job: Job, request: list[dict[str, Any]]) -> None:
+        """The environment's Secret, then its main object (`_create_main`); the Secret is owned by it."""
+        core, _ = await self._client()
+        name = job.name
+        secret, obj = request
+        self._deleted.discard(name)
         try:
             await core.create_namespaced_secret(self.namespace, secret, field_validation="Strict")
         except Exception as e:
             if getattr(e, "status", None) != 409:  # a restarted manager re-provisioning the same env
                 raise api_error(e, f"creating secret {secret['metadata']['name']}") from None
-        created = await self._create_main(obj, name, env)
+        created = await self._create_main(obj, name, job)
         owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": name,
                  "uid": created["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
         try:  # the Secret goes when its object goes (garbage collection), also if we are gone
@@ -342,9 +180,9 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._tracker.starting[env.env_id] = time.monotonic()
+        self._tracker.starting[job.env_id] = time.monotonic()
 
-    async def _create_main(self, obj: dict[str, Any], name: str, env: EnvironmentRequest) -> dict[str, Any]:
+    async def _create_main(self, obj: dict[str, Any], name: str, job: Job) -> dict[str, Any]:
         """Create the environment's main object. A namespace ResourceQuota that has no room for one
         more pod now (count/pods, pods, cpu, memory: other experiments' pods hold it) makes the
         environment wait, its reason said on its members, until the start deadline; a 409 adopts the
@@ -356,17 +194,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 return await (await self._mains()).create(obj)
             except Exception as e:
                 status = getattr(e, "status", None)
-                created = await self._existing_main(name, env) if status == 409 else None
+                created = await self._existing_main(name, obj) if status == 409 else None
                 if created is not None:
                     return created
                 error = api_error(e, f"creating {obj['kind']} {name}")
                 if not (status == 403 and obj["kind"] == "Pod" and "exceeded quota" in str(getattr(e, "body", ""))
                         and time.monotonic() + delay < deadline):
                     raise error from None
-                ctx = self._ctx
-                if ctx is not None:
-                    for member in env.members:
-                        ctx.agent_status(member.agent_id, f"waiting for room in the namespace's quota: {error}")
+                self._say(job, f"waiting for room in the namespace's quota: {error}")
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, 15.0)
 
@@ -383,18 +218,14 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             problem = nodes.too_big(self.kube, self._nodes) if self._nodes else ""
         self._tracker.fit_note = problem
 
-    async def _mains(self) -> MainObjects:
-        core, custom = await self._client()
-        return MainObjects(self._api, core, custom, self.namespace, self.custom)
-
-    async def _existing_main(self, name: str, env: EnvironmentRequest) -> dict[str, Any] | None:
+    async def _existing_main(self, name: str, obj: dict[str, Any]) -> dict[str, Any] | None:
         """After a 409: the object this environment made already (a create retried after a lost
         answer, a restarted manager), or None when the name belongs to something else."""
         try:
             found = await (await self._mains()).get(name)
         except Exception:
             return None
-        mine = labels(self.experiment_id, env)
+        mine = obj["metadata"]["labels"]
         have = (found.get("metadata") or {}).get("labels") or {}
         return found if all(have.get(k) == v for k, v in mine.items()) else None
 
@@ -423,16 +254,38 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 return
             await asyncio.sleep(0.2)
 
-    async def release(self, env_id: str) -> None:
-        self._tracker.starting.pop(env_id, None)
+    async def cancel(self, job: Job) -> None:
+        """Verdict, then delete: a released environment's object is deleted once its operator has
+        recorded the trial's outcome (not at stop-all, nor for an object nothing wants)."""
+        if job.released and job.env_id and not self._stopping:
+            await self._await_verdict(job.name)
+        await self._delete_env_objects(job.name)
+
+    async def forget(self, job: Job) -> None:
+        """A job that ended on its own (or was released): its object and Secret go, after its
+        operator's verdict, in the background (its members are told at once)."""
+        self._tracker.starting.pop(job.env_id, None)
+        if job.name in self._deleted or self._stopping:
+            return
+        task = asyncio.create_task(self._retire(job), name=f"{self.platform}-delete-{job.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, job: Job) -> None:
+        try:
+            await self.cancel(dataclasses.replace(job, released=True))
+        except self.errors as e:
+            log.warning("deleting %s: %s", job.name, e)
+
+    async def _delete_env_objects(self, name: str) -> None:
+        """The environment's main object (its pods with it) and Secret; gone already is fine."""
         core, _ = await self._client()
-        name = self.object_name(env_id)
-        await self._await_verdict(name)  # then delete: the verdict first
         try:
             await (await self._mains()).delete(name, propagation_policy="Background")
         except Exception as e:
             if getattr(e, "status", None) != 404:
-                log.warning("releasing %s: %s", name, api_error(e, f"deleting {name}"))
+                raise api_error(e, f"deleting {name}") from None
+        self._deleted.add(name)
         try:
             await core.delete_namespaced_secret(f"{name}-nni", self.namespace)
         except Exception as e:
@@ -440,10 +293,17 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
                 log.warning("deleting secret %s-nni: %s", name, e)
 
     async def stop(self) -> None:
-        for task in (self._watch, self._start_check):
+        """The watch and start checks end; jobs.py's stop-all (every object of the experiment,
+        retried, "may still run" when the cluster cannot be listed), then `close`."""
+        self._stopping = True
+        for task in (self._watch, self._start_check, *self._verdicts.tasks, *self._retiring):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        await super().stop()
+
+    async def close(self) -> None:
+        """Everything else the experiment made (by its labels), the tunnel, the relay, the owner."""
         if self._core is None:
             return
         core, custom = self._core, self._custom
@@ -474,146 +334,64 @@ class KubeBackend(ElasticBackend[KubeOptionsT, "list[dict[str, Any]]"]):
             await self._api.close()
             self._core = self._custom = None
 
-    async def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """`obj` naming the experiment's owner ConfigMap (made on first use, after the access check)."""
-        if self._owner is None:
-            self._owner = await owner.ensure(self._core, self.namespace, self.experiment_id)
-        return owner.adopt(obj, self._owner)
+    # ------------------------------------------------------------------ the job pattern (jobs.py)
+    @property
+    def prefix(self) -> str:
+        return f"nniexp{self.experiment_id.lower()}"
 
-    async def _delete_owner(self) -> None:
-        """Last: the garbage collector takes whatever of the experiment is still there."""
-        if self._owner is not None and self._core is not None:
-            try:
-                await owner.delete(self._core, self.namespace, self.experiment_id)
-            except Exception as e:
-                log.error("cleaning up experiment %s: %s", self.experiment_id, e)
-            self._owner = None
+    def job_name(self, env_id: str, trial_id: str | None) -> str:
+        return self.object_name(env_id)
 
-    async def _delete_relay(self) -> None:
-        if not self.tunnelled or self._core is None:
-            return
-        await self._relay().delete()
+    def job_label(self, job: Job) -> str:
+        return self.object_label(job.name)
 
-    # ------------------------------------------------------------------ objects (objects.py builds them)
-    async def _ensure_wheel_configmap(self) -> None:
-        core, _ = await self._client()
-        body = self.objects.wheel_config_map()
-        try:  # an earlier one of this experiment is kept only if it holds this very wheel (pods check its digest)
-            await deps.ensure_config_map(core, self.namespace, body["metadata"]["name"], await self._owned(body))
-        except agent_deps.DependencyError:
-            raise  # one line already
-        except Exception as e:
-            raise api_error(e, "creating the agent ConfigMap") from None
+    def object_label(self, name: str) -> str:
+        """An environment's main object in messages ("TFJob nniexp...", "pod nniexp...")."""
+        return f"{self.custom[3] if self.custom else 'pod'} {name}"
 
-    async def _ship_deps(self) -> None:
-        """Per image: learn its Python (a probe pod, or the manager's cache of probes) and, where it
-        lacks the agent's dependencies, ship wheels for it as ConfigMaps (see deps.py)."""
-        core, _ = await self._client()
-        roles = {r.docker_image: r for r in self.kube.roles}
-        for i, (image, role) in enumerate(sorted(roles.items())):
-            report = deps.cached_probe(image)
-            if report is None:
-                report = await probe.run_probe(core, self.namespace, kube_objects.probe_pod_name(self.experiment_id, i),
-                                               await self._owned(self.objects.probe_pod(role, i)), image,
-                                               self.kube.environment_start_timeout)
-                if report is None:
-                    continue
-                await asyncio.to_thread(deps.remember_probe, image, report)
-            if not deps.needs_shipping(report):
-                continue
-            worker = deps.worker_python(report)
-            try:
-                wheels = await asyncio.to_thread(partial(agent_deps.resolve, worker, self.config.agent_wheelhouse,
-                                                         where=f"the image {image}"))
-            except agent_deps.DependencyError:  # said on the console; its pods fail with the boot step's line
-                continue
-            shipped, uploaded = await deps.ship(core, self.namespace, wheels, worker.key)
-            self._deps[image] = shipped
-            self.deps_uploaded += uploaded
-            log.info("the agent's dependencies for the image %s (%s): %d bytes in %d ConfigMaps, %d uploaded now",
-                     image, worker.key, shipped.size, len(shipped.config_maps), uploaded)
+    def submitted_words(self, job: Job) -> str:
+        return f"{self.job_label(job)} is created in namespace {self.namespace}"
 
-    async def _ensure_pull_secret(self) -> None:
-        paths = kube_objects.pull_secret_paths(self.kube)
-        if not paths:
-            return
-        core, _ = await self._client()
-        body = self.objects.pull_secret_object(paths[0])
+    def check_hint(self, job: Job) -> str:
+        return (f"check its pods' logs (kubectl logs -n {self.namespace} -l envId={job.env_id}): the image needs "
+                "Python >= 3.8, and the pods must reach the hub (the relay with hubTunnel, else nniManagerIp)")
+
+    def enrolment_open(self, agent_id: str) -> bool | None:
+        return None  # the pods' token files are not single-use: the hub need not ask
+
+    async def list_jobs(self) -> dict[str, JobView]:
+        """One list call, by the experiment's labels: every environment's main object."""
         try:
-            await core.create_namespaced_secret(self.namespace, await self._owned(body), field_validation="Strict")
+            found = await (await self._mains()).list(selector(labels(self.experiment_id)))
         except Exception as e:
-            if getattr(e, "status", None) != 409:
-                raise api_error(e, "creating the image pull secret") from None
-        self._pull_secret = body["metadata"]["name"]
+            raise api_error(e, f"listing the {self.custom[2] if self.custom else 'pods'} of experiment "
+                               f"{self.experiment_id} in namespace {self.namespace}") from None
+        views: dict[str, JobView] = {}
+        for obj in found:
+            meta = obj.get("metadata") or {}
+            if "envId" in (meta.get("labels") or {}):  # not the relay, nor a probe pod
+                views[str(meta.get("name", ""))] = self._view(obj)
+        return views
 
-    # ------------------------------------------------------------------ watching
-    async def _reattach(self) -> None:
-        """After a manager restart: environments whose object is gone fail; objects of this
-        experiment the manager no longer wants are deleted."""
-        assert self._ctx is not None
-        wanted = {self.object_name(e.env_id): e for e in self._ctx.environments()}
-        existing = set(await self._list_objects())
-        for name, env in wanted.items():
-            if name not in existing and env.members:
-                self._ctx.agent_failed(env.members[0].agent_id, f"{name} is gone (deleted while the manager was down)")
-        for name in existing - set(wanted):
-            log.info("deleting %s: its environment is no longer used", name)
-            await self._delete_object(name)
-
-    async def _list_objects(self) -> list[str]:
-        return await (await self._mains()).names(selector(labels(self.experiment_id)))
-
-    async def _delete_object(self, name: str) -> None:
-        try:
-            await (await self._mains()).delete(name)
-        except Exception as e:
-            if getattr(e, "status", None) != 404:
-                log.warning("deleting %s: %s", name, e)
+    def _view(self, obj: dict[str, Any]) -> JobView:
+        """An object as a job view; its members' phases and words are what the pod watch saw."""
+        name = str(obj["metadata"]["name"])
+        state = self.state_of(obj)
+        phase = self.states.phase(state)
+        words = describe_pod(obj)[1] if self.custom is None else f"{self.object_label(name)} is {state or 'created'}"
+        job = next((j for j in self.jobs.values() if j.name == name), None)
+        if job is None:
+            return JobView(name, phase, words, state=state)
+        members: dict[str, tuple[Phase, str]] = {}
+        for m in job.members:
+            pod = self._tracker.pod_states.get(m)
+            if pod in ("failed", "oom", "succeeded", "gone"):
+                members[m] = ("failed" if pod in ("failed", "oom") else "stopped", self._tracker.last_words.get(m, words))
+            else:  # live: what the watch and the start checks said last stays said
+                members[m] = ("running" if pod == "running" else "waiting", job.said.get(m, words))
+        return JobView(name, phase, words, state=state, members=members)
 
     def agent_of_pod(self, pod: dict[str, Any]) -> str:
         """The agent a pod runs: the pod's name (platforms whose operator names pods unpredictably
         say otherwise)."""
         return str(pod.get("metadata", {}).get("name", ""))
-
-    # ------------------------------------------------------------------ dry run
-    def render(self) -> DryRun:
-        # the names the manager gives: a pool's environments env1, env2...; without reuse one per
-        # trial, named after it (elastic.py: trial-<id>), shown for a sample trial id
-        trial_id = None if self.reuse else DRY_RUN_TRIAL
-        env = self.dry_run_env(f"trial-{trial_id.lower()}" if trial_id else "env1")
-        if trial_id:
-            env = dataclasses.replace(env, trial_id=trial_id)
-        import nni_agent
-
-        if kube_objects.pull_secret_paths(self.kube):  # the pods name it
-            self._pull_secret = kube_objects.pull_secret_name(self.experiment_id)
-        shared = self.objects.dry_run_shared(nni_agent.__version__)
-        secret, main = self.build_request(env)
-        # placeholders as stringData: `data` must be base64, or the API server refuses the dry run
-        secret["stringData"] = {k: "<the experiment's CA certificate>" if k == "ca.crt" else
-                                "<the experiment's relay token>" if k == RELAY_TOKEN_FILE else
-                                "<per-agent token, minted at start>" for k in secret.pop("data")}
-        objects = [*shared, *self.extra_objects(), secret, main]
-        per_env = (f"a pool of up to {self.config.trial_concurrency} environment(s) like this one" if self.reuse else
-                   f"one environment per trial (up to {self.config.trial_concurrency} at a time), named after its "
-                   f"trial; here for a trial with id {trial_id}")
-        text = (f"# {self.platform}: once per experiment the agent ConfigMap"
-                f"{' and the image pull Secret' if self._pull_secret else ''}, then {per_env}, "
-                f"in namespace {self.namespace}\n" + yaml.safe_dump_all(objects, sort_keys=False))
-        if self.tunnelled:  # first, so that the environment's main object stays the last request
-            relay = self._relay_objects(self.experiment_id)
-            relay[0]["data"] = {tunnel.RELAY_FILE: "<the relay program, nni_manager/backends/kubernetes/relay.py>"}
-            text = ("# the hub relay, once per experiment (hubTunnel): agents dial its Service; the manager "
-                    "reaches it through the API server's pods/portforward\n" + yaml.safe_dump_all(relay, sort_keys=False)
-                    + "---\n" + text)
-            objects = relay + objects
-        return DryRun(self.platform, objects, text)
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(bare_host(host)).is_loopback
-    except ValueError:
-        return host == "localhost"

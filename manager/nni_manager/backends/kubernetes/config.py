@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nni_manager.backends.jobs import parse_watch_fields
 from nni_manager.backends.kubernetes import framework_template
 from nni_manager.config import MISSING, ConfigError, ConfigSection, ExperimentConfig, parse_size_mb, redacted_repr
 
@@ -56,6 +57,8 @@ class KubeConfig:
     pod_spec: dict[str, Any] = field(default_factory=dict)  # merged into every pod spec (ours)
     pod_annotations: dict[str, str] = field(default_factory=dict)  # on every pod (ours)
     environment_start_timeout: float = 600.0  # an environment none of whose pods runs by then fails
+    poll_interval: float | None = None  # pollInterval: how often the objects are listed (jobs.py)
+    connect_timeout: float | None = None  # agentConnectTimeout: a running job whose agents never dial fails
 
     def __repr__(self) -> str:  # a podSpec env entry naming a secret (e.g. API_KEY) shows as ***
         return redacted_repr(self)
@@ -90,6 +93,7 @@ def _common(ts: ConfigSection, kube: KubeConfig) -> None:
     reuse = ts.bool_("reuseMode")
     kube.reuse_mode = True if reuse is None else reuse
     kube.service_account_name = ts.str_("serviceAccountName")
+    kube.poll_interval, kube.connect_timeout = parse_watch_fields(ts)
     start_timeout = ts.duration("environmentStartTimeout")
     if start_timeout is not None:
         kube.environment_start_timeout = start_timeout

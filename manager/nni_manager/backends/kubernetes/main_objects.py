@@ -29,15 +29,15 @@ class MainObjects:
         group, version, plural, _ = self.custom
         return dict(await self.custom_api.get_namespaced_custom_object(group, version, self.namespace, plural, name))
 
-    async def names(self, label_selector: str) -> list[str]:
-        """The names of the objects the selector picks (one list call)."""
+    async def list(self, label_selector: str) -> list[dict[str, Any]]:
+        """The objects the selector picks (one list call)."""
         if self.custom is None:
             pods = await self.core.list_namespaced_pod(self.namespace, label_selector=label_selector)
-            return [p.metadata.name for p in pods.items]
+            return [dict(self.api.sanitize_for_serialization(p)) for p in pods.items]
         group, version, plural, _ = self.custom
         listed = await self.custom_api.list_namespaced_custom_object(group, version, self.namespace, plural,
                                                                      label_selector=label_selector)
-        return [o["metadata"]["name"] for o in listed.get("items", [])]
+        return [dict(o) for o in listed.get("items", [])]
 
     async def delete(self, name: str, **options: Any) -> None:
         if self.custom is None:
