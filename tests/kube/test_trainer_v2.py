@@ -211,9 +211,10 @@ async def test_the_documented_role_runs_trainjobs_without_reading_runtimes(kube_
     kube = kube_factory(tokens=[f"{USER_TOKEN}=alice:rbac"], crd_groups=["trainer.kubeflow.org"])
     custom_api(kube).create_cluster_custom_object(*TRAINER, "clustertrainingruntimes", TORCH_DISTRIBUTED)
     kubeconfig = bind_alice(kube, doc_role())
-    for runtime, outcome in (("torch-distributed", TrialJobStatus.SUCCEEDED), ("torch-distribted", TrialJobStatus.FAILED)):
-        (tmp_path / runtime).mkdir()
-        cfg = experiment(kube, tmp_path / runtime, "kubeflow", operator="trainer", reuseMode=False,
+    for n, (runtime, outcome) in enumerate((("torch-distributed", TrialJobStatus.SUCCEEDED),
+                                            ("torch-distribted", TrialJobStatus.FAILED))):
+        (tmp_path / f"r{n}").mkdir()  # short: the hub's socket lives under it (107-byte Unix limit)
+        cfg = experiment(kube, tmp_path / f"r{n}", "kubeflow", operator="trainer", reuseMode=False,
                          trainingRuntime=runtime, worker=role(1), kubeConfig=str(kubeconfig))
         async with create_training_service(cfg) as ts:
             job = await ts.submit_trial_job(form(0))
