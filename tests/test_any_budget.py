@@ -1,4 +1,4 @@
-"""`Any` in nni_manager and nni_agent stays under its cap (issue 34: 509 when counted first, 271 now).
+"""`Any` in nni_manager and nni_agent stays under its cap (issue 34: 509 when counted first, 243 now).
 
 A ratchet: the cap is the count when it was last lowered; a change that adds uses of `Any`
 (directly or through an alias of it: scripts/count_any.py says the rule) fails here, one that
@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CAP = 280
+CAP = 243
 
 
 def _count_any():  # scripts/ is not a package: load the script by its path

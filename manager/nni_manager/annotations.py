@@ -15,6 +15,7 @@ import ast
 import os
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from nni_manager.types import ParameterSpec, SearchSpace
@@ -248,7 +249,8 @@ class _Rewriter(ast.NodeVisitor):
             raise self.error(note, "the annotation needs one keyword argument, name=", "e.g. name=learning_rate")
         return ast.unparse(names[0].value)
 
-    def choice(self, note: ast.stmt, name: str, func: str, options: list[ast.expr], wrap: Any) -> ast.expr:
+    def choice(self, note: ast.stmt, name: str, func: str, options: list[ast.expr],
+               wrap: Callable[[ast.expr], ast.expr]) -> ast.expr:
         if not options:
             raise self.error(note, f"nni.{func} for `{name}` lists no option")
         keys = [o.value if isinstance(o, ast.Constant) else ast.unparse(o) for o in options]

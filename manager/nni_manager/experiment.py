@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
 from nni_manager.dispatcher.base import parameter_record
+from nni_manager.dispatcher.tuners import ImportedTrial
 from nni_manager.metrics import decode_metric_value, metric_number, metric_value
 from nni_manager.types import (
     HyperParameters,
@@ -381,7 +382,7 @@ class Experiment:
             self._apply_details([await ts.get_trial_job(i) for i in list(self._live)])
             await asyncio.sleep(0.05)
 
-    async def _resume(self, ts: TrainingService) -> list[dict[str, object]]:
+    async def _resume(self, ts: TrainingService) -> list[ImportedTrial]:
         """Take over the trials of a resumed experiment: count them; their results, in NNI's
         IMPORT_DATA form ([{"parameter": ..., "value": ...}]), go to the new dispatcher."""
         from nni_manager.store import Store
@@ -397,7 +398,7 @@ class Experiment:
                     finals[m["trial_id"]] = metric_value(m["data"], "resuming the experiment", m["trial_id"])
         finally:
             store.close()
-        history = []
+        history: list[ImportedTrial] = []
         for detail in details:
             record = json.loads(detail.form.hyper_parameters.value)
             trial = TrialSummary(detail.id, detail.sequence_id, record.get("parameter_id"), record.get("parameters") or {},

@@ -98,7 +98,7 @@ def _parse(root: ConfigSection, base: Path) -> ExperimentConfig:
     if hybrid is not None:  # hybrid mode: the shared fields move to the top, each service is parsed alone
         config_hybrid.hoist_shortcuts(root, hybrid, _SHORTCUTS)
 
-    def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[Any, str] | None:
+    def shortcut(name: str, *aliases: str, v1: str = "") -> tuple[ConfigSection, str] | None:
         """A field allowed at the root, inside trainingService, or (v1) inside `trial`."""
         places = [(root, (name, *aliases))]
         if ts is not None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from nni_agent.metric_check import MAX_BYTES, MAX_DEPTH, metric_problem as content_problem
 
@@ -44,7 +43,7 @@ def _parse(data: str) -> object:
     return _loads(data)
 
 
-def checked(data: str) -> tuple[dict[str, Any] | None, str]:
+def checked(data: str) -> tuple[dict[str, object] | None, str]:
     """`data` parsed, or None and why it is no metric message the readers can show (or NNI's tuner
     take: too big, too deep, not valid Unicode; metric_check.metric_problem)."""
     if type(data) is str:
@@ -118,12 +117,13 @@ class Sequences:
     def __init__(self) -> None:
         self.periodical: dict[str, int] = {}  # trial -> PERIODICAL results numbered so far
 
-    def number(self, trial_id: str, kind: str, message: dict[str, Any]) -> int:
+    def number(self, trial_id: str, kind: str, message: Mapping[str, object]) -> int:
         if kind == "PERIODICAL":
             n = self.periodical.get(trial_id, 0)
             self.periodical[trial_id] = n + 1
             return n
-        return int(message.get("sequence") or 0)
+        sequence = message.get("sequence")  # checked() lets only an integer (or none) through
+        return sequence if isinstance(sequence, int) else 0
 
 
 def numbered(rows: Iterable[tuple[str, str, str, int]], where: str) -> Iterator[tuple[str, str, dict[str, object], int, int]]:

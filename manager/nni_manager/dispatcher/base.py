@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from nni_manager.types import SearchSpace
-from nni_manager.dispatcher.tuners import Tuner
+from nni_manager.dispatcher.tuners import ImportedTrial, Tuner
 from nni_manager.metrics import checked, decode_metric_value, metric_number
 
 
@@ -48,7 +48,7 @@ class Dispatcher:
         self.error: str | None = None  # set once the algorithm failed for good
 
     async def start(self, events: DispatcherEvents, search_space: SearchSpace,
-                    history: list[dict[str, Any]]) -> None:
+                    history: list[ImportedTrial]) -> None:
         """INITIALIZE with the search space (and IMPORT_DATA `history` of a resumed experiment)."""
         raise NotImplementedError
 
@@ -77,7 +77,7 @@ class Dispatcher:
 
 def parameter_record(parameter_id: object, parameters: object, index: int = 0, trial_id: str | None = None) -> str:
     """A ParameterRecord JSON (nni-training-service.md §1.3)."""
-    record: dict[str, Any] = {"parameter_id": parameter_id, "parameter_source": "algorithm",
+    record: dict[str, object] = {"parameter_id": parameter_id, "parameter_source": "algorithm",
                               "parameters": parameters, "parameter_index": index}
     if trial_id is not None:
         record["trial_job_id"] = trial_id
@@ -92,10 +92,10 @@ class BuiltinDispatcher(Dispatcher):
         self.tuner = tuner
         self._events: DispatcherEvents | None = None
         self._next_parameter_id = 0
-        self._params: dict[Any, dict[str, Any]] = {}
+        self._params: dict[int, dict[str, object]] = {}
 
     async def start(self, events: DispatcherEvents, search_space: SearchSpace,
-                    history: list[dict[str, Any]]) -> None:
+                    history: list[ImportedTrial]) -> None:
         self._events = events
         if history:
             self.tuner.import_data(history)

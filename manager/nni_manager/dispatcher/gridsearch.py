@@ -14,7 +14,8 @@ import json
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from nni_manager.types import SearchSpace
 
@@ -40,7 +41,7 @@ class Spec:
     clip: tuple[float, float] | None = None
     log_distributed: bool = False
 
-    def is_activated_in(self, partial: dict[Key, Any]) -> bool:
+    def is_activated_in(self, partial: Mapping[Key, object]) -> bool:
         """In a nested choice, whether the parent picked the option this parameter belongs to."""
         if len(self.key) >= 2 and isinstance(self.key[-2], int):
             return partial[self.key[:-2]] == self.key[-2]
@@ -77,19 +78,19 @@ def _format_parameter(key: Key, kind: str, values: list[Any]) -> Spec:
                 log_distributed=log_distributed)
 
 
-def deformat_parameters(formatted: dict[Key, Any], space: dict[Key, Spec]) -> dict[str, Any]:
+def deformat_parameters(formatted: Mapping[Key, float], space: dict[Key, Spec]) -> dict[str, object]:
     """Internal values -> the user's parameters: indices to values, exp for log types, q rounding
     and clipping, nested choices as {"_name": ..., sub-parameters}."""
-    result: dict[str, Any] = {}
+    result: dict[str, object] = {}
     for key, x in formatted.items():
         spec = space[key]
         if spec.categorical:
             if spec.type == "randint":
                 _assign(result, key, int(min(math.ceil(float(v)) for v in spec.values) + x))
             elif _is_nested(spec.values):
-                _assign(result, (*key, "_name"), spec.values[x]["_name"])
+                _assign(result, (*key, "_name"), spec.values[int(x)]["_name"])  # a categorical x is an index
             else:
-                _assign(result, key, spec.values[x])
+                _assign(result, key, spec.values[int(x)])
         else:
             if spec.log_distributed:
                 x = math.exp(x)
@@ -101,18 +102,20 @@ def deformat_parameters(formatted: dict[Key, Any], space: dict[Key, Spec]) -> di
     return result
 
 
-def _is_nested(values: list[Any]) -> bool:
+def _is_nested(values: Sequence[object]) -> bool:
     return bool(values) and all(isinstance(v, dict) and "_name" in v for v in values)
 
 
-def _assign(params: dict[str, Any], key: Key, x: Any) -> None:
+def _assign(params: dict[str, object], key: Key, x: object) -> None:
     head = key[0]
     if isinstance(head, int):  # the option of a nested choice: its parameters sit beside `_name`
         _assign(params, key[1:], x)
     elif len(key) == 1:  # a key ends with a name
         params[head] = x
     else:
-        _assign(params.setdefault(head, {}), key[1:], x)
+        inner = params.setdefault(head, {})
+        assert isinstance(inner, dict)  # only _assign puts values here, and a name followed by more is a dict
+        _assign(inner, key[1:], x)
 
 
 class GridSearch:
@@ -135,7 +138,7 @@ class GridSearch:
                 self.grid.append([0.5])
                 self.divisions[i] = [d for d in ((0.0, 0.5), (0.5, 1.0)) if _less(d[0], d[1], spec)]
 
-    def next(self) -> dict[str, Any] | None:
+    def next(self) -> dict[str, object] | None:
         while True:
             formatted = self._suggest()
             if formatted is None:
@@ -146,10 +149,10 @@ class GridSearch:
                 self.history.add(text)
                 return params
 
-    def mark_tried(self, params: dict[str, Any]) -> None:
+    def mark_tried(self, params: dict[str, object]) -> None:
         self.history.add(json.dumps(params, sort_keys=True))
 
-    def _suggest(self) -> dict[Key, object] | None:
+    def _suggest(self) -> dict[Key, float] | None:
         while True:
             if self.grid is None:
                 return None
@@ -201,9 +204,9 @@ class GridSearch:
         if not updated:
             self.grid = None
 
-    def _current(self) -> dict[Key, object]:
+    def _current(self) -> dict[Key, float]:
         assert self.grid is not None and self.vector is not None
-        params: dict[Key, object] = {}
+        params: dict[Key, float] = {}  # categorical: the option's index; numerical: the point in [0, 1] mapped
         for i, spec in enumerate(self.specs):
             if spec.is_activated_in(params):
                 x = self.grid[i][self.vector[i]]
@@ -230,4 +233,5 @@ def _real(x: float, spec: Spec) -> float:
     if math.isinf(x):
         return x
     single = Spec(**{**spec.__dict__, "key": (spec.name,)})
-    return deformat_parameters({single.key: x}, {single.key: single})[spec.name]
+    # cast: a numerical parameter deformats to the float computed from x
+    return cast(float, deformat_parameters({single.key: x}, {single.key: single})[spec.name])

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nni_manager.types import SearchSpace
 from nni_manager.dispatcher.base import Dispatcher, DispatcherError, DispatcherEvents
+from nni_manager.dispatcher.tuners import ImportedTrial
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -105,7 +106,7 @@ class NniDispatcher(Dispatcher):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, events: DispatcherEvents, search_space: SearchSpace,
-                    history: list[dict[str, Any]]) -> None:
+                    history: list[ImportedTrial]) -> None:
         from aiohttp import web
 
         self._events = events

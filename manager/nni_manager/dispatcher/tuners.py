@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import TypedDict
 
 from nni_manager.types import SearchSpace
 from nni_manager import search_space as ss
 from nni_manager.config import ConfigError, TunerConfig
 from nni_manager.dispatcher.gridsearch import GridSearch
+from nni_manager.metrics import metric_number
 
 OPTIMIZE_MODES = ("maximize", "minimize")
+
+
+class ImportedTrial(TypedDict):
+    """An earlier trial as NNI's IMPORT_DATA carries it (a resumed experiment)."""
+
+    parameter: dict[str, object]
+    value: object  # the final result as reported: a number, or a dict whose "default" is one
 
 
 class Tuner:
@@ -27,11 +35,11 @@ class Tuner:
         self.space = space
         self.optimize_mode = optimize_mode
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None:
+    def generate_parameters(self, parameter_id: int) -> dict[str, object] | None:
         """Parameters for a new trial, or None once the tuner has nothing more to try."""
         raise NotImplementedError
 
-    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, object], value: float) -> None:
         """A trial's final metric (the number, or the dict's "default")."""
 
     def trial_end(self, parameter_id: int, success: bool) -> None:
@@ -41,11 +49,12 @@ class Tuner:
         """A new search space (NNI's UPDATE_SEARCH_SPACE)."""
         self.space = space
 
-    def import_data(self, data: list[dict[str, Any]]) -> None:
+    def import_data(self, data: list[ImportedTrial]) -> None:
         """Earlier trials (a resumed experiment), NNI's format: [{"parameter": {...}, "value": x | None}]."""
         for item in data:
-            if item.get("value") is not None:
-                self.receive_trial_result(-1, item["parameter"], item["value"])
+            value = metric_number(item["value"])  # the number receive_trial_result takes, as report_metric gives it
+            if value is not None:
+                self.receive_trial_result(-1, item["parameter"], value)
 
     def better(self, a: float, b: float | None) -> bool:
         """Whether metric `a` beats `b` under this tuner's optimize_mode."""
@@ -63,7 +72,7 @@ class RandomTuner(Tuner):
         self._rng = random.Random(seed)
         self._seen: set[str] = set()
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+    def generate_parameters(self, parameter_id: int) -> dict[str, object]:
         for _ in range(self._RETRIES):
             params = ss.sample(self.space, self._rng)
             key = _key(params)
@@ -72,7 +81,7 @@ class RandomTuner(Tuner):
         self._seen.add(key)
         return params
 
-    def import_data(self, data: list[dict[str, Any]]) -> None:
+    def import_data(self, data: list[ImportedTrial]) -> None:
         super().import_data(data)
         self._seen.update(_key(item["parameter"]) for item in data)
 
@@ -89,16 +98,16 @@ class GridSearchTuner(Tuner):
         super().update_search_space(space)
         self._grid = GridSearch(space)
 
-    def generate_parameters(self, parameter_id: int) -> dict[str, Any] | None:
+    def generate_parameters(self, parameter_id: int) -> dict[str, object] | None:
         return self._grid.next()
 
-    def import_data(self, data: list[dict[str, Any]]) -> None:
+    def import_data(self, data: list[ImportedTrial]) -> None:
         super().import_data(data)
         for item in data:
             self._grid.mark_tried(item["parameter"])
 
 
-def _key(params: dict[str, Any]) -> str:
+def _key(params: dict[str, object]) -> str:
     return json.dumps(params, sort_keys=True)
 
 

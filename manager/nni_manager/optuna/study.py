@@ -30,6 +30,7 @@ import yaml
 from nni_manager.types import SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
 from nni_manager.dispatcher.base import Dispatcher, DispatcherEvents, parameter_record
+from nni_manager.dispatcher.tuners import ImportedTrial
 from nni_manager.experiment import Experiment, TrialSummary
 from nni_manager.loader import load_config
 from nni_manager.optuna.storage import StorageProxy, open_storage, require_optuna
@@ -188,7 +189,7 @@ class StudySource(Dispatcher):
         self._tasks: set[asyncio.Future[None]] = set()
 
     async def start(self, events: DispatcherEvents, search_space: SearchSpace,
-                    history: list[dict[str, Any]]) -> None:
+                    history: list[ImportedTrial]) -> None:
         self._events = events
         self._offered = self.counted_before  # a resumed experiment's trials that count (StudyExperiment._resume)
 
@@ -388,7 +389,7 @@ class StudyExperiment(Experiment):
             self._resumed.discard(trial.trial_id)
         super()._trial_ended(trial)
 
-    async def _resume(self, ts: TrainingService) -> list[dict[str, Any]]:
+    async def _resume(self, ts: TrainingService) -> list[ImportedTrial]:
         """The earlier runs' trials, and which of them count: those whose Optuna trial is in the
         study (a FAIL left by a stop included, as Optuna counts it), or that ended FAILED by
         themselves (counts_without_optuna_trial); a resumed study runs to n_trials of them."""

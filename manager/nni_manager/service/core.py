@@ -31,7 +31,7 @@ from nni_manager.service.placement import AgentView, Decision, Placer, Request
 from nni_manager.service.agents import Agents
 from nni_manager.service.elastic import Elastic
 from nni_manager.service.scope import AgentScope
-from nni_manager.service.trials import CONTACT_LOST, Member, Trials, now_ms
+from nni_manager.service.trials import CONTACT_LOST, Member, Notes, Trials, now_ms
 from nni_manager.types import TrialJobDetail, TrialJobMetric, TrialJobStatus
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Background:
         if not task.cancelled() and task.exception() is not None:
             log.error("background task failed", exc_info=task.exception())
 
-    def notify(self, listeners: list[Listener], *args: Any) -> None:
+    def notify(self, listeners: list[Listener], *args: object) -> None:
         """Call each listener; a coroutine one runs in the background; a failing one is logged."""
         for cb in list(listeners):
             try:
@@ -198,8 +198,8 @@ class Core:
 
     def apply_records(self, agent_id: str, boot_id: str, last_seq: int, records: list[pb.Record]) -> None:
         trials, store = self.trials, self.trials.store
-        notes: list[tuple[str, Any]] = []
-        metrics: list[tuple[str, str, str, int, int, str, int, dict[str, Any]]] = []  # one executemany
+        notes: Notes = []
+        metrics: list[tuple[str, str, str, int, int, str, int, dict[str, object]]] = []  # one executemany
         allows, by_id = self.scope.allows, trials.by_id
         with trials.undone_on_failure({r.status.trial_id for r in records if r.HasField("status")}), \
                 store.transaction():
@@ -235,6 +235,7 @@ class Core:
             if what == "metric":
                 self.notify(metric_listeners, payload)
             elif what == "parameter":
+                assert isinstance(payload, tuple)  # (trial id, parameter index), appended above
                 self.notify(self.listeners.parameter, *payload)
             else:
                 self.notify(self.listeners.status, payload)
@@ -295,7 +296,7 @@ class Core:
             return base / "replicas" / self.agents.by_id[agent_id].member.label / name
         return base / name
 
-    def _metric_ok(self, agent_id: str, trial_id: str, data: str) -> dict[str, Any] | None:
+    def _metric_ok(self, agent_id: str, trial_id: str, data: str) -> dict[str, object] | None:
         """The metric decoded, when every reader (and NNI's tuner) can take it and the trial's budget
         allows it; else None, with a warning the first time per agent and trial, so that no reader
         ever meets it. The agent checks the same first: this is the trust boundary's own check."""
@@ -331,7 +332,7 @@ class Core:
             self.trials.change(t, message=f"{count:,} metric{s} refused by the manager (first: {first})")
 
     # ------------------------------------------------------------------ trials
-    def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: list[tuple[str, Any]] | None = None) -> None:
+    def apply_status(self, agent_id: str, st: pb.TrialStatus, notes: Notes | None = None) -> None:
         t = self.trials.by_id.get(st.trial_id)
         if t is None:
             return

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nni_manager.backends import agent_deps
-from nni_manager.backends.agent_command import inline_source
+from nni_manager.backends.agent_command import AgentCommand, inline_source
 from nni_manager.backends.kubernetes import boot
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def needs_shipping(report: dict[str, Any]) -> bool:
     return bool(report.get("fixes"))
 
 
-def probe_script(command: Any) -> str:
+def probe_script(command: AgentCommand) -> str:
     """sh for the probe container: find Python as the agent's pods do, then the boot step's check
     (inline, the wheel verified by its digest, as in the agent's pods)."""
     opts = ["--check", "--report", boot.TERMINATION_LOG, "--wheel", command.wheel, "--unpack-to", command.unpack_to]

@@ -147,7 +147,7 @@ class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
                 + yaml.safe_dump_all(objects, sort_keys=False))
         rbac = client.RbacAuthorizationV1Api(self._api)
         ours = labels(self.experiment_id)
-        creators: dict[str, Callable[..., Awaitable[Any]]] = {
+        creators: dict[str, Callable[..., Awaitable[object]]] = {
             "ServiceAccount": core.create_namespaced_service_account,
             "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding}
         for obj in barrier_objects(name, ns, named or [name], not named, ours):

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from nni_manager.backends.kubernetes import proxy
 from nni_manager.hub.address import host_port
@@ -143,7 +143,7 @@ class Tunnel:
     """Keeps idle port-forward streams to the relay and joins each paired one to the hub."""
 
     def __init__(self, api: ApiClient, namespace: str, pod: str, hub: Callable[[], str],
-                 on_gone: Callable[[], Any] | None = None, pool: int = POOL) -> None:
+                 on_gone: Callable[[], Awaitable[object]] | None = None, pool: int = POOL) -> None:
         self._api = api  # kubernetes.aio ApiClient: its host, credentials and TLS settings
         self.namespace, self.pod, self.pool = namespace, pod, pool
         self._hub = hub  # the hub's listening "host:port" (known once it started)
