@@ -81,12 +81,13 @@ def test_cancel_stops_trials_user_canceled(make_config) -> None:
 
     async def main() -> None:
         task = asyncio.create_task(experiment.run())
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 100  # both running well before their 120 s sleep ends, even under load
         while time.monotonic() < deadline:
             running = [t for t in experiment.trials.values() if t.status == TrialJobStatus.RUNNING]
             if len(running) == 2:
                 break
             await asyncio.sleep(0.05)
+        assert len(running) == 2, {t.trial_id: t.status for t in experiment.trials.values()}
         task.cancel()
         try:
             await task
