@@ -5,7 +5,6 @@ test_pods_platform.py, test_operator_platforms.py, test_restart.py, test_cleanup
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,7 @@ from nni_manager.backends.kubernetes.frameworkcontroller import FrameworkControl
 from nni_manager.backends.kubernetes.kubeflow import KubeflowBackend
 from nni_manager.backends.kubernetes.pods import PodsBackend
 from nni_manager.loader import load_config
-
-
-@dataclass
-class Ctx:
-    status: dict[str, str] = field(default_factory=dict)
-    failed: list[tuple[str, str, bool]] = field(default_factory=list)
-
-    def agent_status(self, agent_id: str, message: str) -> None:
-        self.status[agent_id] = message
-
-    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
-        self.failed.append((agent_id, reason, failed))
+from tests.support.kube.backend_ctx import Ctx
 
 
 def _tfjob_backend() -> tuple[KubeflowBackend, Ctx, Job, list[str]]:

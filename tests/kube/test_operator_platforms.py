@@ -17,7 +17,7 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status
 from tests.support.kube.fixtures import namespace_of
-from tests.support.kube.operators import (all_metrics, custom_api, experiment, gone, last_condition, nni_manager_cli, object_of, replica_views, role, run_async, stopped,
+from tests.support.kube.operators import (all_metrics, cancel_stops_every_replica, custom_api, experiment, gone, last_condition, nni_manager_cli, object_of, replica_views, role, run_async, stopped,
                                           task_role)
 
 NS = "default"
@@ -78,15 +78,7 @@ async def test_tfjob_cancel_stops_every_replica_and_deletes_the_job(kube_crd_ns,
                      worker=role(2), ps=role(1))
     async with create_training_service(cfg) as ts:
         job = await ts.submit_trial_job(form(0, forever=["ps", "worker"]))
-        await wait_status(ts, job.id, "RUNNING", timeout=60)
-        name = await object_of(kube, "tfjobs", KUBEFLOW, job.id)
-        views = await replica_views(ts, job.id, ["ps-0", "worker-0", "worker-1"])
-        await ts.cancel_trial_job(job.id)
-        done = await wait_status(ts, job.id, "USER_CANCELED", "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=60)
-        assert done.status == TrialJobStatus.USER_CANCELED, done.message
-        for seen in views.values():
-            await stopped(seen["pid"])
-        await gone(kube, "tfjobs", KUBEFLOW, name)
+        await cancel_stops_every_replica(ts, kube, "tfjobs", KUBEFLOW, job.id, ["ps-0", "worker-0", "worker-1"])
 
 
 @run_async

@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from nni_manager.backends.kubernetes.config import KubeConfig
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
-
-
-@dataclass
-class Ctx:
-    status: dict[str, str] = field(default_factory=dict)
-    failed: list[tuple[str, str, bool]] = field(default_factory=list)
-
-    def agent_status(self, agent_id: str, message: str) -> None:
-        self.status[agent_id] = message
-
-    def agent_failed(self, agent_id: str, reason: str, *, failed: bool = False) -> None:
-        self.failed.append((agent_id, reason, failed))
+from tests.support.kube.backend_ctx import Ctx
 
 
 def _tracker(ctx: Ctx, stuck: float = 300.0, start_timeout: float = 600.0) -> PodTracker:

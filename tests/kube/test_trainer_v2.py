@@ -15,8 +15,8 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.emulators import emulator_factory
 from tests.support.kube.fixtures import Kube, KubeNamespace, _test_namespace, namespace_of, start_emulator
-from tests.support.kube.operators import (TORCH_DISTRIBUTED, TRAINER, all_metrics, custom_api, experiment, gone, nni_manager_cli,
-                                          object_of, replica_views, role, run_async, stopped)
+from tests.support.kube.operators import (TORCH_DISTRIBUTED, TRAINER, all_metrics, cancel_stops_every_replica, custom_api, experiment, gone, nni_manager_cli,
+                                          object_of, replica_views, role, run_async)
 from tests.support.manager.helpers import form, until, wait_status
 
 @pytest.fixture(scope="module")
@@ -160,15 +160,7 @@ async def test_trainjob_cancel_stops_every_node_and_deletes_the_trainjob(kube_v2
     cfg = experiment(kube, tmp_path, "kubeflow", operator="trainer", reuseMode=False, worker=role(2))
     async with create_training_service(cfg) as ts:
         job = await ts.submit_trial_job(form(0, forever=["worker"]))
-        await wait_status(ts, job.id, "RUNNING", timeout=60)
-        name = await object_of(kube, "trainjobs", TRAINER, job.id)
-        views = await replica_views(ts, job.id, ["worker-0", "worker-1"])
-        await ts.cancel_trial_job(job.id)
-        done = await wait_status(ts, job.id, "USER_CANCELED", "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=60)
-        assert done.status == TrialJobStatus.USER_CANCELED, done.message
-        for seen in views.values():
-            await stopped(seen["pid"])
-        await gone(kube, "trainjobs", TRAINER, name)
+        await cancel_stops_every_replica(ts, kube, "trainjobs", TRAINER, job.id, ["worker-0", "worker-1"])
 
 
 @run_async

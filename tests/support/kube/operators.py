@@ -160,6 +160,23 @@ async def stopped(pid: int) -> None:
     await until(dead, 30, f"replica process {pid} to be stopped")
 
 
+async def cancel_stops_every_replica(ts: Any, kube: Any, plural: str, group_version: tuple[str, str], job_id: str,
+                                     replicas: list[str]) -> None:
+    """A running trial cancelled: USER_CANCELED, every replica's process stopped, its object deleted."""
+    from nni_manager.types import TrialJobStatus
+    from tests.support.manager.helpers import wait_status
+
+    await wait_status(ts, job_id, "RUNNING", timeout=60)
+    name = await object_of(kube, plural, group_version, job_id)
+    views = await replica_views(ts, job_id, replicas)
+    await ts.cancel_trial_job(job_id)
+    done = await wait_status(ts, job_id, "USER_CANCELED", "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=60)
+    assert done.status == TrialJobStatus.USER_CANCELED, done.message
+    for seen in views.values():
+        await stopped(seen["pid"])
+    await gone(kube, plural, group_version, name)
+
+
 def nni_manager_cli(*args: str) -> Any:
     import subprocess
     import sys
