@@ -302,10 +302,9 @@ def _client_class() -> Any:  # built on first use (no kubernetes.aio import befo
         async def fresh_credentials(self) -> None:
             """Client certificates (an exec plugin's: Pinniped, Teleport) renewed before they expire, and
             in use: a token is renewed by the configuration's hook, a certificate is not (no header), and
-            the TLS context holds it. A new context also keeps new requests off pooled connections
-            holds it: a new pool (session) with a new context keeps new requests off the connections
-            opened with the old certificate, which the API server refuses (401) on their next request
-            once it has expired. The old pool is closed RETIRE_S later (its watches may still stream)."""
+            the TLS context holds it. A new pool (session) with a new context keeps new requests off
+            the connections opened with the old certificate, which the API server refuses (401) on
+            their next request once it has expired. The old pool is closed RETIRE_S later (its watches may still stream)."""
             cfg = self.configuration
             if cfg.cert_file and self.credentials.stale():
                 await self.credentials.refresh(cfg, stale_only=True)
