@@ -113,7 +113,8 @@ def test_exec_plugin_tokens_are_renewed(kube, tmp_path: Path, with_expiry: bool)
     from nni_manager.backends.kubernetes.client import load_client
     from nni_manager.backends.kubernetes.config import KubeConfig
 
-    path, runs = exec_kubeconfig(kube, tmp_path, lifetime=2.5, with_expiry=with_expiry)
+    # a lifetime that outlasts the first call on a loaded machine (else that call itself renews it)
+    path, runs = exec_kubeconfig(kube, tmp_path, lifetime=10, with_expiry=with_expiry)
 
     async def body() -> None:
         api = await load_client(KubeConfig(kube_config=path))
@@ -121,7 +122,7 @@ def test_exec_plugin_tokens_are_renewed(kube, tmp_path: Path, with_expiry: bool)
             core = aio.CoreV1Api(api)
             await core.list_namespaced_pod("default")
             assert len(runs.read_text().split()) == 1
-            await asyncio.sleep(3.0)  # the token has expired: the emulator refuses it now
+            await asyncio.sleep(10.5)  # the token has expired: the emulator refuses it now
             first = runs.read_text().split()[0]
             from kubernetes.client.exceptions import ApiException
             with pytest.raises(ApiException) as refused:

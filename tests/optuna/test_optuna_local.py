@@ -362,7 +362,10 @@ def test_optuna_and_its_dashboard_see_the_study_while_it_runs(study_dir: Path) -
     API on loopback) show trials COMPLETE appear while the experiment is still running."""
     import urllib.request
 
-    proc, storage = start_study(study_dir, "objectives.py:slow", 4)
+    # the study (as `nni-manager optuna` makes it: load_if_exists) and the dashboard first, answering,
+    # so that a slow start of either on a loaded machine cannot hide the study while it runs
+    storage = f"sqlite:///{study_dir / 'study.db'}"
+    optuna.create_study(storage=storage, study_name="s")
     port = free_port()
     dashboard = subprocess.Popen([str(Path(sys.executable).parent / "optuna-dashboard"), storage, "--host",
                                   "127.0.0.1", "--port", str(port), "--quiet"],
@@ -373,6 +376,20 @@ def test_optuna_and_its_dashboard_see_the_study_while_it_runs(study_dir: Path) -
             (study,) = [s for s in json.load(r)["study_summaries"] if s["study_name"] == "s"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=10) as r:
             return [t["state"] for t in json.load(r)["trials"]]
+
+    def answering() -> bool:
+        try:
+            return dashboard_states() == []
+        except (ValueError, OSError):
+            return False
+
+    try:
+        wait_for(answering, 120)
+    except BaseException:
+        dashboard.kill()
+        raise
+    proc, started_storage = start_study(study_dir, "objectives.py:slow", 4)
+    assert started_storage == storage
 
     seen_by_optuna: set[int] = set()  # how many COMPLETE, observed while the experiment ran
     seen_by_dashboard: set[int] = set()

@@ -77,14 +77,21 @@ def optuna_bin() -> Iterator[Path]:
         pytest.skip(f"no wheelhouse at {WHEELHOUSE}: scripts/test.sh fills it (scripts/fill_wheelhouse.py)")
     root = Path(tempfile.mkdtemp(prefix="nop", dir="/tmp"))
     root.chmod(0o755)  # the SSH tests' user runs it (tmp_path_factory's folders are root's own)
-    shipped = set(Path.home().glob(".nni-agent/*/deps-*"))
     # the wheels the manager takes from the wheelhouse stay in a cache of this module's own: in the
     # session's cache (tests/conftest.py) they would make later "nothing to ship" workers usable
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("NNI_AGENT_WHEEL_CACHE", str(root / "wheel-cache"))
         yield make_worker_python(root, ["optuna", "grpcio", "protobuf"])
     shutil.rmtree(root, ignore_errors=True)
-    # what the manager shipped to root's home for this Python goes with it: later tests (a bare
-    # worker that must fail, tests/remote/test_bootstrap, test_no_worker, Slurm's) need it absent
+
+
+@pytest.fixture(scope="module")
+def optuna_bin_as_root(optuna_bin: Path) -> Iterator[Path]:
+    """`optuna_bin` for a worker that runs as root on this machine (Slurm's nodes): what the manager
+    ships to root's home for it goes with it, as later root-home tests (a bare worker that must fail,
+    Slurm's) need it absent. Only tests of the root-home group use it (tests/support/parallel.py): a
+    worker elsewhere would delete what a root-home test running meanwhile just shipped."""
+    shipped = set(Path.home().glob(".nni-agent/*/deps-*"))
+    yield optuna_bin
     for deps in set(Path.home().glob(".nni-agent/*/deps-*")) - shipped:
         shutil.rmtree(deps, ignore_errors=True)
