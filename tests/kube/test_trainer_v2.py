@@ -72,6 +72,16 @@ def test_emulator_refuses_what_the_trainer_api_refuses(kube_v2):
 
 # ----------------------------------------------------------------------------- experiments
 
+async def refused_at_start(cfg: Any, what: str) -> str:
+    """The training service refuses to start, in one line (returned)."""
+    with pytest.raises(Exception) as info:
+        async with create_training_service(cfg):
+            pytest.fail(f"the training service started {what}")
+    text = str(info.value)
+    assert "\n" not in text, text
+    return text
+
+
 @run_async
 async def test_trainjob_trial_runs_on_every_node_to_succeeded(kube_v2, tmp_path):
     kube = kube_v2
@@ -104,11 +114,8 @@ async def test_trainjob_trial_runs_on_every_node_to_succeeded(kube_v2, tmp_path)
 async def test_missing_runtime_is_one_line_naming_the_runtimes(kube_v2, tmp_path):
     cfg = experiment(kube_v2, tmp_path, "kubeflow", operator="trainer", trainingRuntime="torch-distribted",
                      worker=role(1))
-    with pytest.raises(Exception) as info:
-        async with create_training_service(cfg):
-            pytest.fail("the training service started with a runtime that does not exist")
-    text = str(info.value)
-    assert "\n" not in text and "'torch-distribted' does not exist" in text, text
+    text = await refused_at_start(cfg, "with a runtime that does not exist")
+    assert "'torch-distribted' does not exist" in text, text
     assert "this cluster has torch-distributed" in text and "trainingRuntime" in text, text
     assert custom_api(kube_v2).list_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs")["items"] == []
 
@@ -117,11 +124,8 @@ async def test_missing_runtime_is_one_line_naming_the_runtimes(kube_v2, tmp_path
 async def test_v1_operator_on_a_trainer_v2_cluster_says_set_operator_trainer(kube_v2, tmp_path):
     cfg = experiment(kube_v2, tmp_path, "kubeflow", operator="pytorch-operator", apiVersion="v1",
                      master=role(1), worker=role(1))
-    with pytest.raises(Exception) as info:
-        async with create_training_service(cfg):
-            pytest.fail("the training service started without the PyTorchJob kind")
-    text = str(info.value)
-    assert "\n" not in text and "PyTorchJob (kubeflow.org/v1) is not served" in text, text
+    text = await refused_at_start(cfg, "without the PyTorchJob kind")
+    assert "PyTorchJob (kubeflow.org/v1) is not served" in text, text
     assert "Kubeflow Trainer v2" in text and "`operator: trainer`" in text, text
 
 
@@ -130,11 +134,8 @@ async def test_v1_operator_on_a_trainer_v2_cluster_says_set_operator_trainer(kub
 async def test_cluster_with_neither_trainer_is_one_line_naming_what_to_install(kube_ns, tmp_path, operator):
     ts = {"operator": operator, "worker": role(1)} | ({"apiVersion": "v1"} if operator != "trainer" else {})
     cfg = experiment(kube_ns, tmp_path, "kubeflow", **ts)
-    with pytest.raises(Exception) as info:
-        async with create_training_service(cfg):
-            pytest.fail("the training service started on a cluster without any Kubeflow operator")
-    text = str(info.value)
-    assert "\n" not in text and "not served" in text, text
+    text = await refused_at_start(cfg, "on a cluster without any Kubeflow operator")
+    assert "not served" in text, text
     assert "neither Kubeflow Trainer v2 (TrainJob) nor the training operator" in text, text
     assert "install Kubeflow Trainer v2" in text and "training operator v1.8" in text, text
 
@@ -167,11 +168,8 @@ async def test_trainjob_cancel_stops_every_node_and_deletes_the_trainjob(kube_v2
 async def test_pod_spec_a_trainjob_cannot_carry_is_one_line_at_start(kube_v2, tmp_path):
     cfg = experiment(kube_v2, tmp_path, "kubeflow", operator="trainer", worker=role(1),
                      podSpec={"hostIPC": False, "containers": [{"name": "node", "imagePullPolicy": "IfNotPresent"}]})
-    with pytest.raises(Exception) as info:
-        async with create_training_service(cfg):
-            pytest.fail("the training service started with a podSpec no TrainJob can carry")
-    text = str(info.value)
-    assert "\n" not in text and "podSpec.containers[].imagePullPolicy, podSpec.hostIPC" in text, text
+    text = await refused_at_start(cfg, "with a podSpec no TrainJob can carry")
+    assert "podSpec.containers[].imagePullPolicy, podSpec.hostIPC" in text, text
     assert "runtimePatches" in text and "ClusterTrainingRuntime torch-distributed" in text, text
     assert custom_api(kube_v2).list_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs")["items"] == []
 
