@@ -283,11 +283,11 @@ class KubeJobs(JobPlatform):
     shared emulator (tests/support/kube/fixtures.py); pods on the emulator's host network dial the
     hub at nniManagerIp. Kubernetes has no stopped state: a job is stopped, by the manager or by
     anyone, by deleting its object, which then is in no listing; the namespace's events about it
-    outlive it, so `states` names such a job GONE (its stopped and clean state)."""
+    outlive it (those of its pods, `<object>-<role>-<index>`, where its operator records none), so
+    `states` names such a job GONE (its stopped and clean state)."""
 
     tag, reuse, running_state = "Kube", True, "Running"
     stopped_state, clean_states = GONE, (GONE,)  # clean_up deletes every object of the experiment
-    kind: ClassVar[str]  # the main object's kind, as events name it
     container: ClassVar[str]  # the agent's container in the job's pods
 
     def job_prefix(self, experiment_id: str) -> str:
@@ -320,9 +320,8 @@ class KubeJobs(JobPlatform):
         raise NotImplementedError
 
     def states(self, emu: Any, prefix: str) -> dict[str, str]:
-        events = emu.core().list_namespaced_event(emu.namespace).items
-        out = {e.involved_object.name: GONE for e in events
-               if e.involved_object.kind == self.kind and e.involved_object.name.startswith(prefix)}
+        events = emu.core().list_namespaced_event(emu.namespace).items  # of the objects and their pods
+        out = {e.involved_object.name.split("-")[0]: GONE for e in events if e.involved_object.name.startswith(prefix)}
         out.update({o["metadata"]["name"]: self.state_of(o) for o in self.objects(emu)
                     if o["metadata"]["name"].startswith(prefix)})
         return out
@@ -337,7 +336,7 @@ class KubeJobs(JobPlatform):
 class KubePods(KubeJobs):
     """platform: kubernetes, one plain pod per environment; its state is the pod's phase."""
 
-    name, fixture, kind, container = "kubernetes", "kube_ns", "Pod", "trial"
+    name, fixture, container = "kubernetes", "kube_ns", "trial"
     ended_states = (GONE, "Succeeded", "Failed")
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
@@ -359,41 +358,67 @@ class KubePods(KubeJobs):
         return ["deleted", name]
 
 
-class KubeTfJob(KubeJobs):
-    """platform: kubeflow with the training operator's TFJob (one worker); its state is the newest
-    true condition, as `kubectl get tfjob` shows it."""
+class KubeOperator(KubeJobs):
+    """A platform whose job is an operator's custom object (`api`: group, version, plural), with one
+    worker in the image the default emulator knows."""
 
-    name, fixture, tag, kind, container = "kubeflow-tfjob", "kube_crd_ns", "Tf", "TFJob", "tensorflow"
-    ended_states = (GONE, "Succeeded", "Failed")
-    api = ("kubeflow.org", "v1", "tfjobs")
+    fixture = "kube_crd_ns"
+    api: ClassVar[tuple[str, str, str]]
 
-    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+    def worker(self) -> dict[str, Any]:
         from tests.support.kube.harness import IMAGE
 
-        pod_spec = ts.pop("podSpec", None)
-        worker = {"replicas": 1, "command": "python3 trial.py", "cpuNumber": 0.5, "memorySize": "512mb",
-                  "dockerImage": IMAGE, **({"podSpec": pod_spec} if pod_spec else {})}
-        return self.service(emu, base, {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
-                                        "reuseMode": True, "pollInterval": "0.5s", "worker": worker, **ts})
+        return {"command": "python3 trial.py", "cpuNumber": 0.5, "memorySize": "512mb", "dockerImage": IMAGE}
 
-    def _custom(self, emu: Any) -> Any:
+    def custom(self, emu: Any) -> Any:
         from kubernetes import client
 
         return client.CustomObjectsApi(emu.api_client())
 
     def objects(self, emu: Any) -> list[dict[str, Any]]:
         group, version, plural = self.api
-        return self._custom(emu).list_namespaced_custom_object(group, version, emu.namespace, plural)["items"]
+        return self.custom(emu).list_namespaced_custom_object(group, version, emu.namespace, plural)["items"]
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`kubectl delete <kind> <name>`: its pods go with it."""
+        group, version, plural = self.api
+        self.custom(emu).delete_namespaced_custom_object(group, version, emu.namespace, plural, name)
+        return ["deleted", name]
+
+
+class KubeTfJob(KubeOperator):
+    """platform: kubeflow with the training operator's TFJob; its state is the newest true condition,
+    as `kubectl get tfjob` shows it."""
+
+    name, tag, container = "kubeflow-tfjob", "Tf", "tensorflow"
+    ended_states = (GONE, "Succeeded", "Failed")
+    api = ("kubeflow.org", "v1", "tfjobs")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        worker = {"replicas": 1, **self.worker()}
+        return self.service(emu, base, {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
+                                        "reuseMode": True, "pollInterval": "0.5s", "worker": worker, **ts})
 
     def state_of(self, obj: dict[str, Any]) -> str:
         true = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
         return str(true[-1]["type"]) if true else ""
 
-    def cancel_outside(self, emu: Any, name: str) -> list[str]:
-        """`kubectl delete tfjob`: its pods go with it."""
-        group, version, plural = self.api
-        self._custom(emu).delete_namespaced_custom_object(group, version, emu.namespace, plural, name)
-        return ["deleted", name]
+
+class KubeFramework(KubeOperator):
+    """platform: frameworkcontroller (one task role); its state is the Framework's status.state."""
+
+    name, tag, container = "frameworkcontroller", "Fc", "framework"
+    running_state, ended_states = "AttemptRunning", (GONE, "AttemptCompleted", "Completed")
+    api = ("frameworkcontroller.microsoft.com", "v1", "frameworks")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        role = {"name": "worker", "taskNumber": 1, "gpuNumber": 0, **self.worker(),
+                "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}
+        return self.service(emu, base, {"platform": "frameworkcontroller", "reuseMode": True, "pollInterval": "0.5s",
+                                        "taskRoles": [role], **ts})
+
+    def state_of(self, obj: dict[str, Any]) -> str:
+        return str((obj.get("status") or {}).get("state") or "")
 
 
-PLATFORMS = (*PLATFORMS, KubePods(), KubeTfJob())
+PLATFORMS = (*PLATFORMS, KubePods(), KubeTfJob(), KubeFramework())
