@@ -332,6 +332,24 @@ class KubeJobs(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]
 
+    def wait_clean(self, emu: Any, prefix: str) -> None:
+        """Every job ended and no process is left (JobPlatform's), and nothing labelled as the
+        experiment's is left in its namespace: no pod (nor the hub relay's), Secret, ConfigMap or Service."""
+        super().wait_clean(emu, prefix)
+        core, ns = emu.core(), emu.namespace
+
+        def left() -> dict[str, list[str]]:
+            found = {"pods": core.list_namespaced_pod(ns).items, "secrets": core.list_namespaced_secret(ns).items,
+                     "configmaps": core.list_namespaced_config_map(ns).items,
+                     "services": core.list_namespaced_service(ns).items}
+            return {kind: names for kind, objs in found.items() if (names := [
+                o.metadata.name for o in objs if self.job_prefix((o.metadata.labels or {}).get("expId", "")) == prefix])}
+
+        try:
+            emu.wait_for(lambda: not left(), 30, what="the experiment's objects to go")
+        except AssertionError:
+            raise AssertionError(f"left in namespace {ns}: {left()}") from None
+
 
 class KubePods(KubeJobs):
     """platform: kubernetes, one plain pod per environment; its state is the pod's phase."""
