@@ -320,7 +320,7 @@ def test_pod_killed_mid_trial_ends_it_with_the_reason_and_the_next_trial_gets_a_
             assert (await ts.get_trial_job(trial)).status == TrialJobStatus.SYS_CANCELED
 
             # a pod deleted under its trial (`kubectl delete pod`): the job-platform contract suite's
-            # (tests/platforms/test_job_contract.py, kubernetes)
+            # (tests/platforms/test_job_contract.py, `-k kube-pods`)
             last = await ts.submit_trial_job(form(2, steps=1))
             d = await wait_status(ts, last.id, "SUCCEEDED", timeout=T)
             envs.append(d.environment_id)

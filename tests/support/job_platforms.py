@@ -278,7 +278,7 @@ GONE = "(deleted)"  # what `states` calls a Kubernetes job whose object is gone 
 
 
 class KubeJobs(JobPlatform):
-    """The Kubernetes platforms (manager/nni_manager/backends/kubernetes): a job is an environment's
+    """The Kubernetes platforms (manager/nni_manager/backends/kubernetes; `-k kube`): a job is an environment's
     main object, `nniexp<exp><env>` (a DNS label), in the test's own namespace of the session's
     shared emulator (tests/support/kube/fixtures.py); pods on the emulator's host network dial the
     hub at nniManagerIp. Kubernetes has no stopped state: a job is stopped, by the manager or by
@@ -354,7 +354,7 @@ class KubeJobs(JobPlatform):
 class KubePods(KubeJobs):
     """platform: kubernetes, one plain pod per environment; its state is the pod's phase."""
 
-    name, fixture, container = "kubernetes", "kube_ns", "trial"
+    name, fixture, container = "kube-pods", "kube_ns", "trial"
     ended_states = (GONE, "Succeeded", "Failed")
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
@@ -408,7 +408,7 @@ class KubeTfJob(KubeOperator):
     """platform: kubeflow with the training operator's TFJob; its state is the newest true condition,
     as `kubectl get tfjob` shows it."""
 
-    name, tag, container = "kubeflow-tfjob", "Tf", "tensorflow"
+    name, tag, container = "kube-tfjob", "Tf", "tensorflow"
     ended_states = (GONE, "Succeeded", "Failed")
     api = ("kubeflow.org", "v1", "tfjobs")
 
@@ -425,7 +425,7 @@ class KubeTfJob(KubeOperator):
 class KubeFramework(KubeOperator):
     """platform: frameworkcontroller (one task role); its state is the Framework's status.state."""
 
-    name, tag, container = "frameworkcontroller", "Fc", "framework"
+    name, tag, container = "kube-framework", "Fc", "framework"
     running_state, ended_states = "AttemptRunning", (GONE, "AttemptCompleted", "Completed")
     api = ("frameworkcontroller.microsoft.com", "v1", "frameworks")
 
