@@ -332,6 +332,9 @@ class KubeJobs(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]
 
+    def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
+        return emu.wait_for(predicate, timeout, interval=0.3, what=what)  # each look is two or more API calls
+
     def wait_clean(self, emu: Any, prefix: str) -> None:
         """Every job ended and no process is left (JobPlatform's), and nothing labelled as the
         experiment's is left in its namespace: no pod (nor the hub relay's), Secret, ConfigMap or Service."""
