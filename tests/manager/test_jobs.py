@@ -483,3 +483,26 @@ def test_a_member_the_listing_says_ended_ends_alone_while_its_job_runs_on() -> N
         assert ctx.failed[1:] == [("w0", "PBS job 1.pbs is F", False), ("w2", "PBS job 1.pbs is F", False)]
 
     run(main())
+
+
+def test_a_running_member_whose_agent_has_not_dialled_says_so_over_its_own_words() -> None:
+    """JobView.members carrying a running pod's own words (Kubernetes: "waiting for the agent in pod
+    ... to connect") still say the agent has not dialled and what to check; a waiting member keeps
+    its own words, and a member that dialled hears no such line."""
+    ctx = Ctx()
+    b = backend(ctx)
+    spec = [AgentSpec(agent_id=f"w{i}", token="t", hub_address="10.0.0.1:8999",  # not dialed
+                      hub_unix_socket=Path("/dev/null")) for i in range(3)]
+
+    async def main() -> None:
+        await b.provision(EnvironmentRequest("env1", tuple(spec)))
+        b.queue["1.pbs"].state = "R"
+        ctx.connected.add("w2")
+        b.replicas = {"w0": ("running", "waiting for the agent in pod w0 to connect"),
+                      "w1": ("waiting", "pod w1 pulls its image"), "w2": ("running", "pod w2 runs")}
+        await b.poll()
+        assert ctx.status["w0"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled "
+                                           "10.0.0.1:8999 yet: if this lasts, check"), ctx.status  # not dialed
+        assert (ctx.status["w1"], ctx.status["w2"]) == ("pod w1 pulls its image", "pod w2 runs")
+
+    run(main())

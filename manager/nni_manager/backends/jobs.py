@@ -496,6 +496,12 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
                         continue
                     words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
                               f"yet: if this lasts, {self.check_hint(job)}")
+                    # a running member whose agent has not dialled says so too, not only its own
+                    # platform's words (a Kubernetes pod's "waiting for the agent ... to connect")
+                    members = {m: (ph, words if ph == "running" and not self.ctx.agent_connected(m) else w)
+                               for m, (ph, w) in view.members.items()}
+                    self._say(job, words, members)
+                    continue
             self._say(job, words, view.members)
 
     async def _views(self, everything: bool) -> dict[str, JobView]:
