@@ -139,6 +139,17 @@ class Kube(EmulatorHandle):
         """{"answered": {"429": n, ...}, "left": requests the current storm will still answer}."""
         return self._call("GET", "/emulator/v1/faults")
 
+    def requests(self, verb: str, resource: str, namespace: str = "") -> int:
+        """How many `verb` requests on `resource` (plural, or plural/subresource) in `namespace`
+        the API server served (after RBAC), e.g. requests("list", "events", ns)."""
+        return sum(r["count"] for r in self._call("GET", "/emulator/v1/requests")["requests"]
+                   if (r["verb"], r["resource"], r["namespace"]) == (verb, resource, namespace))
+
+    def end_watches(self, resource: str | None = None, expire: bool = False) -> int:
+        """End every open watch (of `resource`, a plural); `expire`: with the 410 Expired ERROR
+        event, and every older resourceVersion compacted away (a resume gets 410 Gone)."""
+        return self._call("POST", "/emulator/v1/watches/end", {"resource": resource, "expire": expire})["ended"]
+
     def restart(self, down: float = 1.0, delete_pods: list[tuple[str, str]] = ()) -> None:
         """Restart the API server (every connection drops; listening again after `down` s); the
         (namespace, name) pods are deleted while it is down."""

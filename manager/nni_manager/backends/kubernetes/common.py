@@ -30,7 +30,7 @@ from nni_manager.backends.kubernetes.main_objects import MainObjects
 from nni_manager.backends.kubernetes.objects import APP, labels, selector, storage_mount
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
 from nni_manager.backends.kubernetes.verdicts import MemberVerdicts
-from nni_manager.backends.kubernetes.watch import describe_pod, watch_pods
+from nni_manager.backends.kubernetes.watch import describe_pod, watch_events, watch_pods
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         self._retiring: set[asyncio.Task[None]] = set()  # deletions of jobs that ended on their own
         self._verdicts = MemberVerdicts(self)  # the tracker's context: pod verdicts through jobs.py
         self._watch: asyncio.Task[None] | None = None
+        self._event_watch: asyncio.Task[None] | None = None  # why environments wait (the start checks read it)
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
         self._start_check: asyncio.Task[None] | None = None
         self._tracker = self._new_tracker(self._verdicts)
@@ -105,12 +106,15 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         """Delete what `_prepare` made (by the experiment's labels)."""
 
     async def start(self, ctx: BackendContext) -> None:
-        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod watch and the start checks."""
+        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod and event watches and
+        the start checks."""
         self._tracker = self._new_tracker(self._verdicts)  # now: a platform may set `custom` in its __init__
         await super().start(ctx)
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
                                           name=f"{self.platform}-pod-watch")
+        self._event_watch = asyncio.create_task(watch_events(self._api, self.namespace, self._tracker.events.seen),
+                                                name=f"{self.platform}-event-watch")
         self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
                                                 name=f"{self.platform}-start-check")
         self._api.retry_connections = True
@@ -296,7 +300,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         """The watch and start checks end; jobs.py's stop-all (every object of the experiment,
         retried, "may still run" when the cluster cannot be listed), then `close`."""
         self._stopping = True
-        for task in (self._watch, self._start_check, *self._verdicts.tasks, *self._retiring):
+        for task in (self._watch, self._event_watch, self._start_check, *self._verdicts.tasks, *self._retiring):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

@@ -1,8 +1,8 @@
 """What the cluster says about an experiment's pods, as trial messages: each pod event from the
 watch (watch.py) becomes its agent's status or end, and environments not all of whose pods run
-are looked at every few seconds (object conditions, Warning events, the cluster autoscaler's
-words: starting.py) and fail after `environmentStartTimeout`, or at once when no node group can
-hold them.
+are looked at every few seconds (object conditions, and the Warning events and the cluster
+autoscaler's words the event watch delivered: starting.py) and fail after
+`environmentStartTimeout`, or at once when no node group can hold them.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from nni_manager.backends.base import BackendContext
 from nni_manager.backends.kubernetes import starting
 from nni_manager.backends.kubernetes.config import KubeConfig
+from nni_manager.backends.kubernetes.starting import Events
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class PodTracker:
     fit_note: str = ""  # a request no present node holds (nodes.too_big): said while its pods wait
     starting: dict[str, float] = field(default_factory=dict)  # env id -> when provisioned, until all its pods run
     pod_states: dict[str, str] = field(default_factory=dict)  # pod name -> describe_pod state (or "gone")
+    events: Events = field(default_factory=Events)  # fed by the event watch (watch.watch_events)
     warnings: dict[str, list[str]] = field(default_factory=dict)  # object or pod name -> its newest Warning events
     last_words: dict[str, str] = field(default_factory=dict)  # pod name -> what its last event said
     stuck_since: dict[str, float] = field(default_factory=dict)
@@ -57,29 +59,17 @@ class PodTracker:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.check_starts_once(*await client())
+                await self.check_starts_once((await client())[2])
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the API is retried below us; anything else must not stop the checks
                 log.warning("checking environments that have not started: %s", e)
 
-    async def check_starts_once(self, api: Any, core: Any, custom: Any) -> None:
+    async def check_starts_once(self, custom: Any) -> None:
         ctx, p = self.ctx, self.platform
         if ctx is None or not self.starting:
             return
-        refusals: dict[str, str] = {}
-        try:
-            events = [api.sanitize_for_serialization(e) for e in
-                      (await core.list_namespaced_event(p.namespace, field_selector="type=Warning")).items]
-            try:  # the cluster autoscaler's words are Normal events
-                events += [api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
-                    p.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
-            except Exception as e:
-                log.debug("listing the cluster autoscaler's events: %s", e)
-            self.warnings = starting.warnings_by_object(events)
-            refusals = starting.autoscaler_refusals(events)
-        except Exception as e:  # events are a courtesy (a Role without them still runs)
-            log.debug("listing events: %s", e)
+        self.warnings, refusals = self.events.warnings(), self.events.refusals()  # what the event watch saw
         timeout = p.kube.environment_start_timeout
         for env_id, since in list(self.starting.items()):
             pods = [n for n, _, _ in p.member_names(env_id)]
