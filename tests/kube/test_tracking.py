@@ -4,7 +4,6 @@ test_pods_platform.py, test_autoscaled.py, test_image_pull.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from nni_manager.backends.kubernetes.config import KubeConfig
@@ -12,8 +11,8 @@ from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
 from tests.support.kube.backend_ctx import Ctx
 
 
-def _tracker(ctx: Ctx, stuck: float = 300.0, start_timeout: float = 600.0) -> PodTracker:
-    platform = Platform(KubeConfig(namespace="ns1", environment_start_timeout=start_timeout), stuck, None,
+def _tracker(ctx: Ctx, stuck: float = 300.0) -> PodTracker:
+    platform = Platform(KubeConfig(namespace="ns1"), stuck, None,
                         "operator", lambda env: f"obj-{env}", lambda env: [(f"obj-{env}", "", 0)],
                         lambda pod: pod["metadata"]["name"])
     return PodTracker(platform, ctx)  # type: ignore[arg-type]
@@ -65,7 +64,7 @@ def _event(reason: str, message: str, kind: str = "Warning", component: str = "d
 def test_start_checks_say_why_and_fail_on_a_definite_no_from_the_autoscaler() -> None:
     ctx = Ctx()
     t = _tracker(ctx)
-    t.starting["env1"] = time.monotonic()
+    t.starting.add("env1")
     pending = _pod("obj-env1", "Pending")
     pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                         "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]
@@ -82,16 +81,6 @@ def test_start_checks_say_why_and_fail_on_a_definite_no_from_the_autoscaler() ->
     [(agent, words, failed)] = ctx.failed
     assert agent == "obj-env1" and failed and "NotTriggerScaleUp: pod didn't trigger scale-up" in words
     assert "env1" not in t.starting
-
-
-def test_start_checks_fail_an_environment_past_its_start_timeout() -> None:
-    ctx = Ctx()
-    t = _tracker(ctx, start_timeout=5.0)
-    t.starting["env1"] = time.monotonic() - 6.0
-    t.pod_event("ADDED", _pod("obj-env1", "Pending"))
-    asyncio.run(t.check_starts_once(None))
-    assert ctx.failed == [("obj-env1", "pod obj-env1 is starting (Pending) (not started within "
-                                       "environmentStartTimeout, 5 s)", True)]
 
 
 def test_the_event_watch_keeps_each_event_once_by_uid() -> None:

@@ -62,6 +62,11 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         self._start_check: asyncio.Task[None] | None = None
         self._tracker = self._new_tracker(self._verdicts)
 
+    @property
+    def start_deadline(self) -> float:
+        """jobs.py fails an environment none of whose pods all run by then (`environmentStartTimeout`)."""
+        return self.kube.environment_start_timeout
+
     def object_name(self, env_id: str) -> str:
         """NNI's naming: nniexp<exp>env<n> (lower-case: Kubernetes names are DNS labels)."""
         return f"nniexp{self.experiment_id.lower()}{env_id.replace('-', '')}"
@@ -184,14 +189,14 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._tracker.starting[job.env_id] = time.monotonic()
+        self._tracker.starting.add(job.env_id)
 
     async def _create_main(self, obj: dict[str, Any], name: str, job: Job) -> dict[str, Any]:
         """Create the environment's main object. A namespace ResourceQuota that has no room for one
         more pod now (count/pods, pods, cpu, memory: other experiments' pods hold it) makes the
         environment wait, its reason said on its members, until the start deadline; a 409 adopts the
         object this environment made already."""
-        deadline = time.monotonic() + self.kube.environment_start_timeout
+        deadline = time.monotonic() + self.start_deadline
         delay = 2.0
         while True:
             try:
@@ -268,7 +273,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
     async def forget(self, job: Job) -> None:
         """A job that ended on its own (or was released): its object and Secret go, after its
         operator's verdict, in the background (its members are told at once)."""
-        self._tracker.starting.pop(job.env_id, None)
+        self._tracker.starting.discard(job.env_id)
         if job.name in self._deleted or self._stopping:
             return
         task = asyncio.create_task(self._retire(job), name=f"{self.platform}-delete-{job.name}")
