@@ -301,7 +301,11 @@ def _test_namespace(shared: Kube, custom: tuple[tuple[str, str, str], ...] = ())
     shared.wait_for(lambda: not any(api.list_namespaced_custom_object(g, v, ns, p)["items"] for g, v, p in custom),
                     30, what=f"the custom objects of {ns} to go")
     for pod in core.list_namespaced_pod(ns).items:
-        core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+        except client.ApiException as e:
+            if e.status != 404:  # gone already: its owner's garbage collection took it since the list
+                raise
     shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
     shared.wait_for(lambda: not shared.leftover_processes(), 15,
                     what=f"the processes of {ns}'s pods to end (left: {shared.leftover_processes()})")

@@ -131,9 +131,9 @@ async def follow(api: ApiClient, list_fn: Callable[..., Any], namespace: str,
                 log.info("not watching %s in namespace %s (%s): the Role does not grant list and watch on them",
                          what, namespace, getattr(e, "reason", None) or e)
                 return
-            if status == 410:  # the version is older than the server keeps: list again and reconcile
+            if status == 410 or delay >= 4:  # the version is gone (or refused thrice): list again, reconcile
                 version = ""
-            else:  # a broken stream, an API server restart: watch again from the last version seen
+            if status != 410:  # a broken stream, an API server restart: watch again from the last version seen
                 log.warning("watching %s: %s", what, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
