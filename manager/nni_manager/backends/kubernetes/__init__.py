@@ -8,7 +8,7 @@ client.py   the official asyncio client: credentials (renewed), retries of trans
 access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
 starting.py why an environment has no running pod yet (object conditions, the watched Warning events)
 main_objects.py  an environment's main object (Pod or custom object) through one set of calls
-tracking.py pod events -> trial messages; environments that do not start (checked every 2 s) fail
+tracking.py pod events -> trial messages; why environments wait, from what the watches saw (jobs.py: the start deadline)
 watch.py    list once, then watch with bookmarks (resumed; re-listed on 410): the experiment's pods, the
             namespace's events; a pod's state in the cluster's words
 nodes.py    a request no present node holds: said while its pod waits (autoscalers add nodes)

@@ -111,8 +111,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         """Delete what `_prepare` made (by the experiment's labels)."""
 
     async def start(self, ctx: BackendContext) -> None:
-        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod and event watches and
-        the start checks."""
+        """jobs.py's start (`open`, re-attach, polls), then the pod and event watches and the start checks."""
         self._tracker = self._new_tracker(self._verdicts)  # now: a platform may set `custom` in its __init__
         await super().start(ctx)
         ours = selector({"app": APP, "expId": self.experiment_id})
