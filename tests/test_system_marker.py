@@ -26,7 +26,9 @@ def test_a_process_fixture_a_system_folder_or_a_listed_test_makes_a_system_test(
 
 def test_every_test_using_a_process_fixture_is_marked_system(tmp_path: Path) -> None:
     report = tmp_path / "markers.json"
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+    # --assert=plain: collecting runs no assert, so rewriting every test module's asserts (half the
+    # collection's CPU where bytecode is not cached) would be wasted.
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--assert=plain",
                         "-p", "tests.support.system_marker", "tests"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, REPORT_ENV: str(report)}, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -61,8 +63,10 @@ def test_the_audit_fails_an_unmarked_test_that_starts_a_process(tmp_path: Path) 
 def test_the_inner_loop_starts_no_process(tmp_path: Path) -> None:
     """The whole inner loop under the audit: every test `-m "not system"` selects runs without
     starting a process or a server (a new test that does fails here, naming where to mark it)."""
+    # --assert=plain: the audit judges what the tests start, not their assert messages (a failing test
+    # still fails the run); rewriting every module's asserts would cost half the collection's CPU.
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not system",
-                        "-p", "tests.support.system_audit", "-n", "0", "--basetemp", str(tmp_path / "t"), "tests"],
+                        "--assert=plain", "-p", "tests.support.system_audit", "-n", "0", "--basetemp", str(tmp_path / "t"), "tests"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200)
     out = r.stdout + r.stderr
     unmarked = sorted({line.split("StartedProcess: ", 1)[1].split(" is not marked", 1)[0]
