@@ -103,8 +103,8 @@ def marker_report(items: list[pytest.Item]) -> dict[str, MarkerInfo]:
 
 def holds_the_whole_suite(session: pytest.Session, tests_dir: Path) -> bool:
     """Whether this session collected every test under `tests_dir` and kept them all, so that its own
-    items are what `pytest --collect-only tests` run from the repository root would list (the full suite, as scripts/test.sh runs it;
-    an xdist worker collects them all too)."""
+    items are what `pytest --collect-only tests` run from the repository root would list (the full
+    suite, as scripts/test.sh runs it; an xdist worker collects them all too)."""
     config = session.config
     if config.stash.get(_DESELECTED, False) or config.option.continue_on_collection_errors:
         return False
