@@ -60,6 +60,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     write_groups(config, items)
 
 
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    from tests.support.system_marker import note_deselected
+
+    note_deselected(items)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """xdist's `xdist_group` marker on the suite's groups (tests/support/parallel.py), set as each test is
     collected: an xdist whose loadgroup works reads it in its own pytest_collection_modifyitems."""
