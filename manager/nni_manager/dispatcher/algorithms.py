@@ -16,7 +16,6 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -125,8 +124,8 @@ def _load(path: Path, *, builtin: bool) -> list[AlgoMeta]:
     return metas
 
 
-def _check_signature(cls: Any, args: dict[str, Any], path: str, name: str) -> None:
-    params = inspect.signature(cls.__init__).parameters
+def _check_signature(cls: type, args: dict[str, object], path: str, name: str) -> None:
+    params = inspect.signature(cls).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     known = [p for p in params if p != "self"]

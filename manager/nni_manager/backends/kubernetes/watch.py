@@ -82,7 +82,7 @@ def _name(raw: dict[str, Any]) -> str:
 
 async def follow(api: ApiClient, list_fn: Callable[..., Any], namespace: str,
                  on_event: Callable[[str, dict[str, Any]], None], *, what: str,
-                 key: Callable[[dict[str, Any]], str] = _name, courtesy: bool = False, **selectors: Any) -> None:
+                 key: Callable[[dict[str, Any]], str] = _name, courtesy: bool = False, **selectors: str) -> None:
     """List once, then watch from that resourceVersion with bookmarks, forever: `on_event(type,
     object dict)` for every object (listed ones as MODIFIED). A stream that ends or breaks is
     watched again from the last version seen (an object's or a bookmark's), so nothing is listed
