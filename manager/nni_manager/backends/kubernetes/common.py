@@ -27,7 +27,7 @@ from nni_manager.backends.kubernetes import nodes, owner, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.cluster import DRY_RUN_TRIAL, ClusterBackend, KubeOptionsT
 from nni_manager.backends.kubernetes.main_objects import MainObjects
-from nni_manager.backends.kubernetes.objects import APP, labels, selector, storage_mount
+from nni_manager.backends.kubernetes.objects import APP, labels, selector
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
 from nni_manager.backends.kubernetes.verdicts import MemberVerdicts
 from nni_manager.backends.kubernetes.watch import describe_pod, watch_events, watch_pods
@@ -82,16 +82,6 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
     # ------------------------------------------------------------------ Backend contract
     def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
         return self.pod_names(self.object_name(env_id))
-
-    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
-        """NNI's layout on the experiment's storage: <mount>/nni/<exp>/<trial>/output/<role>_output
-        (one folder per replica when a role has several), so checkpoints outlive the pod."""
-        root = storage_mount(self.kube.storage)
-        if not root:
-            return ""
-        replicas = next((r.replicas for r in self.kube.roles if r.name == role), 1)
-        leaf = f"{role or 'trial'}_{index}_output" if replicas > 1 else f"{role or 'trial'}_output"
-        return f"{root}/nni/{self.experiment_id}/{trial_id}/output/{leaf}"
 
     def _new_tracker(self, ctx: Any) -> PodTracker:
         return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
