@@ -19,7 +19,7 @@ The agent dials the manager and keeps one gRPC stream open; the manager never ne
 route to this machine. Trials keep running while the link is down; the agent redials
 with backoff and replays every unacknowledged status, metric and log chunk.
 
-Trials: each runs as `/bin/sh -c COMMAND` in its own session, with NNI's environment
+Trials: each runs as `/bin/sh -c COMMAND` (`exec COMMAND` for a simple command) in its own session, with NNI's environment
 (NNI_PLATFORM, NNI_EXP_ID, NNI_TRIAL_JOB_ID, NNI_SYS_DIR, NNI_OUTPUT_DIR, NNI_TRIAL_SEQ_ID,
 NNI_CODE_DIR, CUDA_VISIBLE_DEVICES, NNI_TRIAL_COMMAND_CHANNEL) and parameter.cfg in
 NNI_SYS_DIR; stdout/stderr go to trial.stdout/trial.stderr there. Metrics are read from

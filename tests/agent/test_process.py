@@ -88,3 +88,33 @@ def test_kill_tree_leaves_unmarked_processes_alone(tmp_path: Path) -> None:
         await reaper.wait_for(other)
 
     run(body)
+
+
+def test_a_simple_command_replaces_its_shell_and_the_rest_run_as_written() -> None:
+    from nni_agent.process import shell_line
+
+    assert shell_line("python3 train.py --lr 0.1") == "exec python3 train.py --lr 0.1"
+    assert shell_line("  python3 'my dir/t.py' $ARGS") == "exec   python3 'my dir/t.py' $ARGS"
+    assert shell_line("python3 -c 'import a; a.run() > 1'") == "exec python3 -c 'import a; a.run() > 1'"  # quoted
+    for command in ("cd sub && python3 t.py", "python3 t.py; echo done", "python3 t.py | tee log",
+                    "python3 t.py > out", "LR=1 python3 t.py", "exit 3", "export A=1", "(python3 t.py)",
+                    "python3 t.py &", "echo `date`", "python3 a.py\npython3 b.py", "if true; then :; fi", "",
+                    "echo a\\\nb"):
+        assert shell_line(command) == command, command
+
+
+def test_a_simple_trial_command_is_the_trial_process_and_failures_keep_the_shells_words(tmp_path: Path) -> None:
+    async def body() -> tuple[str, int, int]:
+        reaper = child_reaper()
+        pid = _spawn(tmp_path, f"{PY} -c 'import time; time.sleep(30)'")
+        proc = psutil.Process(pid)  # becomes the trial itself (without exec: a /bin/sh waiting for it)
+        await wait_until(lambda: proc.cmdline()[:1] == [PY], what="the shell to exec the trial")  # name() is cached
+        name = Path(proc.cmdline()[0]).name
+        os.kill(pid, signal.SIGTERM)
+        killed = os.waitstatus_to_exitcode(await reaper.wait_for(pid))
+        missing = os.waitstatus_to_exitcode(await reaper.wait_for(_spawn(tmp_path, "no-such-program-xyz --flag")))
+        return name, killed, missing
+
+    name, killed, missing = run(body)
+    assert name.startswith("python") and killed == -signal.SIGTERM
+    assert missing == 127 and "no-such-program-xyz: not found" in (tmp_path / "err").read_text()
