@@ -7,6 +7,7 @@ one platform does stays in that platform's folder. A new platform (the Kubernete
 joins by subclassing `JobPlatform` and adding an instance to `PLATFORMS`."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import urllib.request
@@ -18,6 +19,12 @@ import pytest
 from tests.support.manager.helpers import TRIAL
 
 STUCK_IMAGE = "stuck/image:1"
+T = 90.0  # the scenarios' polling timeout: generous, two cores shared with other test runs
+
+
+def run(coro: Any) -> Any:
+    """A scenario's body, bounded: a hung one fails instead of holding the run."""
+    return asyncio.run(asyncio.wait_for(coro, 240))
 
 
 def _code(base: Path) -> Path:
@@ -50,6 +57,9 @@ class JobPlatform:
     clean_states: ClassVar[tuple[str, ...]]  # the states clean_up leaves the experiment's jobs in
     not_dialled_words: ClassVar[tuple[str, ...]] = ()  # the platform's own words while an agent has not dialled
     stuck_pool: ClassVar[bool] = False  # `stuck` runs a pool: environments are tried until one starts, not one job
+    pool_only: ClassVar[bool] = False  # trials always run on a pool's jobs (no job of a trial's own)
+    failed_state: ClassVar[str] = ""  # the state of a trial's own job whose trial failed
+    fault_statuses: ClassVar[tuple[int, ...]] = ()  # what `inject_faults` makes the platform's API answer
 
     def param(self) -> Any:
         marks = [pytest.mark.xdist_group(self.group)] if self.group else []
@@ -88,6 +98,40 @@ class JobPlatform:
     def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
         return emu.wait_for(predicate, timeout, what=what)
 
+    def canceled_states(self) -> tuple[str, ...]:
+        """The states a trial's own job ends in once the user cancelled the trial."""
+        return (self.stopped_state,)
+
+    def trial_config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        """`config` with one job per trial, one trial at a time; a pool of one job where the
+        platform has pools only (`pool_only`)."""
+        data = self.config(emu, base, **({"reuseMode": False} if self.reuse and not self.pool_only else {}), **ts)
+        data["trialConcurrency"] = 1
+        return data
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """A config whose credentials the platform refuses (its emulator running), the words the
+        refusal at start must hold (the platform's reason, the field or role to fix), and the
+        refused secret, which it must not (None: a login's, not in the config)."""
+        pytest.skip(f"{self.name} has no credentials of its own to refuse (its commands run as the user)")
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        """An emulator of this test's own, whose API `inject_faults` may break."""
+        pytest.skip(f"{self.name} has no REST API to fail")
+
+    def inject_faults(self, emu: Any) -> None:
+        """Make the platform's API fail for a few seconds (errors, hangs), as it does on a bad day;
+        returns when the faults are over (`clear_faults` then ends any left)."""
+        raise NotImplementedError
+
+    def clear_faults(self, emu: Any) -> None:
+        emu.clear_faults()
+
+    def answered_statuses(self, emu: Any) -> set[int]:
+        """The HTTP statuses the platform's API answered the manager with."""
+        return {r["status"] for r in emu.requests()}
+
     # derived
     def job_of(self, prefix: str, trial_id: str, environment_id: str) -> str:
         """The name of the job running a trial: its environment's in a pool, else the trial's own."""
@@ -113,6 +157,7 @@ class OpenPai(JobPlatform):
     name, fixture, tag, reuse = "openpai", "pai_factory", "Pai", True
     running_state, stopped_state, ended_states = "RUNNING", "STOPPED", ("STOPPED", "SUCCEEDED", "FAILED")
     clean_states = ("STOPPED", "SUCCEEDED")  # succeeded: its agents were told to stop before PAI's STOP landed
+    failed_state, fault_statuses = "FAILED", (500,)
 
     def emulator(self, request: pytest.FixtureRequest) -> Any:
         return request.getfixturevalue("pai_factory")(rate_limits={"list": 0})  # the real one: 60 listings a minute
@@ -147,6 +192,25 @@ class OpenPai(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return (self.config(self.emulator(request), base, token="not-the-token-4242"),
+                ("401", "UnauthorizedUserError", "trainingService.token"), "not-the-token-4242")
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return self.emulator(request)  # already one of the test's own
+
+    def inject_faults(self, emu: Any) -> None:
+        """500s, then hangs, then reset connections, each for a while (PAI's rest-server behind pylon)."""
+        import time
+
+        emu.fault("error", status=500, seconds=3)
+        time.sleep(3.5)
+        emu.fault("hang", seconds=2, hang_seconds=5)
+        time.sleep(2.5)
+        emu.fault("reset", seconds=2)
+        time.sleep(2.5)
+
 
 class Dlts(JobPlatform):
     """NNI's v1 config (nnictl YAML) unchanged; DLTS runs one job per trial."""
@@ -154,6 +218,7 @@ class Dlts(JobPlatform):
     name, fixture, tag, reuse = "dlts", "dlts_in_shared", "Dlts", False
     running_state, stopped_state, ended_states = "running", "killed", ("finished", "failed", "killed", "paused")
     clean_states = ("finished", "killed")
+    failed_state, fault_statuses = "failed", (503,)
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         return {"authorName": "nni", "experimentName": "dlts", "trialConcurrency": 2, "maxExecDuration": "1h",
@@ -184,13 +249,30 @@ class Dlts(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.password()]
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return self.config(self.emulator(request), base, password="0" * 32), ("403", "Invalid token"), "0" * 32
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue("dlts_factory")()
+
+    def inject_faults(self, emu: Any) -> None:
+        """503s from the dashboard, then requests that hang."""
+        import time
+
+        emu.fault(503, count=20)
+        time.sleep(2)
+        emu.fault(None, count=3, hang=4)
+        time.sleep(3)
+
 
 class Aml(JobPlatform):
     """Logged in through the Azure CLI as the emulator's Contributor; AML runs a pool (reuse only)."""
 
     name, fixture, tag, reuse = "aml", "aml_in_shared", "Aml", True
     running_state, stopped_state, ended_states = "Running", "Canceled", ("Canceled", "Completed", "Failed")
-    clean_states, stuck_pool = ended_states, True
+    clean_states, stuck_pool, pool_only = ended_states, True, True
+    fault_statuses = (429, 503)
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
@@ -225,6 +307,27 @@ class Aml(JobPlatform):
     def processes(self, emu: Any) -> list[int]:
         return emu.live_pids()
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """Logged in as a Reader, who may look but not create environments."""
+        aml = self.emulator(request)
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for k, v in aml.env("reader").items():
+            monkeypatch.setenv(k, v)
+        return self.config(aml, base), ("403", "AuthorizationFailed", "AzureML Data Scientist"), None
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        from tests.support.aml.fixtures import logged_in
+
+        return logged_in(request.getfixturevalue("aml_factory")(), request.getfixturevalue("monkeypatch"))
+
+    def inject_faults(self, emu: Any) -> None:
+        """ARM throttles four requests (Retry-After honoured), then errors on four more."""
+        for status in (429, 503):
+            emu.fault(status, count=4)
+            emu.wait_for(lambda s=status: [r["status"] for r in emu.requests()].count(s) == 4, 60,
+                         what=f"four requests answered {status}")
+
 
 class Slurm(JobPlatform):
     """The real 2-node cluster (session-scoped, root's home group); reuse mode by default."""
@@ -234,6 +337,7 @@ class Slurm(JobPlatform):
     ended_states = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                     "OUT_OF_MEMORY", "DEADLINE")
     clean_states = ("COMPLETED", "CANCELLED")
+    failed_state = "FAILED"
     not_dialled_words = ("is RUNNING", "Slurm job", "agent-*.log")
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
@@ -253,6 +357,9 @@ class Slurm(JobPlatform):
 
     def live(self, emu: Any, prefix: str) -> list[str]:
         return sorted(j["name"] for j in emu.live_jobs(prefix))
+
+    def canceled_states(self) -> tuple[str, ...]:
+        return self.clean_states  # the agent ends its trial's job itself, unless the manager's scancel lands first
 
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         (job,) = emu.jobs(name)
