@@ -29,10 +29,10 @@ def test_rest_faults_for_a_while_lose_nothing(job_platform: JobPlatform, request
     cfg = load_config(p.config(emu, short_dir))
     metrics: dict[str, list[str]] = defaultdict(list)
 
-    async def main() -> str:
+    async def main() -> tuple[str, dict[str, int]]:
         async with create_training_service(cfg) as ts:
             ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
-            a = await ts.submit_trial_job(sleeper(short_dir, 0, "a"))
+            a = await ts.submit_trial_job(sleeper(short_dir, 0, "a", steps=3))
             await wait_status(ts, a.id, "RUNNING", timeout=T)
             faults = asyncio.create_task(asyncio.to_thread(p.inject_faults, emu))
             b = await ts.submit_trial_job(form(1, x=2, steps=2))  # its job is created through the faults
@@ -44,11 +44,13 @@ def test_rest_faults_for_a_while_lose_nothing(job_platform: JobPlatform, request
                 await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
             c = await ts.submit_trial_job(form(2, x=3, steps=2))  # the platform still serves the experiment
             await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
-            return f"nni_exp_{ts.experiment_id}_"
+            return f"nni_exp_{ts.experiment_id}_", {a.id: 4, b.id: 3, c.id: 3}  # each: its steps, then FINAL
 
-    prefix = run(main())
-    assert len(metrics) == 3 and all(ms and len(ms) == len(set(ms)) for ms in metrics.values()), metrics
+    prefix, expected = run(main())
+    assert {t: len(set(ms)) for t, ms in metrics.items()} == expected, metrics  # every metric ...
+    assert all(len(ms) == len(set(ms)) for ms in metrics.values()), metrics  # ... exactly once
     answered = p.answered_statuses(emu)
-    assert set(p.fault_statuses) <= answered, answered
+    assert p.fault_statuses and set(p.fault_statuses) <= answered, answered
+    assert any(str(s) in caplog.text for s in p.fault_statuses), caplog.text  # retried, and said so
     assert not any(s in caplog.text for s in p.secrets(emu))
     p.wait_clean(emu, prefix)
