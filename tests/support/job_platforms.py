@@ -125,8 +125,17 @@ class JobPlatform:
         returns when the faults are over (`clear_faults` then ends any left)."""
         raise NotImplementedError
 
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        """The next `count` requests that create a job are answered with a server error (5xx) and
+        create nothing."""
+        raise NotImplementedError
+
     def clear_faults(self, emu: Any) -> None:
         emu.clear_faults()
+
+    def fault_words(self) -> tuple[str, ...]:
+        """What the manager's log says of a fault it retries (one of these)."""
+        return tuple(str(s) for s in self.fault_statuses)
 
     def answered_statuses(self, emu: Any) -> set[int]:
         """The HTTP statuses the platform's API answered the manager with."""
@@ -211,6 +220,9 @@ class OpenPai(JobPlatform):
         emu.fault("reset", seconds=2)
         time.sleep(2.5)
 
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault("error", status=500, count=count, method="POST", path=r"/jobs$")
+
 
 class Dlts(JobPlatform):
     """NNI's v1 config (nnictl YAML) unchanged; DLTS runs one job per trial."""
@@ -264,6 +276,9 @@ class Dlts(JobPlatform):
         time.sleep(2)
         emu.fault(None, count=3, hang=4)
         time.sleep(3)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="POST", path=r"/jobs$")
 
 
 class Aml(JobPlatform):
@@ -328,6 +343,75 @@ class Aml(JobPlatform):
             emu.wait_for(lambda s=status: [r["status"] for r in emu.requests()].count(s) == 4, 60,
                          what=f"four requests answered {status}")
 
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="PUT", path=r"/jobs/nni_exp_")
+
+
+class Dlc(JobPlatform):
+    """NNI's config_dlc.yml fields, the official SDK signing with the AccessKey; DLC runs a pool (reuse only)."""
+
+    name, fixture, tag, reuse = "dlc", "dlc_in_shared", "Dlc", True
+    running_state, stopped_state, ended_states = "Running", "Stopped", ("Stopped", "Succeeded", "Failed")
+    clean_states, stuck_pool, pool_only = ("Stopped", "Succeeded"), True, True
+    fault_statuses = (500, 503)
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
+                "trialConcurrency": 2, "trialGracePeriod": 2, "experimentWorkingDirectory": str(base / "exps"),
+                "nniManagerIp": "127.0.0.1", "trainingService": emu.training_service(**ts)}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        dlc = request.getfixturevalue("dlc_factory")(images={STUCK_IMAGE: _stuck_bin(base)})
+        data = self.config(dlc, base, image=STUCK_IMAGE, agentConnectTimeout=timeout)
+        data["trialConcurrency"] = 1
+        return dlc, data
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["DisplayName"]: j["Status"] for j in emu.jobs() if j["DisplayName"].startswith(prefix)}
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """StopJob through the official SDK with the user's AccessKey, as the DLC console does."""
+        from alibabacloud_pai_dlc20201203.client import Client
+        from alibabacloud_tea_openapi.models import Config
+        from darabonba.runtime import RuntimeOptions
+
+        (job_id,) = [j["JobId"] for j in emu.jobs() if j["DisplayName"] == name]
+        client = Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
+                               region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file))
+        client.stop_job_with_options(job_id, {}, RuntimeOptions(ca=emu.ca_file))
+        return ["PAI-DLC job", "was stopped outside this experiment", job_id]
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.live_pids()
+
+    def secrets(self, emu: Any) -> list[str]:
+        return [emu.access_key_secret]
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return (self.config(self.emulator(request), base, accessKeySecret="not-the-secret"),
+                ("SignatureDoesNotMatch", "accessKeySecret"), "not-the-secret")
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue("dlc_factory")()
+
+    def fault_words(self) -> tuple[str, ...]:
+        return ("InternalError", "ServiceUnavailable")  # Alibaba Cloud's codes: the SDK keeps no HTTP status
+
+    def inject_faults(self, emu: Any) -> None:
+        """The gateway answers three InternalErrors, three ServiceUnavailables, then hangs twice."""
+        import time
+
+        for status in (500, 503):
+            emu.fault(status, count=3)
+            emu.wait_for(lambda s=status: [r["status"] for r in emu.requests()].count(s) == 3, 60,
+                         what=f"three requests answered {status}")
+        emu.fault(None, count=2, hang=4)
+        time.sleep(4.5)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="POST", path=r"^/api/v1/jobs$")  # CreateJob
+
 
 class Slurm(JobPlatform):
     """The real 2-node cluster (session-scoped, root's home group); reuse mode by default."""
@@ -373,4 +457,4 @@ class Slurm(JobPlatform):
         return emu.wait_for(predicate, timeout, what)
 
 
-PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Slurm())
+PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Dlc(), Slurm())
