@@ -116,6 +116,14 @@ class JobPlatform:
         refused secret, which it must not (None: a login's, not in the config)."""
         pytest.skip(f"{self.name} has no credentials of its own to refuse (its commands run as the user)")
 
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        """An emulator or cluster, a config (one job per trial where the platform has it), how many
+        running trials fill the room, and the platform's words while the next trial's job waits."""
+        pytest.skip(f"{self.name}'s emulator has no queue: its jobs never wait for room")
+
+    def let_waiting_run(self, emu: Any) -> None:
+        """Let a waiting job go, beyond the running trials ending (a queue's hold)."""
+
     def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
         """An emulator of this test's own, whose API `inject_faults` may break."""
         pytest.skip(f"{self.name} has no REST API to fail")
@@ -223,6 +231,11 @@ class OpenPai(JobPlatform):
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault("error", status=500, count=count, method="POST", path=r"/jobs$")
 
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        pai = self.emulator(request)  # the emulator's vc2 has room for one task
+        return pai, self.config(pai, base, reuseMode=False, virtualCluster="vc2"), 1, (
+            "WAITING", "virtual cluster vc2", "may be full")
+
 
 class Dlts(JobPlatform):
     """NNI's v1 config (nnictl YAML) unchanged; DLTS runs one job per trial."""
@@ -279,6 +292,14 @@ class Dlts(JobPlatform):
 
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault(503, count=count, method="POST", path=r"/jobs$")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        dlts = self.emulator(request)
+        dlts.hold("queued")  # the cluster's scheduler finds no room (dlts_in_shared lets go afterwards)
+        return dlts, self.config(dlts, base), 0, ("queued", "waiting for available resource")
+
+    def let_waiting_run(self, emu: Any) -> None:
+        emu.hold(None)
 
 
 class Aml(JobPlatform):
@@ -345,6 +366,14 @@ class Aml(JobPlatform):
 
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault(503, count=count, method="PUT", path=r"/jobs/nni_exp_")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        aml = self.emulator(request)
+        aml.hold("Queued")  # the compute cluster has no free node (aml_in_shared lets go afterwards)
+        return aml, self.config(aml, base), 0, ("Queued",)
+
+    def let_waiting_run(self, emu: Any) -> None:
+        emu.hold(None)
 
 
 class Dlc(JobPlatform):
@@ -444,6 +473,10 @@ class Slurm(JobPlatform):
 
     def canceled_states(self) -> tuple[str, ...]:
         return self.clean_states  # the agent ends its trial's job itself, unless the manager's scancel lands first
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        slurm = self.emulator(request)  # two nodes: the third job pends
+        return slurm, self.config(slurm, base, reuseMode=False), 2, ("PENDING", "Resources", "1 node(s)")
 
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         (job,) = emu.jobs(name)
