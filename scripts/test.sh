@@ -53,6 +53,10 @@ if [ ! -d .venv/old-protobuf/google/protobuf ]; then
       --target .venv/old-protobuf 'protobuf==3.19.6' >>.venv/setup.log 2>&1 \
     || echo "note: protobuf 3.19.6 could not be fetched; the trial-isolation tests will be skipped"
 fi
+# NNI's default image (msranni/nni:latest: CPython 3.8 with nni==3.0) and the agent's wheels for it, made
+# while setup may use the network: the default-image tests of AML, OpenPAI and Kubernetes run trials in it.
+.venv/bin/python -m tests.support.nni_image >>.venv/setup.log 2>&1 \
+  || echo "note: the msranni/nni:latest environment could not be made (see .venv/setup.log); its tests make it or skip saying why"
 .venv/bin/python scripts/gen_proto.py --check
 # Lint and type-check before the tests (config in pyproject.toml); any finding fails the run.
 .venv/bin/ruff check manager agent tests scripts

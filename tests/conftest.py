@@ -18,6 +18,12 @@ os.environ["no_proxy"] = os.environ["NO_PROXY"] = "127.0.0.1,localhost,::1"
 os.environ["NNI_AGENT_WHEEL_DOWNLOAD"] = "0"
 os.environ["NNI_AGENT_WHEEL_CACHE"] = tempfile.mkdtemp(prefix="nni-wheel-cache-")
 
+# Random and GridSearch run in the manager (nni_manager/dispatcher/__init__.py) unless a test's
+# subject is NNI's dispatcher (those delete this): NNI's dispatcher process imports nni (2.7 s of
+# CPU: scipy, pandas) and takes up to 3 s to exit, for every experiment. NNI's other algorithms,
+# assessors and className tuners still run in NNI's dispatcher.
+os.environ.setdefault("NNI_MANAGER_BUILTIN_TUNERS", "1")
+
 # Trial commands such as `python train.py` (NNI's usual form) must find the interpreter that
 # has this package installed, as they would in a user's activated virtual environment.
 _bin = os.path.dirname(sys.executable)
@@ -52,6 +58,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     mark_system(items)
     write_groups(config, items)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    from tests.support.system_marker import note_deselected
+
+    note_deselected(items)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

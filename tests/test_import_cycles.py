@@ -20,6 +20,7 @@ plug-in boundary is meant to be.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,12 @@ def import_graph(packages: tuple[Path, ...] = PACKAGES) -> dict[str, set[str]]:
                 if found and found != module:
                     graph[module].add(found)
     return graph
+
+
+@functools.cache
+def our_graph() -> dict[str, set[str]]:
+    """import_graph() of nni_manager and nni_agent, read once for the tests below (not to be changed)."""
+    return import_graph()
 
 
 def _is_import_module(func: ast.expr) -> bool:
@@ -139,7 +146,7 @@ def describe(group: list[str], graph: dict[str, set[str]]) -> str:
 
 
 def test_no_import_cycles() -> None:
-    graph = import_graph()
+    graph = our_graph()
     found = cycles(graph)
     assert not found, "import circles (move the shared part into a lower module, or depend on a Protocol):\n" + \
         "\n\n".join(describe(g, graph) for g in found)
@@ -186,4 +193,4 @@ def test_the_checker_sees_import_module_with_a_literal_name(tmp_path: Path) -> N
 def test_the_core_sees_hybrid_mode_only_through_the_backend_contract() -> None:
     """core.py asks `Backend.mixed_pool()`, never `isinstance(backend, HybridBackend)`: composition
     is the backend's business, so the core does not import the hybrid module."""
-    assert "nni_manager.service.hybrid" not in import_graph()["nni_manager.service.core"]
+    assert "nni_manager.service.hybrid" not in our_graph()["nni_manager.service.core"]

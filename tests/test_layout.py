@@ -8,6 +8,7 @@ scripts import only `tests.support`, and `tests.support` itself imports nothing 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,12 @@ def _imports(path: Path, source: str | None = None) -> Iterator[tuple[int, str]]
                 yield node.lineno, f"{module}.{alias.name}"
 
 
+@functools.cache
+def _file_imports(path: Path) -> tuple[tuple[int, str], ...]:
+    """`_imports(path)`, read once: the checks below look at scripts/ and tests/support twice."""
+    return tuple(_imports(path))
+
+
 def _sources(*dirs: str) -> list[Path]:
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts)
 
@@ -54,20 +61,20 @@ def _is_test_module(module: str) -> bool:
 
 def test_no_module_imports_from_conftest_or_test_modules() -> None:
     bad = [f"{p.relative_to(ROOT)}:{line}: imports {m} (move the helper into tests/support)"
-           for p in _sources("tests", "scripts") for line, m in _imports(p) if _is_test_module(m)]
+           for p in _sources("tests", "scripts") for line, m in _file_imports(p) if _is_test_module(m)]
     assert not bad, "\n".join(bad)
 
 
 def test_scripts_import_only_tests_support() -> None:
     bad = [f"{p.relative_to(ROOT)}:{line}: imports {m} (import from tests.support instead)"
-           for p in _sources("scripts") for line, m in _imports(p)
+           for p in _sources("scripts") for line, m in _file_imports(p)
            if (m == "tests" or m.startswith("tests.")) and not (m == "tests.support" or m.startswith("tests.support."))]
     assert not bad, "\n".join(bad)
 
 
 def test_support_imports_only_support() -> None:
     bad = [f"{p.relative_to(ROOT)}:{line}: imports {m} (tests/support must not depend on test packages)"
-           for p in _sources("tests/support") for line, m in _imports(p)
+           for p in _sources("tests/support") for line, m in _file_imports(p)
            if m.startswith("tests.") and not m.startswith("tests.support")]
     assert not bad, "\n".join(bad)
 

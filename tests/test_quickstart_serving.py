@@ -2,6 +2,7 @@
 without one (CI) the run ends by itself. The example itself, cut to 2 trials, in a private HOME."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import pty
 import re
@@ -20,7 +21,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest.importorskip("sklearn", reason="the quickstart's trials need scikit-learn (pip install '.[test]')")
+# Looked up, not imported: importing scikit-learn costs seconds at every collection, and the trials import it themselves.
+if importlib.util.find_spec("sklearn") is None:
+    pytest.skip("the quickstart's trials need scikit-learn (pip install '.[test]')", allow_module_level=True)
 
 
 def _run_line() -> list[str]:

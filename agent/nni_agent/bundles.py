@@ -13,7 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import hashlib
 
 from nni_agent.compat import to_thread
 from nni_agent.v1 import agent_pb2 as pb
@@ -34,7 +37,7 @@ class BundleCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._waiters: dict[str, asyncio.Future[Path]] = {}
-        self._parts: dict[str, tuple[Any, Any]] = {}  # digest -> (sha256 so far, open .part file)
+        self._parts: dict[str, tuple[hashlib._Hash, BinaryIO]] = {}  # digest -> (sha256 so far, open .part file)
         self._unpacking: dict[str, asyncio.Task[None]] = {}  # digest -> its unpack, all chunks in
 
     def path_for(self, digest: str) -> Path | None:

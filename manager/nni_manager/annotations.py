@@ -15,8 +15,7 @@ import ast
 import os
 import shutil
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from nni_manager.types import ParameterSpec, SearchSpace
 from nni_manager.config import ConfigError, ExperimentConfig
@@ -258,9 +257,9 @@ class _Rewriter(ast.NodeVisitor):
         table = ast.Dict(keys=[ast.Constant(value=k) for k in keys], values=[wrap(o) for o in options])
         return ast.Subscript(value=table, slice=_lookup(key), ctx=ast.Load())
 
-    def add(self, note: ast.stmt, name: str, func: str, values: list[Any]) -> str:
+    def add(self, note: ast.stmt, name: str, func: str, values: Sequence[object]) -> str:
         key = f"{self.module}/{name}/{func}"
-        spec: ParameterSpec = {"_type": "choice" if func == "function_choice" else func, "_value": values}
+        spec: ParameterSpec = {"_type": "choice" if func == "function_choice" else func, "_value": list(values)}
         if self.space.get(key, spec) != spec:
             raise self.error(note, f"`{name}` is annotated twice with different values",
                              "give each annotated parameter its own name")

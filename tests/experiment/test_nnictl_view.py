@@ -16,7 +16,7 @@ import pytest
 
 from nni_manager.experiment_lock import nni_manager_serving
 from tests.support.experiment.fixtures import BUILTIN_TUNERS, processes_under
-from tests.support.webui.nni_view import LOOPBACK_JS, node_why_not
+from tests.support.webui.nni_view import LOOPBACK_JS, nnictl_view, node_why_not
 
 CLI = [sys.executable, "-m", "nni_manager"]
 NNICTL = shutil.which("nnictl")
@@ -54,8 +54,7 @@ def test_nnictl_view_opens_our_stopped_experiment(make_config, tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     exp_id = re.search(r"Experiment (\w+) stopped", done.stdout).group(1)
     port = _free_port()
-    viewed = subprocess.run([NNICTL, "view", exp_id, "--port", str(port)], env=nni_env, capture_output=True, text=True,
-                            timeout=120)
+    viewed = nnictl_view(nni_env, exp_id, "--port", str(port))
     try:
         assert viewed.returncode == 0 and "Traceback" not in viewed.stderr, viewed.stdout + viewed.stderr
         api = f"http://127.0.0.1:{port}/api/v1/nni"

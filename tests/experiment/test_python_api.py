@@ -3,6 +3,7 @@ NNI's own notebook, and each of NNI's `Experiment` methods against what NNI 3.0 
 (nni/experiment/experiment.py and data.py: signatures, return shapes, REST calls)."""
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -342,6 +344,57 @@ def test_raising_max_trial_number_reopens_a_done_experiment(tmp_path: Path, home
         experiment.update_max_trial_number(3)  # not past what ended it: stays DONE
         assert experiment.get_status() == "DONE"
     finally:
+        experiment.stop()
+
+
+def test_a_reopen_while_the_ended_run_still_closes_never_reads_done(tmp_path: Path, home: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() returns once the status is DONE, while the ended run still stops its dispatcher and
+    backend; maxTrialNumber raised then reopens it, and no status read until the third trial ends
+    says DONE (the runner's finish("DONE") of the old run once showed DONE with 2 trials, under load).
+    The old run's close is held until the limit is raised, and manifest writes are slowed, so the
+    window that load opened is open every time."""
+    from nni_manager import Experiment
+    from nni_manager.experiment import Experiment as Loop
+    from nni_manager.webui.server import WebServer
+
+    raised = threading.Event()
+    making = Loop._make_dispatcher
+    syncing = WebServer.sync_manifest
+
+    async def held_close(self: Loop, *args: Any) -> Any:
+        dispatcher = await making(self, *args)
+        closing = dispatcher.stop
+
+        async def held_stop() -> None:
+            if not raised.is_set():  # the first run's close: until the test has raised the limit
+                await asyncio.to_thread(raised.wait, 120)
+            await closing()
+
+        dispatcher.stop = held_stop  # type: ignore[method-assign]
+        return dispatcher
+
+    async def slow_sync(self: WebServer) -> None:  # a loaded machine's disk
+        await asyncio.sleep(1.0)
+        await syncing(self)
+
+    monkeypatch.setattr(Loop, "_make_dispatcher", held_close)
+    monkeypatch.setattr(WebServer, "sync_manifest", slow_sync)
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}, "pause": {"_type": "choice", "_value": [0]}}
+    experiment = Experiment(_config(tmp_path, max_trial_number=2, search_space=space), "apitest5")
+    try:
+        assert experiment.run(port=0) is True  # DONE, with the old run's close still held
+        experiment.update_max_trial_number(3)
+        raised.set()
+        seen = []
+        while (status := experiment.get_status()) not in ("DONE", "STOPPED", "ERROR"):
+            seen.append(status)
+            time.sleep(0.05)
+        jobs = experiment.list_trial_jobs()
+        assert status == "DONE" and len(jobs) == 3, (status, len(jobs), seen)
+        assert {j.status for j in jobs} == {"SUCCEEDED"}
+    finally:
+        raised.set()
         experiment.stop()
 
 

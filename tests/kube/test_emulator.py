@@ -181,6 +181,47 @@ def test_watch_resource_version_and_410(kube_factory):
     assert ei.value.status == 410
 
 
+def test_event_watch_bookmarks_an_ended_stream_and_compaction(kube_factory):
+    """Events are watched like any resource: bookmarks carry the newest resourceVersion; after
+    compaction (`end_watches(expire=True)`) an open stream gets the 410 Expired Status and a resume
+    from an older version 410 Gone; requests are counted by verb."""
+    kube = kube_factory()
+    v1, ns = kube.core(), namespace_of(kube)
+
+    def event(name: str) -> None:
+        v1.create_namespaced_event(ns, {"metadata": {"name": name}, "type": "Warning", "reason": "Test",
+                                        "message": name, "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns}})
+
+    rv = v1.list_namespaced_event(ns).metadata.resource_version
+    event("e1")
+    lines = v1.list_namespaced_event_with_http_info(ns, watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                                                    timeout_seconds=7, _preload_content=False).data.splitlines()
+    got = [json.loads(line) for line in lines]
+    assert [(e["type"], e["object"]["metadata"].get("name")) for e in got][:1] == [("ADDED", "e1")]
+    bookmarks = [e["object"] for e in got if e["type"] == "BOOKMARK"]
+    assert bookmarks and bookmarks[-1]["kind"] == "Event" and int(bookmarks[-1]["metadata"]["resourceVersion"]) > int(rv)
+    assert kube.requests("watch", "events", ns) == 1 and kube.requests("list", "events", ns) == 1
+
+    async def expire_while_watching() -> list[dict]:
+        def stream() -> list[dict]:
+            resp = v1.list_namespaced_event_with_http_info(ns, watch=True, resource_version=rv, timeout_seconds=20,
+                                                           _preload_content=False)
+            return [json.loads(line) for line in resp.data.splitlines()]
+        task = asyncio.ensure_future(asyncio.to_thread(stream))
+        while kube.requests("watch", "events", ns) < 2:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        assert kube.end_watches("events", expire=True) == 1
+        return await task
+    got = asyncio.run(expire_while_watching())
+    assert got[0]["type"] == "ADDED" and got[-1]["type"] == "ERROR"
+    assert got[-1]["object"]["code"] == 410 and got[-1]["object"]["reason"] == "Expired"
+    assert got[-1]["object"]["message"].startswith("too old resource version: ")
+    with pytest.raises(ApiException) as ei:
+        list(watch.Watch().stream(v1.list_namespaced_event, ns, resource_version=rv, timeout_seconds=1))
+    assert ei.value.status == 410
+
+
 def test_pod_runs_volumes_logs_fallback_message(kube):
     v1 = kube.core()
     v1.create_namespaced_config_map(namespace_of(kube), {"metadata": {"name": "cfg"}, "data": {"k": "from-configmap"}})

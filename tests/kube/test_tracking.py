@@ -4,8 +4,6 @@ test_pods_platform.py, test_autoscaled.py, test_image_pull.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
-from types import SimpleNamespace
 from typing import Any
 
 from nni_manager.backends.kubernetes.config import KubeConfig
@@ -13,8 +11,8 @@ from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
 from tests.support.kube.backend_ctx import Ctx
 
 
-def _tracker(ctx: Ctx, stuck: float = 300.0, start_timeout: float = 600.0) -> PodTracker:
-    platform = Platform(KubeConfig(namespace="ns1", environment_start_timeout=start_timeout), stuck, None,
+def _tracker(ctx: Ctx, stuck: float = 300.0) -> PodTracker:
+    platform = Platform(KubeConfig(namespace="ns1"), stuck, None,
                         "operator", lambda env: f"obj-{env}", lambda env: [(f"obj-{env}", "", 0)],
                         lambda pod: pod["metadata"]["name"])
     return PodTracker(platform, ctx)  # type: ignore[arg-type]
@@ -58,49 +56,42 @@ def test_a_pod_stuck_pulling_fails_after_the_stuck_timeout_only() -> None:
     assert not ctx.failed and ctx.status["p1"] == "pod p1: ImagePullBackOff: m"
 
 
-def _events(*events: dict[str, Any]) -> Any:
-    async def list_namespaced_event(namespace: str, field_selector: str) -> Any:
-        assert namespace == "ns1"
-        wanted = [e for e in events if (field_selector == "type=Warning" and e["type"] == "Warning")
-                  or (field_selector == "source=cluster-autoscaler"
-                      and e["source"]["component"] == "cluster-autoscaler")]
-        return SimpleNamespace(items=wanted)
-    return SimpleNamespace(list_namespaced_event=list_namespaced_event)
-
-
 def _event(reason: str, message: str, kind: str = "Warning", component: str = "default-scheduler") -> dict[str, Any]:
-    return {"type": kind, "reason": reason, "message": message, "source": {"component": component},
+    return {"metadata": {"uid": f"uid-{reason}"}, "type": kind, "reason": reason, "message": message, "source": {"component": component},
             "involvedObject": {"name": "obj-env1"}, "lastTimestamp": "2026-01-01T00:00:00Z"}
 
 
 def test_start_checks_say_why_and_fail_on_a_definite_no_from_the_autoscaler() -> None:
     ctx = Ctx()
     t = _tracker(ctx)
-    api = SimpleNamespace(sanitize_for_serialization=lambda e: e)
-    t.starting["env1"] = time.monotonic()
+    t.starting.add("env1")
     pending = _pod("obj-env1", "Pending")
     pending["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                         "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]
     t.pod_event("ADDED", pending)
     t.fit_note = "no node has 8 GPUs"
-    core = _events(_event("FailedScheduling", "0/1 nodes are available"))
-    asyncio.run(t.check_starts_once(api, core, None))
+    t.events.seen("ADDED", _event("FailedScheduling", "0/1 nodes are available"))  # as the event watch delivers it
+    asyncio.run(t.check_starts_once(None))
     said = ctx.status["obj-env1"]
     assert said.startswith("pod obj-env1: FailedScheduling: 0/1 nodes") and said.endswith("no node has 8 GPUs")
     assert not ctx.failed and "env1" in t.starting
-    core = _events(_event("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu",
-                          "Normal", "cluster-autoscaler"))
-    asyncio.run(t.check_starts_once(api, core, None))
+    t.events.seen("ADDED", _event("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu",
+                                  "Normal", "cluster-autoscaler"))
+    asyncio.run(t.check_starts_once(None))
     [(agent, words, failed)] = ctx.failed
     assert agent == "obj-env1" and failed and "NotTriggerScaleUp: pod didn't trigger scale-up" in words
     assert "env1" not in t.starting
 
 
-def test_start_checks_fail_an_environment_past_its_start_timeout() -> None:
-    ctx = Ctx()
-    t = _tracker(ctx, start_timeout=5.0)
-    t.starting["env1"] = time.monotonic() - 6.0
-    t.pod_event("ADDED", _pod("obj-env1", "Pending"))
-    asyncio.run(t.check_starts_once(SimpleNamespace(sanitize_for_serialization=lambda e: e), _events(), None))
-    assert ctx.failed == [("obj-env1", "pod obj-env1 is starting (Pending) (not started within "
-                                       "environmentStartTimeout, 5 s)", True)]
+def test_the_event_watch_keeps_each_event_once_by_uid() -> None:
+    """A re-listed event (after 410 Gone) replaces itself; a Normal event that explains nothing is
+    not kept; an expired (DELETED) one is forgotten."""
+    t = _tracker(Ctx())
+    first = _event("FailedMount", "secret obj-env1-nni not found")
+    t.events.seen("ADDED", first)
+    t.events.seen("MODIFIED", {**first, "count": 2})  # the same event again, at the re-list
+    t.events.seen("ADDED", {**_event("Pulled", "image pulled", "Normal", "kubelet"), "metadata": {"uid": "u2"}})
+    assert t.events.warnings() == {"obj-env1": ["FailedMount: secret obj-env1-nni not found"]}
+    assert list(t.events.by_uid) == ["uid-FailedMount"]
+    t.events.seen("DELETED", first)
+    assert t.events.warnings() == {}

@@ -1,6 +1,6 @@
 """backends/jobs.py, the job pattern every batch platform builds on, decision by decision and in
 milliseconds: the platforms' state tables, and the algorithm (provision guard, poll, the
-"missing for 3 polls" rule, the agent connect timeout, ended reasons, re-attach, release,
+"missing for 3 polls" rule, the agent connect timeout, the start deadline, ended reasons, re-attach, release,
 stop-all) over `Pbs` below, a batch scheduler that keeps its queue in memory. `Pbs` is also the
 proof of the pattern's promise: a new scheduler is a submit / list / cancel trio and a state table.
 The platforms' own behaviour is tested end to end in tests/{openpai,dlts,aml,slurm}."""
@@ -139,6 +139,11 @@ class Pbs(JobBackend):
         self.unlisted: set[str] = set()  # jobs qstat leaves out (as a scheduler lists only its newest)
         self.detail = False  # whether `qstat -f <ref>` answers (the `describe` hook)
         self.replicas: dict[str, tuple[Phase, str]] = {}  # per-member states the listing carries (JobView.members)
+        self.deadline: float | None = None  # the start deadline (`start_deadline`; None: none)
+
+    @property
+    def start_deadline(self) -> float | None:
+        return self.deadline
 
     async def open(self) -> None:
         self.calls.append("open")
@@ -285,6 +290,57 @@ def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None
         assert reason.endswith("; the job was stopped")
         await b.poll()
         assert len(ctx.failed) == 1  # reported once
+
+    run(main())
+
+
+def test_a_job_not_started_by_the_start_deadline_is_failed_in_its_last_words_and_cancelled() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.deadline = 60.0
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
+
+    async def main() -> None:
+        await b.provision(env())
+        b.queue["1.pbs"].comment = " (no node has 8 GPUs)"
+        clock[0] += 60
+        await b.poll()
+        assert ctx.failed == [] and ctx.status["env1"] == "PBS job 1.pbs is Q (no node has 8 GPUs) (for 60 s)"
+        clock[0] += 1
+        await b.poll()
+        assert ctx.failed == [("env1", "PBS job 1.pbs is Q (no node has 8 GPUs) (not started within "
+                                       "environmentStartTimeout, 60 s)", True)]
+        assert b.queue["1.pbs"].state == "C"
+        await b.poll()
+        assert len(ctx.failed) == 1  # reported once
+
+    run(main())
+
+
+def test_the_start_deadline_waits_for_every_member_and_ends_once_the_job_started() -> None:
+    ctx = Ctx()
+    b = backend(ctx)
+    b.deadline = 60.0
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
+
+    async def main() -> None:
+        await b.provision(env())
+        b.queue["1.pbs"].state = "R"
+        b.replicas = {"env1": ("waiting", "pod p1: ImagePullBackOff: pulling")}  # its job runs; it does not
+        clock[0] += 61
+        await b.poll()
+        assert ctx.failed == [("env1", "pod p1: ImagePullBackOff: pulling (not started within "
+                                       "environmentStartTimeout, 60 s)", True)]
+        await b.provision(env("env2"))
+        b.queue["2.pbs"].state = "R"
+        b.replicas = {}
+        await b.poll()  # started: the deadline is behind it
+        b.queue["2.pbs"].state = "H"  # held again, long after
+        clock[0] += 600
+        await b.poll()
+        assert len(ctx.failed) == 1 and b.queue["2.pbs"].state == "H"
 
     run(main())
 
@@ -481,5 +537,28 @@ def test_a_member_the_listing_says_ended_ends_alone_while_its_job_runs_on() -> N
         b.queue["1.pbs"].state = "F"
         await b.poll()
         assert ctx.failed[1:] == [("w0", "PBS job 1.pbs is F", False), ("w2", "PBS job 1.pbs is F", False)]
+
+    run(main())
+
+
+def test_a_running_member_whose_agent_has_not_dialled_says_so_over_its_own_words() -> None:
+    """JobView.members carrying a running pod's own words (Kubernetes: "waiting for the agent in pod
+    ... to connect") still say the agent has not dialled and what to check; a waiting member keeps
+    its own words, and a member that dialled hears no such line."""
+    ctx = Ctx()
+    b = backend(ctx)
+    spec = [AgentSpec(agent_id=f"w{i}", token="t", hub_address="10.0.0.1:8999",  # not dialed
+                      hub_unix_socket=Path("/dev/null")) for i in range(3)]
+
+    async def main() -> None:
+        await b.provision(EnvironmentRequest("env1", tuple(spec)))
+        b.queue["1.pbs"].state = "R"
+        ctx.connected.add("w2")
+        b.replicas = {"w0": ("running", "waiting for the agent in pod w0 to connect"),
+                      "w1": ("waiting", "pod w1 pulls its image"), "w2": ("running", "pod w2 runs")}
+        await b.poll()
+        assert ctx.status["w0"].startswith("PBS job 1.pbs is R (for 0 s) but its agent has not dialled "
+                                           "10.0.0.1:8999 yet: if this lasts, check"), ctx.status  # not dialed
+        assert (ctx.status["w1"], ctx.status["w2"]) == ("pod w1 pulls its image", "pod w2 runs")
 
     run(main())

@@ -25,7 +25,7 @@ def test_a_trial_the_user_cancels_ends_user_canceled_and_its_job_is_stopped(
 
     async def main() -> str:
         async with create_training_service(cfg) as ts:
-            prefix = f"nni_exp_{ts.experiment_id}_"
+            prefix = p.job_prefix(ts.experiment_id)
             mine = await ts.submit_trial_job(sleeper(short_dir, 0, "mine"))
             d = await wait_status(ts, mine.id, "RUNNING", timeout=T)
             name = p.job_of(prefix, mine.id, d.environment_id)

@@ -1,7 +1,8 @@
 """What every job platform built on backends/jobs.py does, end to end through the real manager and
-the platform's emulator (OpenPAI, DLTS, AML) or the real Slurm cluster: one scenario, parametrized
-over tests/support/job_platforms.py, where each platform had its own copy. The platform's own
-words come from its adapter; what only one platform does stays in that platform's folder."""
+the platform's emulator (OpenPAI, DLTS, AML, Kubernetes and its operators) or the real Slurm
+cluster: one scenario, parametrized over tests/support/job_platforms.py, where each platform had
+its own copy. The platform's own words come from its adapter; what only one platform does stays
+in that platform's folder."""
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,7 @@ def test_manager_sigkill_and_restart_reattaches_running_jobs(job_platform: JobPl
     config.write_text(yaml.safe_dump(p.config(emu, tmp_path)))
     config.chmod(0o600)
     exp_dir = tmp_path / "exps" / exp
-    prefix = f"nni_exp_{exp}_"
+    prefix = p.job_prefix(exp)
     first = start_manager(exp, "new", 2, "--config", str(config), "--step-sleep", "0.3")
     _, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
     running = p.running(emu, prefix)
@@ -49,9 +50,9 @@ def test_manager_sigkill_and_restart_reattaches_running_jobs(job_platform: JobPl
     trials = check_resumed(exp_dir, out2, before)
     if p.reuse:
         assert {t.environment_id for t in trials} == {"env1", "env2"}
-        expected = [prefix + "env_1", prefix + "env_2"]
+        expected = [p.job_of(prefix, "", "env1"), p.job_of(prefix, "", "env2")]
     else:
-        expected = sorted(f"{prefix}trial_{t.id}" for t in trials)
+        expected = sorted(p.job_of(prefix, t.id, t.environment_id or "") for t in trials)
     assert sorted(p.states(emu, prefix)) == expected  # re-attached: the same jobs, no new one
     p.wait_clean(emu, prefix)
     for secret in p.secrets(emu):
@@ -70,7 +71,7 @@ def test_agent_that_never_dials_fails_its_trial_and_its_job_is_stopped(job_platf
 
     async def main() -> str:
         async with create_training_service(cfg) as ts:
-            prefix = f"nni_exp_{ts.experiment_id}_"
+            prefix = p.job_prefix(ts.experiment_id)
             t = await ts.submit_trial_job(form(0))
             msg = await message_with(ts, t.id, "has not dialled 127.0.0.1:", *p.not_dialled_words, timeout=T)
             assert "nniManagerIp" in msg and "Python" in msg, msg
@@ -80,7 +81,7 @@ def test_agent_that_never_dials_fails_its_trial_and_its_job_is_stopped(job_platf
             named = [n for n in p.states(emu, prefix) if n in d.message]
             assert len(named) == 1, (d.message, p.states(emu, prefix))
             if not p.stuck_pool:
-                assert named == [f"{prefix}trial_{t.id}"], named
+                assert named == [p.job_of(prefix, t.id, d.environment_id or "")], named
             # stopped by the backend now, not by the experiment's stop (a pool's every environment)
             await asyncio.to_thread(p.wait_for, emu, lambda: not p.live(emu, prefix), 60, "the job stopped")
             states = p.states(emu, prefix)
@@ -94,7 +95,7 @@ def test_agent_that_never_dials_fails_its_trial_and_its_job_is_stopped(job_platf
 def test_a_job_stopped_outside_the_experiment_ends_its_trial_sys_canceled_in_the_platforms_words(
         job_platform: JobPlatform, request: pytest.FixtureRequest, short_dir: Path) -> None:
     """Someone stops a running trial's job with the platform's own tools (PAI's STOP, DLTS' kill, the
-    studio's cancel, `scancel`): the trial ends SYS_CANCELED saying so in the platform's words, the
+    studio's cancel, `scancel`, `kubectl delete`): the trial ends SYS_CANCELED saying so in the platform's words, the
     experiment goes on (the next trial runs to SUCCEEDED on a job of its own), and clean_up leaves
     nothing behind."""
     p = job_platform
@@ -103,7 +104,7 @@ def test_a_job_stopped_outside_the_experiment_ends_its_trial_sys_canceled_in_the
 
     async def main() -> str:
         async with create_training_service(cfg) as ts:
-            prefix = f"nni_exp_{ts.experiment_id}_"
+            prefix = p.job_prefix(ts.experiment_id)
             theirs = await ts.submit_trial_job(sleeper(short_dir, 0, "theirs"))
             d = await wait_status(ts, theirs.id, "RUNNING", timeout=T)
             name = p.job_of(prefix, theirs.id, d.environment_id)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nni_manager.backends.rest_jobs import RestError
+from nni_manager.backends.base import BackendError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.job_platforms import JobPlatform, run
@@ -24,7 +24,7 @@ def test_credentials_the_platform_refuses_stop_the_start_in_one_line(
         async with create_training_service(cfg):
             raise AssertionError("started with credentials the platform refuses")
 
-    with pytest.raises(RestError) as err:
+    with pytest.raises(BackendError) as err:
         run(main())
     text = str(err.value)
     assert "\n" not in text and all(w in text for w in words), (words, text)

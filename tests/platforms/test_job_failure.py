@@ -28,7 +28,7 @@ def test_a_trial_that_fails_on_its_own_fails_saying_why_and_the_experiment_goes_
 
     async def main() -> tuple[str, str, str]:
         async with create_training_service(cfg) as ts:
-            prefix = f"nni_exp_{ts.experiment_id}_"
+            prefix = p.job_prefix(ts.experiment_id)
             ts.add_trial_job_metric_listener(lambda m: metrics[m.id].append(m.data))
             bad = await ts.submit_trial_job(form(0, action="fail", steps=1))
             d = await wait_status(ts, bad.id, "FAILED", timeout=T)

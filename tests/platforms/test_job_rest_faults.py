@@ -46,7 +46,7 @@ def test_rest_faults_for_a_while_lose_nothing(job_platform: JobPlatform, request
                 await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
             c = await ts.submit_trial_job(form(2, x=3, steps=2))  # the platform still serves the experiment
             await wait_status(ts, c.id, "SUCCEEDED", timeout=T)
-            return f"nni_exp_{ts.experiment_id}_", {a.id: 4, b.id: 3, c.id: 3}  # each: its steps, then FINAL
+            return p.job_prefix(ts.experiment_id), {a.id: 4, b.id: 3, c.id: 3}  # each: its steps, then FINAL
 
     prefix, expected = run(main())
     assert {t: len(set(ms)) for t, ms in metrics.items()} == expected, metrics  # every metric ...
@@ -93,7 +93,7 @@ def test_a_trial_submitted_while_the_api_fails_gets_its_job_once_it_answers(
             t = await ts.submit_trial_job(form(0, x=1, steps=1))
             d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=T)  # FAILED: at once, not at T
             assert d.status == TrialJobStatus.SUCCEEDED, d.message
-            return f"nni_exp_{ts.experiment_id}_"
+            return p.job_prefix(ts.experiment_id)
 
     prefix = run(main())
     given_up = [r.getMessage() for r in caplog.records if r.name == "nni_manager.service.elastic"]

@@ -24,7 +24,7 @@ def test_a_trial_whose_job_waits_for_room_says_so_in_the_platforms_words_then_ru
 
     async def main() -> str:
         async with create_training_service(cfg) as ts:
-            prefix = f"nni_exp_{ts.experiment_id}_"
+            prefix = p.job_prefix(ts.experiment_id)
             running = [await ts.submit_trial_job(sleeper(short_dir, i, f"r{i}")) for i in range(blockers)]
             theirs = set()
             for t in running:

@@ -12,8 +12,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from nni_agent import metric_check
+from nni_agent.metrics import LOGGED_REFUSALS
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.service import create_training_service
@@ -70,34 +73,53 @@ def _values(data: list[str]) -> list[object]:
     return [json.loads(json.loads(d)["value"]) for d in data]
 
 
+def _flood_record(trial_id: str, seq: int) -> str:
+    """What HOSTILE_TRIAL's msg("PERIODICAL", "1", seq) wrote."""
+    return json.dumps({"parameter_id": 0, "trial_job_id": trial_id, "type": "PERIODICAL", "sequence": seq, "value": "1"})
+
+
 def test_the_agent_refuses_hostile_values_and_a_flood(short_dir: Path) -> None:
-    async def body() -> tuple[Path, str, list[str], list[str], str]:
+    """Count-based, whatever the machine's speed: every metric sent is stored once, in order, or
+    counted as refused; the burst is stored whole; past it, no more than the refill rate for the
+    time the agent had (a slower machine only gives the refill more time, never a wrong count)."""
+    async def body() -> tuple[Path, str, list[str], list[str], str, float]:
         async with create_training_service(_config(short_dir)) as ts:
             heard: list[str] = []  # what NNI's dispatcher (its tuner) is handed
             ts.add_trial_job_metric_listener(lambda m: heard.append(m.data))
+            began = time.monotonic()  # before the agent's budget exists
             trial = await ts.submit_trial_job(form(0))
             await until(lambda: ts.trials.get(trial.id).status.is_terminal, 300, "the trial to end")
             await asyncio.sleep(0.5)
             detail = ts.trials.get(trial.id)
             assert detail.status == TrialJobStatus.SUCCEEDED, detail.message
             stored = [m["data"] for m in ts.trials.store.metrics(trial.id)]
-            return ts.experiment_dir, trial.id, stored, heard, detail.message
+            return ts.experiment_dir, trial.id, stored, heard, detail.message, time.monotonic() - began
 
-    experiment_dir, trial_id, stored, heard, message = asyncio.run(body())
+    experiment_dir, trial_id, stored, heard, message, budget_s = asyncio.run(body())
     finals = [d for d in stored if json.loads(d)["type"] == "FINAL"]
     assert _values(finals) == [0.75], [f[:200] for f in finals]  # the hostile FINALs are nowhere
     assert heard == stored
-    periodical = len(stored) - len(finals)
-    assert 90_000 <= periodical < FLOOD, periodical  # the burst is taken, the rest of the flood refused
-    assert "metrics refused" in message and "see the trial's log" in message, message
-    assert f"{FLOOD + 6 - len(stored):,} metrics refused" in message, message
+    assert [json.loads(d)["type"] for d in stored[:2]] == ["PERIODICAL", "FINAL"]  # in the order sent
+    assert _values(stored[:2]) == [0.5, 0.75]
+    flood = stored[2:]
+    seqs = [json.loads(d)["sequence"] for d in flood]
+    assert all(a < b for a, b in zip(seqs, seqs[1:])), "the flood's metrics are stored once each, in order"
+    assert flood == [_flood_record(trial_id, s) for s in seqs]  # byte for byte as the trial wrote them
+    burst = int(metric_check.BURST_METRICS) - 6  # the 6 records before the flood took a token each
+    assert seqs[:burst] == list(range(burst)), "the burst is stored whole"
+    refill = metric_check.METRICS_PER_S * budget_s
+    assert len(flood) <= burst + refill + 1, (len(flood), budget_s)  # past the burst: the refill rate only
+    refused = FLOOD + 6 - len(stored)  # what the agent counts: every metric sent and not stored
+    assert f"{refused:,} metrics refused" in message and "see the trial's log" in message, message
     log = (experiment_dir / "trials" / trial_id / "trial.stderr").read_text()
     refusals = [line for line in log.splitlines() if line.startswith("nni-agent: metric refused")]
-    assert len(refusals) == 20, log[-2000:]  # one line each, then only counted
+    assert len(refusals) == min(refused, LOGGED_REFUSALS), log[-2000:]  # one line each, then only counted
     assert "its value is nested 100000 levels deep" in refusals[0], refusals
     assert "the metric is nested 100001 levels deep" in refusals[1], refusals
     assert "lone UTF-16 surrogate" in refusals[2] and "not valid UTF-8" in refusals[3], refusals
-    assert "metrics a second" in refusals[4] and "counted, not logged" in refusals[-1], refusals
+    assert all("metrics a second" in line for line in refusals[4:]), refusals  # the flood's: its rate, no other
+    if refused >= LOGGED_REFUSALS:
+        assert "counted, not logged" in refusals[-1], refusals
     view = _trials_cli(experiment_dir)
     assert view.returncode == 0 and trial_id in view.stdout, view.stderr[-2000:]
 

@@ -3,8 +3,9 @@ fixture that runs its emulator or cluster, an experiment config in the platform'
 jobs' states in its own words, and how to make a job whose agent never dials the hub.
 
 The suite's scenarios are the ones every platform built on backends/jobs.py must pass; what only
-one platform does stays in that platform's folder. A new platform (the Kubernetes job backends)
-joins by subclassing `JobPlatform` and adding an instance to `PLATFORMS`."""
+one platform does stays in that platform's folder. A new platform joins by subclassing
+`JobPlatform` and adding an instance to `PLATFORMS`; where its jobs are named otherwise than
+jobs.py's `nni_exp_<id>_...` it says so in `job_prefix` and `job_of` (the Kubernetes platforms)."""
 from __future__ import annotations
 
 import asyncio
@@ -60,6 +61,10 @@ class JobPlatform:
     pool_only: ClassVar[bool] = False  # trials always run on a pool's jobs (no job of a trial's own)
     failed_state: ClassVar[str] = ""  # the state of a trial's own job whose trial failed
     fault_statuses: ClassVar[tuple[int, ...]] = ()  # what `inject_faults` makes the platform's API answer
+
+    def job_prefix(self, experiment_id: str) -> str:
+        """What the names of an experiment's jobs start with (backends/jobs.py `prefix`)."""
+        return f"nni_exp_{experiment_id}_"
 
     def param(self) -> Any:
         marks = [pytest.mark.xdist_group(self.group)] if self.group else []
@@ -491,3 +496,190 @@ class Slurm(JobPlatform):
 
 
 PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Dlc(), Slurm())
+
+
+GONE = "(deleted)"  # what `states` calls a Kubernetes job whose object is gone (see KubeJobs)
+
+
+class KubeJobs(JobPlatform):
+    """The Kubernetes platforms (manager/nni_manager/backends/kubernetes; `-k kube`): a job is an environment's
+    main object, `nniexp<exp><env>` (a DNS label), in the test's own namespace of the session's
+    shared emulator (tests/support/kube/fixtures.py); pods on the emulator's host network dial the
+    hub at nniManagerIp. Kubernetes has no stopped state: a job is stopped, by the manager or by
+    anyone, by deleting its object, which then is in no listing; the namespace's events about it
+    outlive it (those of its pods, `<object>-<role>-<index>`, where its operator records none), so
+    `states` names such a job GONE (its stopped and clean state)."""
+
+    tag, reuse, running_state = "Kube", True, "Running"
+    stopped_state, clean_states = GONE, (GONE,)  # clean_up deletes every object of the experiment
+    failed_state = GONE  # a failed trial's object is deleted too: Kubernetes keeps no failed job
+    container: ClassVar[str]  # the agent's container in the job's pods
+
+    def job_prefix(self, experiment_id: str) -> str:
+        return f"nniexp{experiment_id.lower()}"
+
+    def job_of(self, prefix: str, trial_id: str, environment_id: str) -> str:
+        """env1 in a pool, else trial-<id> (service/elastic.py): one object each, named for it."""
+        return prefix + (environment_id or f"trial-{trial_id}").lower().replace("-", "")
+
+    def service(self, emu: Any, base: Path, ts: dict[str, Any]) -> dict[str, Any]:
+        """The config with the platform's trainingService `ts` (tests/support/kube/harness.py)."""
+        from tests.support.kube.harness import config_dict
+
+        return config_dict(emu, base, ts, trialConcurrency=2)
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        """The pod runs what a `podSpec` override puts in the agent's container (as when debugging an
+        image): `sleep`, so the agent never starts."""
+        emu = self.emulator(request)
+        data = self.config(emu, base, reuseMode=False, agentConnectTimeout=timeout,
+                           podSpec={"containers": [{"name": self.container, "command": ["sleep", "600"]}]})
+        data["trialConcurrency"] = 1
+        return emu, data
+
+    def objects(self, emu: Any) -> list[dict[str, Any]]:
+        """The main objects in the test's namespace, as the API serves them."""
+        raise NotImplementedError
+
+    def state_of(self, obj: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        events = emu.core().list_namespaced_event(emu.namespace).items  # of the objects and their pods
+        out = {e.involved_object.name.split("-")[0]: GONE for e in events if e.involved_object.name.startswith(prefix)}
+        out.update({o["metadata"]["name"]: self.state_of(o) for o in self.objects(emu)
+                    if o["metadata"]["name"].startswith(prefix)})
+        return out
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.leftover_processes()
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """A kubeconfig whose bearer token the API server does not know."""
+        from tests.support.kube.harness import kubeconfig_with_token
+
+        emu = self.emulator(request)
+        kc = kubeconfig_with_token(emu, base / "kc", "not-a-token")
+        return self.config(emu, base, kubeConfig=str(kc)), ("401",), "not-a-token"
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        pytest.skip(f"{self.name}: the Kubernetes emulator takes no injected API faults (its watch's are tests/kube's)")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        pytest.skip(f"{self.name}: a pod waiting for a node's room is still tests/kube/test_pods_platform.py's")
+
+    def secrets(self, emu: Any) -> list[str]:
+        return [emu.token]
+
+    def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
+        return emu.wait_for(predicate, timeout, interval=0.3, what=what)  # each look is two or more API calls
+
+    def wait_clean(self, emu: Any, prefix: str) -> None:
+        """Every job ended and no process is left (JobPlatform's), and nothing labelled as the
+        experiment's is left in its namespace: no pod (nor the hub relay's), Secret, ConfigMap or Service."""
+        super().wait_clean(emu, prefix)
+        core, ns = emu.core(), emu.namespace
+
+        def left() -> dict[str, list[str]]:
+            found = {"pods": core.list_namespaced_pod(ns).items, "secrets": core.list_namespaced_secret(ns).items,
+                     "configmaps": core.list_namespaced_config_map(ns).items,
+                     "services": core.list_namespaced_service(ns).items}
+            return {kind: names for kind, objs in found.items() if (names := [
+                o.metadata.name for o in objs if self.job_prefix((o.metadata.labels or {}).get("expId", "")) == prefix])}
+
+        try:
+            emu.wait_for(lambda: not left(), 30, what="the experiment's objects to go")
+        except AssertionError:
+            raise AssertionError(f"left in namespace {ns}: {left()}") from None
+
+
+class KubePods(KubeJobs):
+    """platform: kubernetes, one plain pod per environment; its state is the pod's phase."""
+
+    name, fixture, container = "kube-pods", "kube_ns", "trial"
+    ended_states = (GONE, "Succeeded", "Failed")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        from tests.support.kube.harness import pods_service
+
+        return self.service(emu, base, pods_service(**{"reuseMode": True, "pollInterval": "0.5s", **ts}))
+
+    def objects(self, emu: Any) -> list[dict[str, Any]]:
+        from tests.support.kube.harness import pod_json
+
+        return pod_json(emu)
+
+    def state_of(self, obj: dict[str, Any]) -> str:
+        return str((obj.get("status") or {}).get("phase") or "")
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`kubectl delete pod`."""
+        emu.core().delete_namespaced_pod(name, emu.namespace)
+        return ["deleted", name]
+
+
+class KubeOperator(KubeJobs):
+    """A platform whose job is an operator's custom object (`api`: group, version, plural), with one
+    worker in the image the default emulator knows."""
+
+    fixture = "kube_crd_ns"
+    api: ClassVar[tuple[str, str, str]]
+
+    def worker(self) -> dict[str, Any]:
+        from tests.support.kube.harness import IMAGE
+
+        return {"command": "python3 trial.py", "cpuNumber": 0.5, "memorySize": "512mb", "dockerImage": IMAGE}
+
+    def custom(self, emu: Any) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(emu.api_client())
+
+    def objects(self, emu: Any) -> list[dict[str, Any]]:
+        group, version, plural = self.api
+        return self.custom(emu).list_namespaced_custom_object(group, version, emu.namespace, plural)["items"]
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`kubectl delete <kind> <name>`: its pods go with it."""
+        group, version, plural = self.api
+        self.custom(emu).delete_namespaced_custom_object(group, version, emu.namespace, plural, name)
+        return ["deleted", name]
+
+
+class KubeTfJob(KubeOperator):
+    """platform: kubeflow with the training operator's TFJob; its state is the newest true condition,
+    as `kubectl get tfjob` shows it."""
+
+    name, tag, container = "kube-tfjob", "Tf", "tensorflow"
+    ended_states = (GONE, "Succeeded", "Failed")
+    api = ("kubeflow.org", "v1", "tfjobs")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        worker = {"replicas": 1, **self.worker()}
+        return self.service(emu, base, {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
+                                        "reuseMode": True, "pollInterval": "0.5s", "worker": worker, **ts})
+
+    def state_of(self, obj: dict[str, Any]) -> str:
+        true = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+        return str(true[-1]["type"]) if true else ""
+
+
+class KubeFramework(KubeOperator):
+    """platform: frameworkcontroller (one task role); its state is the Framework's status.state."""
+
+    name, tag, container = "kube-framework", "Fc", "framework"
+    running_state, ended_states = "AttemptRunning", (GONE, "AttemptCompleted", "Completed")
+    api = ("frameworkcontroller.microsoft.com", "v1", "frameworks")
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        role = {"name": "worker", "taskNumber": 1, "gpuNumber": 0, **self.worker(),
+                "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}
+        return self.service(emu, base, {"platform": "frameworkcontroller", "reuseMode": True, "pollInterval": "0.5s",
+                                        "taskRoles": [role], **ts})
+
+    def state_of(self, obj: dict[str, Any]) -> str:
+        return str((obj.get("status") or {}).get("state") or "")
+
+
+PLATFORMS = (*PLATFORMS, KubePods(), KubeTfJob(), KubeFramework())

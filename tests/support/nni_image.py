@@ -3,7 +3,9 @@
 NNI's default image is Ubuntu 20.04 with Python 3.8 and `nni` installed (which brings psutil) but
 neither grpcio nor protobuf. Here: a venv of pyenv's CPython 3.8 with `nni==3.0` installed from
 the package index, made once and kept under `.venv/test-images/` (about 35 s and 0.5 GB the first
-time); tests skip, saying why, where no Python 3.8 or no index is available.
+time; minutes on a loaded machine), by scripts/test.sh's setup (`python -m tests.support.nni_image`)
+or else by the first test that needs it; tests skip, saying why, where no Python 3.8 or no index is
+available.
 """
 from __future__ import annotations
 
@@ -89,3 +91,16 @@ def cp38_wheelhouse() -> tuple[Path | None, str]:
             return None, "cannot download the agent's dependency wheels for CPython 3.8 (no package index?)"
         ready.write_text("cp38\n")
     return WHEELS, ""
+
+
+def main() -> int:
+    """`python -m tests.support.nni_image`: make both while setup may use the network (scripts/test.sh),
+    so that no test pays the install (minutes on a loaded machine) or reaches the package index."""
+    made = [nni_latest_bin(), cp38_wheelhouse()]
+    for found, why in made:
+        print(found if found is not None else f"not made: {why}")
+    return 0 if all(found is not None for found, _ in made) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,6 +5,9 @@ they are in, or, for a module that starts processes in its own body, by the shor
 `-p tests.support.system_audit` fails an unmarked test that starts a process or listens anyway."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TypedDict
+
 import pytest
 
 # Fixtures that start a process, a server or an emulator (a test using one through another fixture
@@ -77,6 +80,38 @@ def mark_system(items: list[pytest.Item]) -> None:
 
 
 REPORT_ENV = "NNI_TESTS_MARKER_REPORT"
+_DESELECTED = pytest.StashKey[bool]()
+
+
+def note_deselected(items: list[pytest.Item]) -> None:
+    """tests/conftest.py's pytest_deselected: a session that dropped tests (-k, -m, --deselect, --lf)
+    no longer holds the whole suite."""
+    if items:
+        items[0].config.stash[_DESELECTED] = True
+
+
+class MarkerInfo(TypedDict):
+    fixtures: list[str]
+    system: bool
+
+
+def marker_report(items: list[pytest.Item]) -> dict[str, MarkerInfo]:
+    """Every test's fixture closure and whether it is marked `system`."""
+    return {item.nodeid: {"fixtures": sorted(getattr(item, "fixturenames", ())),
+                          "system": item.get_closest_marker("system") is not None} for item in items}
+
+
+def holds_the_whole_suite(session: pytest.Session, tests_dir: Path) -> bool:
+    """Whether this session collected every test under `tests_dir` and kept them all, so that its own
+    items are what `pytest --collect-only tests` run from the repository root would list (the full
+    suite, as scripts/test.sh runs it; an xdist worker collects them all too)."""
+    config = session.config
+    if config.stash.get(_DESELECTED, False) or config.option.continue_on_collection_errors:
+        return False
+    if any(config.getoption(name, None) for name in ("ignore", "ignore_glob", "deselect")):
+        return False
+    where = config.invocation_params.dir  # run from the repository root (some parameters name files from there)
+    return where.resolve() == tests_dir.resolve().parent and config.args in (["tests"], [str(tests_dir)])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -88,6 +123,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump({item.nodeid: {"fixtures": sorted(getattr(item, "fixturenames", ())),
-                                     "system": item.get_closest_marker("system") is not None}
-                       for item in session.items}, f)
+            json.dump(marker_report(session.items), f)

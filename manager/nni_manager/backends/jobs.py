@@ -20,6 +20,8 @@ Everything else lives here: job names `nni_exp_<exp>_env_<n>` / `nni_exp_<exp>_t
 prefix, an earlier manager's too); the provision guard; `release`; the poll loop (one listing
 for all jobs, sooner when an agent dials early); the "missing for `missing_polls` polls" rule;
 `agentConnectTimeout` (a job that runs without its agents dialling in is failed and stopped);
+the start deadline (`start_deadline`, a platform's `environmentStartTimeout`: a job not started by
+then is failed and stopped, in its last words);
 stop-all bounded by `Backend.stop_deadline`; and how a job that ended on its own ends its trials
 (phase failed: FAILED, the trial's own doing; otherwise SYS_CANCELED, in the platform's words).
 """
@@ -120,6 +122,7 @@ class Job:
     ended: set[str] = field(default_factory=set)  # members that ended alone (JobView.members)
     since: float = field(default_factory=time.monotonic)
     running_since: float | None = None  # when the platform first said the job runs
+    started: bool = False  # the job and each of its members were seen running (no start deadline after)
     hub: str = ""  # the address its agents dial
 
 
@@ -237,6 +240,13 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
     def poll_interval(self) -> float:
         """How often one listing looks at every job (`pollInterval`)."""
         return self.opts.poll_interval or DEFAULT_POLL_INTERVAL
+
+    @property
+    def start_deadline(self) -> float | None:
+        """How long a submitted job may take to start (it runs and no member of it waits) before it is
+        failed and stopped, saying `environmentStartTimeout`; None (the default): as long as the
+        platform keeps it queued."""
+        return None
 
     @property
     def connect_timeout(self) -> float:
@@ -481,6 +491,8 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
                 await self._ended(job, view)
                 continue
             self._members_ended(job, view)
+            if not job.started and await self._past_start_deadline(job, view, now):
+                continue
             words = view.words
             if view.phase == "waiting":
                 words += f" (for {since(job.since, now)})"
@@ -496,7 +508,28 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
                         continue
                     words += (f" (for {since(job.running_since, now)}) but its agent has not dialled {self._hub(job)} "
                               f"yet: if this lasts, {self.check_hint(job)}")
+                    # a running member whose agent has not dialled says so too, not only its own
+                    # platform's words (a Kubernetes pod's "waiting for the agent ... to connect")
+                    members = {m: (ph, words if ph == "running" and not self.ctx.agent_connected(m) else w)
+                               for m, (ph, w) in view.members.items()}
+                    self._say(job, words, members)
+                    continue
             self._say(job, words, view.members)
+
+    async def _past_start_deadline(self, job: Job, view: JobView, now: float) -> bool:
+        """Whether the job, not started yet, was failed and stopped now for missing `start_deadline`
+        (its first waiting member's words, or the job's, then why); marks it started once it is."""
+        waiting = [words for phase, words in view.members.values() if phase == "waiting"]
+        if not waiting and view.phase == "running":
+            job.started = True
+            return False
+        deadline = self.start_deadline
+        if deadline is None or now - job.since <= deadline or job.released:
+            return False
+        await self._ended(job, JobView(job.name, "failed", f"{(waiting or [view.words])[0]} (not started within "
+                                                           f"environmentStartTimeout, {deadline:g} s)"), ours=True)
+        await self._cancel_quietly(job)
+        return True
 
     async def _views(self, everything: bool) -> dict[str, JobView]:
         """The listing (when `everything`), completed with `describe` for each tracked job it left out."""

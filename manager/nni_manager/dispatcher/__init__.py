@@ -4,7 +4,9 @@ With the `nni` package importable, every algorithm runs in NNI's own dispatcher 
 (`nni_process.NniDispatcher`), so all of NNI's built-in names and customised classes behave
 exactly as under NNI. Without it, the built-in Random and GridSearch run in process
 (`base.BuiltinDispatcher`) and any other name is a config error saying `pip install nni`.
-`NNI_MANAGER_BUILTIN_TUNERS=1` forces the built-in ones even where nni is installed.
+`NNI_MANAGER_BUILTIN_TUNERS=1` (a test knob) runs Random and GridSearch without an assessor in
+process even where nni is installed (NNI's dispatcher costs seconds of CPU to import `nni` and up to
+3 s to exit); every other algorithm still runs in NNI's dispatcher.
 """
 from __future__ import annotations
 
@@ -27,9 +29,20 @@ __all__ = ["BuiltinDispatcher", "Dispatcher", "DispatcherError", "DispatcherEven
 
 def nni_available() -> bool:
     """Whether NNI's dispatcher (`python -m nni`) can run with this Python."""
-    if os.environ.get("NNI_MANAGER_BUILTIN_TUNERS", "") not in ("", "0"):
-        return False
     return importlib.util.find_spec("nni") is not None
+
+
+def _in_process(config: ExperimentConfig) -> bool:
+    """Whether the built-in dispatcher runs this experiment's algorithms."""
+    if not nni_available():
+        return True
+    if os.environ.get("NNI_MANAGER_BUILTIN_TUNERS", "") in ("", "0"):
+        return False
+    from nni_manager.dispatcher.tuners import BUILTIN
+
+    tuner = config.tuner
+    return (tuner is not None and not tuner.class_name and tuner.kind != "advisor" and config.assessor is None
+            and tuner.name.lower() in {n.lower() for n in BUILTIN})
 
 
 def check_algorithms(config: ExperimentConfig) -> None:
@@ -40,7 +53,7 @@ def check_algorithms(config: ExperimentConfig) -> None:
     if config.search_space is None:
         raise ConfigError("searchSpace", "is required to run an experiment",
                           "add `searchSpace:` inline or `searchSpaceFile: search_space.json`")
-    if nni_available():
+    if not _in_process(config):
         from nni_manager.dispatcher.algorithms import check_nni_algorithm
 
         check_nni_algorithm(config.tuner, "advisor" if config.tuner.kind == "advisor" else "tuner")
@@ -80,7 +93,7 @@ def make_dispatcher(config: ExperimentConfig, experiment_dir: Path, *, resume: b
     check_algorithms(config)
     tuner = config.tuner
     assert tuner is not None
-    if not nni_available():
+    if _in_process(config):
         from nni_manager.dispatcher.tuners import make_tuner
 
         return BuiltinDispatcher(make_tuner(tuner, config.search_space), tuner.name)

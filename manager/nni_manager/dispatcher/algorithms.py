@@ -1,13 +1,23 @@
 """NNI's built-in algorithms checked before start, as NNI 2.x's nnictl did: the name (with a
 did-you-mean), the kind (an assessor named as the tuner), and the classArgs, by NNI's own
 ClassArgsValidator where the algorithm has one, else by its constructor's parameters. Without
-this, a misspelled tuner failed in NNI's dispatcher process after the experiment had started."""
+this, a misspelled tuner failed in NNI's dispatcher process after the experiment had started.
+
+The names come from NNI's own algorithm lists (its package's builtin_algorithms.yml and the
+user's registered_algorithms.yml from `nnictl algo register`), read as files: importing `nni`
+costs about 2.7 s of CPU (scipy, pandas), paid only when classArgs need NNI's validator."""
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
-from typing import Any
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from nni_manager.config import ConfigError, TunerConfig
 
@@ -29,11 +39,9 @@ def check_nni_algorithm(algo: TunerConfig, where: str) -> None:
     check_optimize_mode(algo, where)
     if algo.class_name or not algo.name:  # customised: NNI imports it from codeDirectory
         return
-    from nni.tools.package_utils import config_manager
-
     kind = "assessor" if algo.kind == "assessor" else "tuner"
-    metas = config_manager.get_all_algo_meta()
-    meta = config_manager.get_algo_meta(algo.name)
+    metas = algo_metas()
+    meta = next((m for m in metas if algo.name.lower() in (m.name.lower(), (m.alias or "").lower())), None)
     if meta is None or meta.algo_type != kind:
         names = [m.name for m in metas if m.algo_type == kind]
         by_lower = {n.lower(): n for n in names}
@@ -45,7 +53,7 @@ def check_nni_algorithm(algo: TunerConfig, where: str) -> None:
     args = dict(algo.class_args)
     if not args:
         return
-    validator_name = getattr(meta, "validator_class_name", None)
+    validator_name = meta.validator_class_name
     try:
         if validator_name:
             module, _, cls = validator_name.rpartition(".")
@@ -65,8 +73,59 @@ def check_nni_algorithm(algo: TunerConfig, where: str) -> None:
                           f"hpo/{kind}s.html)") from None
 
 
-def _check_signature(cls: Any, args: dict[str, Any], path: str, name: str) -> None:
-    params = inspect.signature(cls.__init__).parameters
+@dataclass(frozen=True)
+class AlgoMeta:
+    """One entry of NNI's algorithm lists (the fields of nni.tools.package_utils.common.AlgoMeta we use)."""
+
+    name: str
+    alias: str | None
+    class_name: str
+    validator_class_name: str | None
+    algo_type: str  # tuner (advisors included) or assessor
+
+
+def algo_metas() -> list[AlgoMeta]:
+    """NNI's built-in algorithms, then those the user registered, as nni's config_manager lists them."""
+    spec = importlib.util.find_spec("nni")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    package = Path(next(iter(spec.submodule_search_locations)))
+    metas = _load(package / "runtime" / "default_config" / "builtin_algorithms.yml", builtin=True)
+    return metas + _load(_nni_config_dir() / "registered_algorithms.yml", builtin=False)
+
+
+def _nni_config_dir() -> Path:
+    """nni.runtime.config.get_config_directory(), without importing nni or creating the folder."""
+    if os.environ.get("NNI_CONFIG_DIR") is not None:
+        return Path(os.environ["NNI_CONFIG_DIR"])
+    if sys.prefix != sys.base_prefix or Path(sys.prefix, "conda-meta").is_dir():
+        return Path(sys.prefix, "nni")
+    if sys.platform == "win32":
+        return Path(os.environ["APPDATA"], "nni")
+    return Path.home() / ".config" / "nni"
+
+
+def _load(path: Path, *, builtin: bool) -> list[AlgoMeta]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []  # NNI creates the user's list on first use; a broken one NNI itself would refuse later
+    metas = []
+    for section in ("tuner", "assessor", "advisor"):
+        for entry in doc.get(section + "s") or []:
+            if not isinstance(entry, dict) or "builtinName" not in entry:
+                continue
+            if not builtin and entry.get("source") == "nni":  # NNI <= 2.5 kept the built-ins in this file too
+                continue
+            metas.append(AlgoMeta(name=str(entry["builtinName"]), alias=entry.get("alias"),
+                                  class_name=str(entry.get("className", "")),
+                                  validator_class_name=entry.get("classArgsValidator"),
+                                  algo_type="assessor" if section == "assessor" else "tuner"))
+    return metas
+
+
+def _check_signature(cls: type, args: dict[str, object], path: str, name: str) -> None:
+    params = inspect.signature(cls).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         return
     known = [p for p in params if p != "self"]

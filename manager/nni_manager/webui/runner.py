@@ -48,7 +48,9 @@ class LiveWebUI:
             side.on_reopen = self._reopen
 
     def finish(self, phase: str, error: str | None = None) -> None:
-        if self.side is not None:
+        """How the run ended; a DONE run whose limit was raised while it still closed runs on
+        (reading DONE in between would end the waits of those who raised it)."""
+        if self.side is not None and not (phase == "DONE" and self._reopened):
             self.side.finish(phase, error)
 
     def _reopen(self) -> None:
@@ -64,21 +66,18 @@ class LiveWebUI:
         stopped. True when the experiment was reopened instead (maxTrialNumber raised): run it on."""
         if self.server is None:
             return False
-        self.serving_after_end = True
-        if self.server is not None:
+        if not self._reopened:  # not raised already, while the run still closed
+            self.serving_after_end = True
             await self.server.sync_manifest()
-        print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until {until}",
-              flush=True)
-        await self._released.wait()
+            print(f"nni-manager: the experiment {ended}; the WebUI stays at {self.server.url} until {until}",
+                  flush=True)
+            await self._released.wait()
         self._released.clear()
         reopened, self._reopened = self._reopened, False
         self.serving_after_end = not reopened
         if reopened:
-            if self.side is not None:  # finish() may have run after the limit was raised
-                self.side.phase, self.side.end_time = "RUNNING", None
             print("nni-manager: the limit was raised: the experiment runs on", flush=True)
-            if self.server is not None:
-                await self.server.sync_manifest()
+            await self.server.sync_manifest()
         return reopened
 
 

@@ -139,6 +139,17 @@ class Kube(EmulatorHandle):
         """{"answered": {"429": n, ...}, "left": requests the current storm will still answer}."""
         return self._call("GET", "/emulator/v1/faults")
 
+    def requests(self, verb: str, resource: str, namespace: str = "") -> int:
+        """How many `verb` requests on `resource` (plural, or plural/subresource) in `namespace`
+        the API server served (after RBAC), e.g. requests("list", "events", ns)."""
+        return sum(r["count"] for r in self._call("GET", "/emulator/v1/requests")["requests"]
+                   if (r["verb"], r["resource"], r["namespace"]) == (verb, resource, namespace))
+
+    def end_watches(self, resource: str | None = None, expire: bool = False) -> int:
+        """End every open watch (of `resource`, a plural); `expire`: with the 410 Expired ERROR
+        event, and every older resourceVersion compacted away (a resume gets 410 Gone)."""
+        return self._call("POST", "/emulator/v1/watches/end", {"resource": resource, "expire": expire})["ended"]
+
     def restart(self, down: float = 1.0, delete_pods: list[tuple[str, str]] = ()) -> None:
         """Restart the API server (every connection drops; listening again after `down` s); the
         (namespace, name) pods are deleted while it is down."""
@@ -290,7 +301,11 @@ def _test_namespace(shared: Kube, custom: tuple[tuple[str, str, str], ...] = ())
     shared.wait_for(lambda: not any(api.list_namespaced_custom_object(g, v, ns, p)["items"] for g, v, p in custom),
                     30, what=f"the custom objects of {ns} to go")
     for pod in core.list_namespaced_pod(ns).items:
-        core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+        except client.ApiException as e:
+            if e.status != 404:  # gone already: its owner's garbage collection took it since the list
+                raise
     shared.wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, what=f"the pods of {ns} to go")
     shared.wait_for(lambda: not shared.leftover_processes(), 15,
                     what=f"the processes of {ns}'s pods to end (left: {shared.leftover_processes()})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,6 +67,32 @@ def node_why_not() -> str | None:
     return None
 
 
+# NNI's launcher (nni/experiment/launcher.py, _check_rest_server) gives the node manager it starts
+# 3 tries 1 s apart to answer /check-status, then kills it and fails ("Connection refused"). Node
+# loads NNI's modules first: measured on the 2-core test machine under the same load (3 busy
+# loops), 7 to 17 s at the default priority, 2.2 to 2.6 s at nice -10. So `nnictl view` runs at a
+# raised priority where the tests may raise it (as root), and runs again on that failure only, as
+# a user would; NNI's code is not touched.
+VIEW_ATTEMPTS = 3
+VIEW_NICE = ["nice", "-n", "-10"] if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("nice") else []
+
+
+def launcher_gave_up(done: subprocess.CompletedProcess[str]) -> bool:
+    """Whether `nnictl view` failed because NNI's launcher stopped waiting for its own server."""
+    return done.returncode != 0 and "_check_rest_server" in done.stdout + done.stderr
+
+
+def nnictl_view(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`nnictl view ARGS`, its server given the CPU NNI's launcher expects, run again while the
+    launcher gave up on it."""
+    for _ in range(VIEW_ATTEMPTS):
+        done = subprocess.run([*VIEW_NICE, *nnictl_command(), "view", *args], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if not launcher_gave_up(done):
+            break
+    return done
+
+
 class NniView:
     """`nnictl view ID --experiment_dir DIR --port P` with HOME=`home`; `api` is its REST base."""
 
@@ -78,7 +105,7 @@ class NniView:
         preload.write_text(LOOPBACK_JS)
         self.env = {**os.environ, "HOME": str(home), "NODE_OPTIONS": f"--require {preload}"}
         self.pid: int | None = None
-        self.started = self.nnictl("view", experiment_id, "--port", str(self.port), "--experiment_dir",
+        self.started = nnictl_view(self.env, experiment_id, "--port", str(self.port), "--experiment_dir",
                                    str(working_dir), timeout=timeout)
         entry = self.entry()
         if isinstance(entry.get("pid"), int):

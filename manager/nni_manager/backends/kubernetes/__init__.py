@@ -6,10 +6,11 @@ objects.py  the objects built without a cluster: an environment's Secret and pod
 hub_relay.py  the hub relay's objects made, re-created when evicted, deleted at stop (tunnel.py: streams)
 client.py   the official asyncio client: credentials (renewed), retries of transient errors, one-line errors
 access.py   every verb the experiment needs, asked at start (SelfSubjectAccessReview)
-starting.py why an environment has no running pod yet (object conditions, Warning events)
+starting.py why an environment has no running pod yet (object conditions, the watched Warning events)
 main_objects.py  an environment's main object (Pod or custom object) through one set of calls
-tracking.py pod events -> trial messages; environments that do not start (checked every 2 s) fail
-watch.py    list + watch of the experiment's pods (re-list after a gap); a pod's state in the cluster's words
+tracking.py pod events -> trial messages; why environments wait, from what the watches saw (jobs.py: the start deadline)
+watch.py    list once, then watch with bookmarks (resumed; re-listed on 410): the experiment's pods, the
+            namespace's events; a pod's state in the cluster's words
 nodes.py    a request no present node holds: said while its pod waits (autoscalers add nodes)
 probe.py    the image probe pod (deps.py): waits through a long pull or a node being made, up to the start deadline
 config.py   the platforms' config fields (NNI's, v1 spellings too)

@@ -62,10 +62,19 @@ class ClusterBackend(JobBackend[KubeOptionsT, "list[dict[str, Any]]"]):
         self.deps_uploaded = 0  # bytes of dependency wheels this experiment uploaded (0: all cached)
         self._owner: dict[str, Any] | None = None  # the ownerReference every object names (owner.py)
 
-
     @property
     def kube(self) -> KubeOptionsT:
         return self.opts
+
+    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
+        """NNI's layout on the experiment's storage: <mount>/nni/<exp>/<trial>/output/<role>_output
+        (one folder per replica when a role has several), so checkpoints outlive the pod."""
+        root = kube_objects.storage_mount(self.kube.storage)
+        if not root:
+            return ""
+        replicas = next((r.replicas for r in self.kube.roles if r.name == role), 1)
+        leaf = f"{role or 'trial'}_{index}_output" if replicas > 1 else f"{role or 'trial'}_output"
+        return f"{root}/nni/{self.experiment_id}/{trial_id}/output/{leaf}"
 
     @property
     def reuse(self) -> bool:

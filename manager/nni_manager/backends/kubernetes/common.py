@@ -27,10 +27,10 @@ from nni_manager.backends.kubernetes import nodes, owner, tunnel
 from nni_manager.backends.kubernetes.client import KubeError, api_error
 from nni_manager.backends.kubernetes.cluster import DRY_RUN_TRIAL, ClusterBackend, KubeOptionsT
 from nni_manager.backends.kubernetes.main_objects import MainObjects
-from nni_manager.backends.kubernetes.objects import APP, labels, selector, storage_mount
+from nni_manager.backends.kubernetes.objects import APP, labels, selector
 from nni_manager.backends.kubernetes.tracking import Platform, PodTracker
 from nni_manager.backends.kubernetes.verdicts import MemberVerdicts
-from nni_manager.backends.kubernetes.watch import describe_pod, watch_pods
+from nni_manager.backends.kubernetes.watch import describe_pod, watch_events, watch_pods
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,15 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         self._retiring: set[asyncio.Task[None]] = set()  # deletions of jobs that ended on their own
         self._verdicts = MemberVerdicts(self)  # the tracker's context: pod verdicts through jobs.py
         self._watch: asyncio.Task[None] | None = None
+        self._event_watch: asyncio.Task[None] | None = None  # why environments wait (the start checks read it)
         self._nodes: list[nodes.Node] | None = None  # None: unknown (nodes may not be listed), no check
         self._start_check: asyncio.Task[None] | None = None
         self._tracker = self._new_tracker(self._verdicts)
+
+    @property
+    def start_deadline(self) -> float:
+        """jobs.py fails an environment none of whose pods all run by then (`environmentStartTimeout`)."""
+        return self.kube.environment_start_timeout
 
     def object_name(self, env_id: str) -> str:
         """NNI's naming: nniexp<exp>env<n> (lower-case: Kubernetes names are DNS labels)."""
@@ -76,16 +82,6 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
     # ------------------------------------------------------------------ Backend contract
     def member_names(self, env_id: str) -> list[tuple[str, str, int]]:
         return self.pod_names(self.object_name(env_id))
-
-    def trial_output_directory(self, agent_id: str, trial_id: str, role: str = "", index: int = 0) -> str:
-        """NNI's layout on the experiment's storage: <mount>/nni/<exp>/<trial>/output/<role>_output
-        (one folder per replica when a role has several), so checkpoints outlive the pod."""
-        root = storage_mount(self.kube.storage)
-        if not root:
-            return ""
-        replicas = next((r.replicas for r in self.kube.roles if r.name == role), 1)
-        leaf = f"{role or 'trial'}_{index}_output" if replicas > 1 else f"{role or 'trial'}_output"
-        return f"{root}/nni/{self.experiment_id}/{trial_id}/output/{leaf}"
 
     def _new_tracker(self, ctx: Any) -> PodTracker:
         return PodTracker(Platform(self.kube, self.start_timeout, self.custom, self.operator_name, self.object_name,
@@ -105,12 +101,14 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         """Delete what `_prepare` made (by the experiment's labels)."""
 
     async def start(self, ctx: BackendContext) -> None:
-        """jobs.py's start (`open`, re-attach, the listing's polls), then the pod watch and the start checks."""
+        """jobs.py's start (`open`, re-attach, polls), then the pod and event watches and the start checks."""
         self._tracker = self._new_tracker(self._verdicts)  # now: a platform may set `custom` in its __init__
         await super().start(ctx)
         ours = selector({"app": APP, "expId": self.experiment_id})
         self._watch = asyncio.create_task(watch_pods(self._api, self.namespace, ours, self._tracker.pod_event),
                                           name=f"{self.platform}-pod-watch")
+        self._event_watch = asyncio.create_task(watch_events(self._api, self.namespace, self._tracker.events.seen),
+                                                name=f"{self.platform}-event-watch")
         self._start_check = asyncio.create_task(self._tracker.check_starts(self._clients, self.start_check_interval),
                                                 name=f"{self.platform}-start-check")
         self._api.retry_connections = True
@@ -180,14 +178,14 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
                                                {"metadata": {"ownerReferences": [owner]}})
         except Exception as e:
             log.warning("cannot set the owner of secret %s: %s", secret["metadata"]["name"], e)
-        self._tracker.starting[job.env_id] = time.monotonic()
+        self._tracker.starting.add(job.env_id)
 
     async def _create_main(self, obj: dict[str, Any], name: str, job: Job) -> dict[str, Any]:
         """Create the environment's main object. A namespace ResourceQuota that has no room for one
         more pod now (count/pods, pods, cpu, memory: other experiments' pods hold it) makes the
         environment wait, its reason said on its members, until the start deadline; a 409 adopts the
         object this environment made already."""
-        deadline = time.monotonic() + self.kube.environment_start_timeout
+        deadline = time.monotonic() + self.start_deadline
         delay = 2.0
         while True:
             try:
@@ -264,7 +262,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
     async def forget(self, job: Job) -> None:
         """A job that ended on its own (or was released): its object and Secret go, after its
         operator's verdict, in the background (its members are told at once)."""
-        self._tracker.starting.pop(job.env_id, None)
+        self._tracker.starting.discard(job.env_id)
         if job.name in self._deleted or self._stopping:
             return
         task = asyncio.create_task(self._retire(job), name=f"{self.platform}-delete-{job.name}")
@@ -296,7 +294,7 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         """The watch and start checks end; jobs.py's stop-all (every object of the experiment,
         retried, "may still run" when the cluster cannot be listed), then `close`."""
         self._stopping = True
-        for task in (self._watch, self._start_check, *self._verdicts.tasks, *self._retiring):
+        for task in (self._watch, self._event_watch, self._start_check, *self._verdicts.tasks, *self._retiring):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

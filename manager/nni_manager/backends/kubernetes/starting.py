@@ -87,3 +87,25 @@ def object_words(kind: str, name: str, obj: dict[str, Any] | None, warnings: lis
         parts.append(f"no status from the {operator} yet (is it running?)")
     parts += warnings
     return f"{kind} {name} has no pods yet: " + "; ".join(parts)
+
+
+class Events:
+    """The namespace's events that explain a wait (Warning events, the cluster autoscaler's words),
+    by uid, as the event watch (watch.watch_events) delivers them: the start checks read them
+    here and make no call for them. A re-listed event replaces itself: nothing is said twice."""
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, dict[str, Any]] = {}
+
+    def seen(self, kind: str, event: dict[str, Any]) -> None:
+        uid = str((event.get("metadata") or {}).get("uid") or (event.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED" or not _shown(event):  # an event may only expire (TTL): forget it then
+            self.by_uid.pop(uid, None)
+        else:
+            self.by_uid[uid] = event
+
+    def warnings(self) -> dict[str, list[str]]:
+        return warnings_by_object(list(self.by_uid.values()))
+
+    def refusals(self) -> dict[str, str]:
+        return autoscaler_refusals(list(self.by_uid.values()))

@@ -1,8 +1,8 @@
 """What the cluster says about an experiment's pods, as trial messages: each pod event from the
 watch (watch.py) becomes its agent's status or end, and environments not all of whose pods run
-are looked at every few seconds (object conditions, Warning events, the cluster autoscaler's
-words: starting.py) and fail after `environmentStartTimeout`, or at once when no node group can
-hold them.
+are looked at every few seconds (object conditions, and the Warning events and the cluster
+autoscaler's words the event watch delivered: starting.py), failing at once when no node group
+can hold them (jobs.py's start deadline, `environmentStartTimeout`, fails the others in these words).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from nni_manager.backends.base import BackendContext
 from nni_manager.backends.kubernetes import starting
 from nni_manager.backends.kubernetes.config import KubeConfig
+from nni_manager.backends.kubernetes.starting import Events
 from nni_manager.backends.kubernetes.watch import STUCK_REASONS, describe_pod
 
 log = logging.getLogger(__name__)
@@ -45,47 +46,35 @@ class PodTracker:
     platform: Platform
     ctx: BackendContext | None = None
     fit_note: str = ""  # a request no present node holds (nodes.too_big): said while its pods wait
-    starting: dict[str, float] = field(default_factory=dict)  # env id -> when provisioned, until all its pods run
+    starting: set[str] = field(default_factory=set)  # env ids provisioned, until all their pods run
     pod_states: dict[str, str] = field(default_factory=dict)  # pod name -> describe_pod state (or "gone")
+    events: Events = field(default_factory=Events)  # fed by the event watch (watch.watch_events)
     warnings: dict[str, list[str]] = field(default_factory=dict)  # object or pod name -> its newest Warning events
     last_words: dict[str, str] = field(default_factory=dict)  # pod name -> what its last event said
     stuck_since: dict[str, float] = field(default_factory=dict)
 
     async def check_starts(self, client: Client, interval: float) -> None:
         """Every `interval`: for environments not all of whose pods run, say why in the cluster's
-        words and fail them after environmentStartTimeout."""
+        words (jobs.py fails them after environmentStartTimeout, in these words)."""
         while True:
             await asyncio.sleep(interval)
             try:
-                await self.check_starts_once(*await client())
+                await self.check_starts_once((await client())[2])
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the API is retried below us; anything else must not stop the checks
                 log.warning("checking environments that have not started: %s", e)
 
-    async def check_starts_once(self, api: Any, core: Any, custom: Any) -> None:
+    async def check_starts_once(self, custom: Any) -> None:
         ctx, p = self.ctx, self.platform
         if ctx is None or not self.starting:
             return
-        refusals: dict[str, str] = {}
-        try:
-            events = [api.sanitize_for_serialization(e) for e in
-                      (await core.list_namespaced_event(p.namespace, field_selector="type=Warning")).items]
-            try:  # the cluster autoscaler's words are Normal events
-                events += [api.sanitize_for_serialization(e) for e in (await core.list_namespaced_event(
-                    p.namespace, field_selector=f"source={starting.AUTOSCALER}")).items]
-            except Exception as e:
-                log.debug("listing the cluster autoscaler's events: %s", e)
-            self.warnings = starting.warnings_by_object(events)
-            refusals = starting.autoscaler_refusals(events)
-        except Exception as e:  # events are a courtesy (a Role without them still runs)
-            log.debug("listing events: %s", e)
-        timeout = p.kube.environment_start_timeout
-        for env_id, since in list(self.starting.items()):
+        self.warnings, refusals = self.events.warnings(), self.events.refusals()  # what the event watch saw
+        for env_id in list(self.starting):
             pods = [n for n, _, _ in p.member_names(env_id)]
             states = {n: self.pod_states.get(n) for n in pods}
             if all(s in ("running", "succeeded", "failed", "oom", "gone") for s in states.values()):
-                self.starting.pop(env_id, None)  # started (or over: the pod events said so)
+                self.starting.discard(env_id)  # started (or over: the pod events said so)
                 continue
             words: dict[str, str] = {}
             if not any(states.values()) and p.custom is not None:  # the operator has made no pod
@@ -107,19 +96,12 @@ class PodTracker:
                         words[n] = "; ".join([base, *extra])
             refused = [n for n in words if n in refusals]
             if refused:  # no node group's node would ever hold it: waiting cannot help
-                self.starting.pop(env_id, None)
+                self.starting.discard(env_id)
                 why = self.last_words.get(refused[0]) or f"pod {refused[0]} has not started"
                 for n in pods:
                     ctx.agent_failed(n, f"{why}; the cluster autoscaler cannot add a node that holds it "
                                         f"(NotTriggerScaleUp: {refusals[refused[0]]}): lower cpuNumber / memorySize / "
                                         "gpuNumber, fix podSpec.nodeSelector, or add a node group that fits", failed=True)
-                continue
-            if time.monotonic() - since > timeout:
-                self.starting.pop(env_id, None)
-                reason = next(iter(words.values()), "no pod started")
-                for n in pods:
-                    ctx.agent_failed(n, f"{reason} (not started within environmentStartTimeout, {timeout:g} s)",
-                                     failed=True)
                 continue
             for n, said in words.items():
                 ctx.agent_status(n, said)

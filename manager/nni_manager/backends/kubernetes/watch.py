@@ -59,57 +59,81 @@ def describe_pod(pod: dict[str, Any]) -> tuple[str, str]:
 
 async def watch_pods(api: ApiClient, namespace: str, label_selector: str,
                      on_event: Callable[[str, dict[str, Any]], None]) -> None:
-    """List, then watch from that resourceVersion, forever: `on_event(type, pod dict)` for every
-    pod (listed ones as MODIFIED). After any gap (410 Gone, a broken stream, an API server
-    restart) it lists again, and a pod known before that the list no longer has was deleted while
-    nobody watched: it is reported DELETED then, not after the agents' reconnect window."""
-    from kubernetes.aio import client, watch
+    """The experiment's pods, forever (`follow`): a pod deleted while nobody watched is reported
+    DELETED at the re-list, not after the agents' reconnect window."""
+    from kubernetes.aio import client
 
-    core = client.CoreV1Api(api)
+    await follow(api, client.CoreV1Api(api).list_namespaced_pod, namespace, on_event, what="pods",
+                 label_selector=label_selector)
+
+
+async def watch_events(api: ApiClient, namespace: str, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+    """The namespace's events, forever (`follow`), by uid: why environments wait. A courtesy: a Role
+    without list or watch on events runs, without the cluster's words on waiting trials."""
+    from kubernetes.aio import client
+
+    await follow(api, client.CoreV1Api(api).list_namespaced_event, namespace, on_event, what="events",
+                 key=lambda raw: str(raw.get("metadata", {}).get("uid") or _name(raw)), courtesy=True)
+
+
+def _name(raw: dict[str, Any]) -> str:
+    return str(raw.get("metadata", {}).get("name", ""))
+
+
+async def follow(api: ApiClient, list_fn: Callable[..., Any], namespace: str,
+                 on_event: Callable[[str, dict[str, Any]], None], *, what: str,
+                 key: Callable[[dict[str, Any]], str] = _name, courtesy: bool = False, **selectors: str) -> None:
+    """List once, then watch from that resourceVersion with bookmarks, forever: `on_event(type,
+    object dict)` for every object (listed ones as MODIFIED). A stream that ends or breaks is
+    watched again from the last version seen (an object's or a bookmark's), so nothing is listed
+    or reported twice; only when that version is gone (410 Gone) is it listed again, and an object
+    known before that the list no longer has (by `key`) is reported DELETED. `courtesy`: a 403
+    ends it with one line (a Role may leave out what is only a courtesy, like events)."""
+    from kubernetes.aio import watch
+
     version, delay = "", 0.5
     known: dict[str, dict[str, Any]] = {}
 
     def seen(kind: str, raw: dict[str, Any]) -> None:
-        name = raw.get("metadata", {}).get("name", "")
         if kind == "DELETED":
-            known.pop(name, None)
+            known.pop(key(raw), None)
         elif kind in ("ADDED", "MODIFIED"):
-            known[name] = raw
-        else:  # BOOKMARK
+            known[key(raw)] = raw
+        else:  # BOOKMARK: only its resourceVersion counts
             return
         on_event(kind, raw)
 
     while True:
         try:
             if not version:
-                listed = await core.list_namespaced_pod(namespace, label_selector=label_selector)
+                listed = await list_fn(namespace, **selectors)
                 present = set()
-                for pod in listed.items:
-                    raw = api.sanitize_for_serialization(pod)
-                    present.add(raw.get("metadata", {}).get("name", ""))
+                for item in listed.items:
+                    raw = api.sanitize_for_serialization(item)
+                    present.add(key(raw))
                     seen("MODIFIED", raw)
-                for name in [n for n in known if n not in present]:
-                    log.info("pod %s vanished while the watch was down", name)
-                    seen("DELETED", known[name])
+                for k in [k for k in known if k not in present]:
+                    log.info("%s %s vanished while the watch was down", what, _name(known[k]))
+                    seen("DELETED", known[k])
                 version = (listed.metadata.resource_version if listed.metadata else None) or ""
-            async with watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=label_selector,
-                                            resource_version=version, timeout_seconds=WATCH_TIMEOUT_S) as stream:
+            async with watch.Watch().stream(list_fn, namespace, resource_version=version, allow_watch_bookmarks=True,
+                                            timeout_seconds=WATCH_TIMEOUT_S, **selectors) as stream:
                 async for event in stream:
                     raw = event.get("raw_object") or api.sanitize_for_serialization(event["object"])
-                    if event["type"] == "ERROR":  # 410 Expired inside the stream
-                        raise _Expired(raw.get("message", "watch expired"))
-                    version = raw.get("metadata", {}).get("resourceVersion", version)
+                    version = raw.get("metadata", {}).get("resourceVersion") or version
                     seen(event["type"], raw)
             delay = 0.5
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if getattr(e, "status", None) != 410 and not isinstance(e, _Expired):
-                log.warning("watching pods: %s", e)
-            version = ""  # a gap: list again and reconcile
+            status = getattr(e, "status", None)
+            if status == 403 and courtesy:
+                log.info("not watching %s in namespace %s (%s): the Role does not grant list and watch on them",
+                         what, namespace, getattr(e, "reason", None) or e)
+                return
+            if status == 410 or delay >= 4:  # the version is gone (or refused thrice): list again, reconcile
+                version = ""
+            if status != 410:  # a broken stream, an API server restart: watch again from the last version seen
+                log.warning("watching %s: %s", what, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is older than the server keeps (410 Gone as an ERROR event)."""

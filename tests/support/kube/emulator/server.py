@@ -12,7 +12,7 @@ import os
 import secrets
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 from aiohttp import web
@@ -23,7 +23,7 @@ from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_
 from .clientcerts import ClientCA
 from . import faults, oidc, rbac
 
-from .store import Store
+from .store import Store, Watcher
 from .util import json_merge_patch, json_patch, parse_field_selector, parse_label_selector, strategic_merge_patch
 
 MAX_REQUEST_BODY = 3 * 1024 * 1024  # k8s.io/apiserver DefaultMaxRequestSizeBytes
@@ -119,6 +119,7 @@ class ApiServer:
         self.store, self.kubelet, self.auth = store, kubelet, auth
         self.stopping = asyncio.Event()
         self.faults = faults.Faults()
+        self.requests: Counter[tuple[str, str, str]] = Counter()  # (verb, resource, namespace) -> served
         self.restart = None  # set by amain: async (down_seconds) -> None
         self.operators: dict = {}  # name -> (start function, task or None); set by amain
         store.service_account_token = self.auth.extra.service_account_token  # for the kubelet's pods
@@ -235,6 +236,7 @@ class ApiServer:
         res_name = plural + (f"/{sub}" if sub else "")
         if not rbac.authorize(self.store, user, verb, res_name, group, ns, name):
             raise forbidden(user.user, verb, res_name, group, ns, name)
+        self.requests[(verb, res_name, ns or "")] += 1
         if sub == "portforward" and method == "GET" and self.store.policy.websocket_create_check:
             # a WebSocket upgrade is a GET, authorized as `get` above; 1.35's
             # AuthorizePodWebsocketUpgradeCreatePermission adds `create`, as SPDY's POST has
@@ -431,6 +433,10 @@ class ApiServer:
                     break
                 try:
                     t, o = await asyncio.wait_for(w.queue.get(), timeout=min(left, 1.0))
+                    if t == Watcher.END:  # ended by the control below; an ERROR event first when expired
+                        if o is not None:
+                            await resp.write((json.dumps({"type": "ERROR", "object": o}) + "\n").encode())
+                        break
                 except asyncio.TimeoutError:
                     if bookmarks and time.monotonic() - last_bm > 5:
                         last_bm = time.monotonic()
@@ -543,6 +549,11 @@ class ApiServer:
             answer = self.oidc.control(request.method, parts[1:], body)
             if answer is not None:
                 return answer
+        if parts == ["requests"] and request.method == "GET":  # what clients asked, served after RBAC
+            return web.json_response({"requests": [{"verb": v, "resource": r, "namespace": n, "count": c}
+                                                   for (v, r, n), c in sorted(self.requests.items())]})
+        if parts == ["watches", "end"] and request.method == "POST":
+            return web.json_response({"ended": self.store.end_watches(body.get("resource"), bool(body.get("expire")))})
         if parts == ["faults", "storm"] and request.method == "POST":
             self.faults.start_storm(body)
             return web.json_response({"ok": True})

@@ -19,6 +19,8 @@ HISTORY = 2000
 
 
 class Watcher:
+    END = "END"  # queued by Store.end_watches: the stream ends (with the Status in the object: an ERROR first)
+
     def __init__(self, res: Resource, ns: str | None, match: Callable[[dict], bool]):
         self.res, self.ns, self.match = res, ns, match
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -61,6 +63,7 @@ class Store:
         self.policy = Policy()
         self.sidecar_image: str | None = None  # --sidecar-image: Istio's injector in labelled namespaces (sidecar.py)
         self.gc = GarbageCollector(self)
+        self.compacted = 0  # resourceVersions up to here are compacted away (end_watches): older resumes get 410
         for r in CORE_RESOURCES + rbac.RESOURCES:
             self.objects[r] = {}
 
@@ -525,11 +528,28 @@ class Store:
             oldest = self.history[0][0] if self.history else self.rv + 1
             if since < oldest - 1 and len(self.history) == self.history.maxlen:
                 raise ApiError(410, "Expired", f"too old resource version: {since} ({oldest - 1})")
+            if since < self.compacted:
+                raise ApiError(410, "Expired", f"too old resource version: {since} ({self.compacted})")
             for rv, t, r, o, prev in self.history:
                 if rv > since and r == res:
                     w.offer(t, o, prev)
         self.watchers.append(w)
         return w, initial
+
+    def end_watches(self, plural: str | None, expire: bool) -> int:
+        """End every open watch (of `plural`, or all), as a restarted or overloaded API server ends
+        them; `expire`: etcd compacted everything up to now as well, so each stream first gets the
+        ERROR event with the 410 Status the real server sends, and a resume from an older
+        resourceVersion gets 410 Gone (the client must list again). Returns how many ended."""
+        if expire:
+            self.compacted = self.rv
+        ended = 0
+        for w in list(self.watchers):
+            if plural in (None, w.res.plural):
+                gone = ApiError(410, "Expired", f"too old resource version: {self.compacted} ({self.rv})")
+                w.queue.put_nowait((Watcher.END, gone.status() if expire else None))
+                ended += 1
+        return ended
 
     def unwatch(self, w: Watcher) -> None:
         if w in self.watchers:
