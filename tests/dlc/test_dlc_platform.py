@@ -1,7 +1,9 @@
 """`platform: dlc` end to end on the PAI-DLC emulator: NNI's config fields, the official SDK signing
 every call with the AccessKey, real agents in the jobs' pods dialling the manager's TLS hub with
-single-use credentials, a pool of jobs, several pods per job, a wrong key refused in one line,
-and no secret in a job, a log or an error."""
+single-use credentials, a pool of jobs, several pods per job, config mistakes, and no secret in a
+job or a log. (A wrong key refused in one line, a failed or cancelled trial, a job stopped outside,
+a manager restart, an agent that never dials, the gateway's faults, every job platform alike:
+tests/platforms.)"""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from nni_manager.backends.rest_jobs import RestError
 from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
@@ -77,20 +78,6 @@ def test_a_trial_runs_on_every_pod_of_a_job(dlc: Any, short_dir: Path) -> None:
             assert sorted(d.agents) == sorted([f"{d.environment_id}-0", f"{d.environment_id}-1"]), d
 
     asyncio.run(asyncio.wait_for(main(), 240))
-
-
-def test_a_wrong_secret_is_one_line_naming_the_field(dlc: Any, short_dir: Path) -> None:
-    cfg = config(dlc, short_dir, accessKeySecret="not-the-secret")
-
-    async def main() -> None:
-        async with create_training_service(cfg):
-            pass
-
-    with pytest.raises(RestError) as info:
-        asyncio.run(asyncio.wait_for(main(), 60))
-    message = str(info.value)
-    assert "SignatureDoesNotMatch" in message and "accessKeySecret" in message and "not-the-secret" not in message
-    assert "\n" not in message
 
 
 @pytest.mark.parametrize("field,value,words", [

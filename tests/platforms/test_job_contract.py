@@ -14,16 +14,11 @@ import yaml
 
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
-from tests.support.job_platforms import PLATFORMS, JobPlatform
+from tests.support.job_platforms import JobPlatform
 from tests.support.manager.helpers import check_resumed, form, message_with, release, sigkill_after_metrics, sleeper, \
     start_manager, wait_status
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
-
-
-@pytest.fixture(params=[p.param() for p in PLATFORMS])
-def job_platform(request: pytest.FixtureRequest) -> JobPlatform:
-    return request.param
 
 
 def run(coro: Any) -> Any:

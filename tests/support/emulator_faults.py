@@ -1,4 +1,4 @@
-"""Injected faults and the request log, shared by the DLTS and AML emulators (their `/_emulator`
+"""Injected faults and the request log, shared by the DLTS, AML and DLC emulators (their `/_emulator`
 controls: tests/support/emulator_serving.py `common_control`).
 
 A fault answers the next `count` matching requests with `status` (each emulator renders the

@@ -126,7 +126,7 @@ class EmulatorHandle:
 
 
 class RestControls(EmulatorHandle):
-    """The control endpoints the AML and DLTS emulators share (`/_emulator/...`): fault
+    """The control endpoints the AML, DLTS and DLC emulators share (`/_emulator/...`): fault
     injection, the jobs with their processes, the requests received."""
 
     job_key: ClassVar[str]  # the field that names a job in `jobs()`

@@ -8,6 +8,7 @@ one platform does stays in that platform's folder. A new platform joins by subcl
 jobs.py's `nni_exp_<id>_...` it says so in `job_prefix` and `job_of` (the Kubernetes platforms)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import urllib.request
@@ -19,6 +20,12 @@ import pytest
 from tests.support.manager.helpers import TRIAL
 
 STUCK_IMAGE = "stuck/image:1"
+T = 90.0  # the scenarios' polling timeout: generous, two cores shared with other test runs
+
+
+def run(coro: Any) -> Any:
+    """A scenario's body, bounded: a hung one fails instead of holding the run."""
+    return asyncio.run(asyncio.wait_for(coro, 240))
 
 
 def _code(base: Path) -> Path:
@@ -51,6 +58,9 @@ class JobPlatform:
     clean_states: ClassVar[tuple[str, ...]]  # the states clean_up leaves the experiment's jobs in
     not_dialled_words: ClassVar[tuple[str, ...]] = ()  # the platform's own words while an agent has not dialled
     stuck_pool: ClassVar[bool] = False  # `stuck` runs a pool: environments are tried until one starts, not one job
+    pool_only: ClassVar[bool] = False  # trials always run on a pool's jobs (no job of a trial's own)
+    failed_state: ClassVar[str] = ""  # the state of a trial's own job whose trial failed
+    fault_statuses: ClassVar[tuple[int, ...]] = ()  # what `inject_faults` makes the platform's API answer
 
     def job_prefix(self, experiment_id: str) -> str:
         """What the names of an experiment's jobs start with (backends/jobs.py `prefix`)."""
@@ -93,6 +103,57 @@ class JobPlatform:
     def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
         return emu.wait_for(predicate, timeout, what=what)
 
+    def canceled_states(self) -> tuple[str, ...]:
+        """The states a trial's own job ends in once the user cancelled the trial."""
+        return (self.stopped_state,)
+
+    def trial_config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        """`config` with one job per trial, one trial at a time; a pool of one job where the
+        platform has pools only (`pool_only`)."""
+        data = self.config(emu, base, **({"reuseMode": False} if self.reuse and not self.pool_only else {}), **ts)
+        data["trialConcurrency"] = 1
+        return data
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """A config whose credentials the platform refuses (its emulator running), the words the
+        refusal at start must hold (the platform's reason, the field or role to fix), and the
+        refused secret, which it must not (None: a login's, not in the config)."""
+        pytest.skip(f"{self.name} has no credentials of its own to refuse (its commands run as the user)")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        """An emulator or cluster, a config (one job per trial where the platform has it), how many
+        running trials fill the room, and the platform's words while the next trial's job waits."""
+        pytest.skip(f"{self.name}'s emulator has no queue: its jobs never wait for room")
+
+    def let_waiting_run(self, emu: Any) -> None:
+        """Let a waiting job go, beyond the running trials ending (a queue's hold)."""
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        """An emulator of this test's own, whose API `inject_faults` may break."""
+        pytest.skip(f"{self.name} has no REST API to fail")
+
+    def inject_faults(self, emu: Any) -> None:
+        """Make the platform's API fail for a few seconds (errors, hangs), as it does on a bad day;
+        returns when the faults are over (`clear_faults` then ends any left)."""
+        raise NotImplementedError
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        """The next `count` requests that create a job are answered with a server error (5xx) and
+        create nothing."""
+        raise NotImplementedError
+
+    def clear_faults(self, emu: Any) -> None:
+        emu.clear_faults()
+
+    def fault_words(self) -> tuple[str, ...]:
+        """What the manager's log says of a fault it retries (one of these)."""
+        return tuple(str(s) for s in self.fault_statuses)
+
+    def answered_statuses(self, emu: Any) -> set[int]:
+        """The HTTP statuses the platform's API answered the manager with."""
+        return {r["status"] for r in emu.requests()}
+
     # derived
     def job_of(self, prefix: str, trial_id: str, environment_id: str) -> str:
         """The name of the job running a trial: its environment's in a pool, else the trial's own."""
@@ -118,6 +179,7 @@ class OpenPai(JobPlatform):
     name, fixture, tag, reuse = "openpai", "pai_factory", "Pai", True
     running_state, stopped_state, ended_states = "RUNNING", "STOPPED", ("STOPPED", "SUCCEEDED", "FAILED")
     clean_states = ("STOPPED", "SUCCEEDED")  # succeeded: its agents were told to stop before PAI's STOP landed
+    failed_state, fault_statuses = "FAILED", (500,)
 
     def emulator(self, request: pytest.FixtureRequest) -> Any:
         return request.getfixturevalue("pai_factory")(rate_limits={"list": 0})  # the real one: 60 listings a minute
@@ -152,6 +214,33 @@ class OpenPai(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return (self.config(self.emulator(request), base, token="not-the-token-4242"),
+                ("401", "UnauthorizedUserError", "trainingService.token"), "not-the-token-4242")
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return self.emulator(request)  # already one of the test's own
+
+    def inject_faults(self, emu: Any) -> None:
+        """500s, then hangs, then reset connections, each for a while (PAI's rest-server behind pylon)."""
+        import time
+
+        emu.fault("error", status=500, seconds=3)
+        time.sleep(3.5)
+        emu.fault("hang", seconds=2, hang_seconds=5)
+        time.sleep(2.5)
+        emu.fault("reset", seconds=2)
+        time.sleep(2.5)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault("error", status=500, count=count, method="POST", path=r"/jobs$")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        pai = self.emulator(request)  # the emulator's vc2 has room for one task
+        return pai, self.config(pai, base, reuseMode=False, virtualCluster="vc2"), 1, (
+            "WAITING", "virtual cluster vc2", "may be full")
+
 
 class Dlts(JobPlatform):
     """NNI's v1 config (nnictl YAML) unchanged; DLTS runs one job per trial."""
@@ -159,6 +248,7 @@ class Dlts(JobPlatform):
     name, fixture, tag, reuse = "dlts", "dlts_in_shared", "Dlts", False
     running_state, stopped_state, ended_states = "running", "killed", ("finished", "failed", "killed", "paused")
     clean_states = ("finished", "killed")
+    failed_state, fault_statuses = "failed", (503,)
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         return {"authorName": "nni", "experimentName": "dlts", "trialConcurrency": 2, "maxExecDuration": "1h",
@@ -189,13 +279,41 @@ class Dlts(JobPlatform):
     def secrets(self, emu: Any) -> list[str]:
         return [emu.password()]
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return self.config(self.emulator(request), base, password="0" * 32), ("403", "Invalid token"), "0" * 32
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue("dlts_factory")()
+
+    def inject_faults(self, emu: Any) -> None:
+        """503s from the dashboard, then requests that hang."""
+        import time
+
+        emu.fault(503, count=20)
+        time.sleep(2)
+        emu.fault(None, count=3, hang=4)
+        time.sleep(3)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="POST", path=r"/jobs$")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        dlts = self.emulator(request)
+        dlts.hold("queued")  # the cluster's scheduler finds no room (dlts_in_shared lets go afterwards)
+        return dlts, self.config(dlts, base), 0, ("queued", "waiting for available resource")
+
+    def let_waiting_run(self, emu: Any) -> None:
+        emu.hold(None)
+
 
 class Aml(JobPlatform):
     """Logged in through the Azure CLI as the emulator's Contributor; AML runs a pool (reuse only)."""
 
     name, fixture, tag, reuse = "aml", "aml_in_shared", "Aml", True
     running_state, stopped_state, ended_states = "Running", "Canceled", ("Canceled", "Completed", "Failed")
-    clean_states, stuck_pool = ended_states, True
+    clean_states, stuck_pool, pool_only = ended_states, True, True
+    fault_statuses = (429, 503)
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
@@ -230,6 +348,104 @@ class Aml(JobPlatform):
     def processes(self, emu: Any) -> list[int]:
         return emu.live_pids()
 
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """Logged in as a Reader, who may look but not create environments."""
+        aml = self.emulator(request)
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for k, v in aml.env("reader").items():
+            monkeypatch.setenv(k, v)
+        return self.config(aml, base), ("403", "AuthorizationFailed", "AzureML Data Scientist"), None
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        from tests.support.aml.fixtures import logged_in
+
+        return logged_in(request.getfixturevalue("aml_factory")(), request.getfixturevalue("monkeypatch"))
+
+    def inject_faults(self, emu: Any) -> None:
+        """ARM throttles four requests (Retry-After honoured), then errors on four more."""
+        for status in (429, 503):
+            emu.fault(status, count=4)
+            emu.wait_for(lambda s=status: [r["status"] for r in emu.requests()].count(s) == 4, 60,
+                         what=f"four requests answered {status}")
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="PUT", path=r"/jobs/nni_exp_")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        aml = self.emulator(request)
+        aml.hold("Queued")  # the compute cluster has no free node (aml_in_shared lets go afterwards)
+        return aml, self.config(aml, base), 0, ("Queued",)
+
+    def let_waiting_run(self, emu: Any) -> None:
+        emu.hold(None)
+
+
+class Dlc(JobPlatform):
+    """NNI's config_dlc.yml fields, the official SDK signing with the AccessKey; DLC runs a pool (reuse only)."""
+
+    name, fixture, tag, reuse = "dlc", "dlc_in_shared", "Dlc", True
+    running_state, stopped_state, ended_states = "Running", "Stopped", ("Stopped", "Succeeded", "Failed")
+    clean_states, stuck_pool, pool_only = ("Stopped", "Succeeded"), True, True
+    fault_statuses = (500, 503)
+
+    def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
+        return {"trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(_code(base)),
+                "trialConcurrency": 2, "trialGracePeriod": 2, "experimentWorkingDirectory": str(base / "exps"),
+                "nniManagerIp": "127.0.0.1", "trainingService": emu.training_service(**ts)}
+
+    def stuck(self, request: pytest.FixtureRequest, base: Path, timeout: str) -> tuple[Any, dict[str, Any]]:
+        dlc = request.getfixturevalue("dlc_factory")(images={STUCK_IMAGE: _stuck_bin(base)})
+        data = self.config(dlc, base, image=STUCK_IMAGE, agentConnectTimeout=timeout)
+        data["trialConcurrency"] = 1
+        return dlc, data
+
+    def states(self, emu: Any, prefix: str) -> dict[str, str]:
+        return {j["DisplayName"]: j["Status"] for j in emu.jobs() if j["DisplayName"].startswith(prefix)}
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """StopJob through the official SDK with the user's AccessKey, as the DLC console does."""
+        from alibabacloud_pai_dlc20201203.client import Client
+        from alibabacloud_tea_openapi.models import Config
+        from darabonba.runtime import RuntimeOptions
+
+        (job_id,) = [j["JobId"] for j in emu.jobs() if j["DisplayName"] == name]
+        client = Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
+                               region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file))
+        client.stop_job_with_options(job_id, {}, RuntimeOptions(ca=emu.ca_file))
+        return ["PAI-DLC job", "was stopped outside this experiment", job_id]
+
+    def processes(self, emu: Any) -> list[int]:
+        return emu.live_pids()
+
+    def secrets(self, emu: Any) -> list[str]:
+        return [emu.access_key_secret]
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        return (self.config(self.emulator(request), base, accessKeySecret="not-the-secret"),
+                ("SignatureDoesNotMatch", "accessKeySecret"), "not-the-secret")
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue("dlc_factory")()
+
+    def fault_words(self) -> tuple[str, ...]:
+        return ("InternalError", "ServiceUnavailable")  # Alibaba Cloud's codes: the SDK keeps no HTTP status
+
+    def inject_faults(self, emu: Any) -> None:
+        """The gateway answers three InternalErrors, three ServiceUnavailables, then hangs twice."""
+        import time
+
+        for status in (500, 503):
+            emu.fault(status, count=3)
+            emu.wait_for(lambda s=status: [r["status"] for r in emu.requests()].count(s) == 3, 60,
+                         what=f"three requests answered {status}")
+        emu.fault(None, count=2, hang=4)
+        time.sleep(4.5)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        emu.fault(503, count=count, method="POST", path=r"^/api/v1/jobs$")  # CreateJob
+
 
 class Slurm(JobPlatform):
     """The real 2-node cluster (session-scoped, root's home group); reuse mode by default."""
@@ -239,6 +455,7 @@ class Slurm(JobPlatform):
     ended_states = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                     "OUT_OF_MEMORY", "DEADLINE")
     clean_states = ("COMPLETED", "CANCELLED")
+    failed_state = "FAILED"
     not_dialled_words = ("is RUNNING", "Slurm job", "agent-*.log")
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
@@ -259,6 +476,13 @@ class Slurm(JobPlatform):
     def live(self, emu: Any, prefix: str) -> list[str]:
         return sorted(j["name"] for j in emu.live_jobs(prefix))
 
+    def canceled_states(self) -> tuple[str, ...]:
+        return self.clean_states  # the agent ends its trial's job itself, unless the manager's scancel lands first
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        slurm = self.emulator(request)  # two nodes: the third job pends
+        return slurm, self.config(slurm, base, reuseMode=False), 2, ("PENDING", "Resources", "1 node(s)")
+
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         (job,) = emu.jobs(name)
         emu.run("scancel", job["id"])
@@ -271,7 +495,7 @@ class Slurm(JobPlatform):
         return emu.wait_for(predicate, timeout, what)
 
 
-PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Slurm())
+PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Dlc(), Slurm())
 
 
 GONE = "(deleted)"  # what `states` calls a Kubernetes job whose object is gone (see KubeJobs)
@@ -288,6 +512,7 @@ class KubeJobs(JobPlatform):
 
     tag, reuse, running_state = "Kube", True, "Running"
     stopped_state, clean_states = GONE, (GONE,)  # clean_up deletes every object of the experiment
+    failed_state = GONE  # a failed trial's object is deleted too: Kubernetes keeps no failed job
     container: ClassVar[str]  # the agent's container in the job's pods
 
     def job_prefix(self, experiment_id: str) -> str:
@@ -328,6 +553,21 @@ class KubeJobs(JobPlatform):
 
     def processes(self, emu: Any) -> list[int]:
         return emu.leftover_processes()
+
+    def wrong_credentials(self, request: pytest.FixtureRequest,
+                          base: Path) -> tuple[dict[str, Any], tuple[str, ...], str | None]:
+        """A kubeconfig whose bearer token the API server does not know."""
+        from tests.support.kube.harness import kubeconfig_with_token
+
+        emu = self.emulator(request)
+        kc = kubeconfig_with_token(emu, base / "kc", "not-a-token")
+        return self.config(emu, base, kubeConfig=str(kc)), ("401",), "not-a-token"
+
+    def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
+        pytest.skip(f"{self.name}: the Kubernetes emulator takes no injected API faults (its watch's are tests/kube's)")
+
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        pytest.skip(f"{self.name}: a pod waiting for a node's room is still tests/kube/test_pods_platform.py's")
 
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]

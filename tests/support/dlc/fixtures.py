@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.emulators import EmulatorHandle, emulator_factory, start_emulator_process
+from tests.support.emulators import RestControls, emulator_factory, start_emulator_process
 
 MARK = "DLC_EMULATOR"
 IMAGE = "registry-vpc.cn-hangzhou.aliyuncs.com/pai-dlc/pytorch-training:1.6.0-gpu-py37-cu101-ubuntu18.04"
 VENV_BIN = str(Path(sys.executable).parent)
 
 
-class Dlc(EmulatorHandle):
+class Dlc(RestControls):
     marker = MARK
+    job_key = "DisplayName"
 
     def __init__(self, state: Path, proc: subprocess.Popen, cfg: dict[str, Any]) -> None:
         self.state, self.proc, self.cfg = state, proc, cfg
@@ -44,24 +45,19 @@ class Dlc(EmulatorHandle):
                 "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/",
                 "endpoint": self.endpoint, "caFile": self.ca_file, "pollInterval": "0.3s", **overrides}
 
-    def _get(self, what: str) -> Any:
-        with urllib.request.urlopen(f"https://{self.endpoint}/_emulator/{what}", context=self._ssl, timeout=30) as r:
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        req = urllib.request.Request(f"https://{self.endpoint}/_emulator/{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=self._ssl, timeout=30) as r:
             return json.loads(r.read())
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return self._get("jobs")
 
-    def live_pids(self) -> list[int]:
-        return self._get("pids")["pids"]
-
-    def requests(self) -> list[dict[str, Any]]:
-        return self._get("requests")
-
-
-def start_dlc(base: Path, *, step: float = 0.05) -> Dlc:
+def start_dlc(base: Path, *, step: float = 0.05, images: dict[str, str] | None = None) -> Dlc:
+    """`images`: {image: bin dir put first on PATH}, more images than DLC's PyTorch one (the venv's)."""
     state = base / f"dlc-{secrets.token_hex(3)}"
     state.mkdir(parents=True)
-    cfg = {"instance": secrets.token_hex(8), "step": step, "images": {IMAGE: VENV_BIN},
+    cfg = {"instance": secrets.token_hex(8), "step": step, "images": {IMAGE: VENV_BIN, **(images or {})},
            "accessKeys": {"LTAI" + secrets.token_hex(10): {"secret": secrets.token_urlsafe(22), "user": "alice",
                                                            "workspaces": ["ws-nni"]},
                           "LTAI" + secrets.token_hex(10): {"secret": secrets.token_urlsafe(22), "user": "bob",

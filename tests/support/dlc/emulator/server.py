@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.emulator_faults import Faults
 from tests.support.emulator_serving import announce, common_control, make_tls, serve, until_stopped
 from tests.support.emulator_procs import ProcessRunner
 
@@ -32,6 +33,10 @@ MARK = "DLC_EMULATOR"
 VERSION = "2020-12-03"
 JOB_TYPES = ("TFJob", "PyTorchJob", "XGBoostJob", "MPIJob", "ElasticBatchJob", "SlurmJob", "RayJob")
 TERMINAL = ("Succeeded", "Failed", "Stopped")
+# what Alibaba Cloud's gateway answers for a server fault (its documented common error codes)
+FAULT_CODES = {500: ("InternalError", "The request processing has failed due to some unknown error, exception or "
+                                      "failure."),
+               503: ("ServiceUnavailable", "The request has failed due to a temporary failure of the server.")}
 
 
 class ApiError(Exception):
@@ -87,6 +92,7 @@ class Dlc:
         self.nonces: set[str] = set()
         self.requests: list[dict[str, Any]] = []
         self.drivers: list[asyncio.Task[None]] = []
+        self.faults = Faults()
 
     # ------------------------------------------------------------------ the gateway
     def error(self, e: ApiError | signature.SignatureError) -> web.Response:
@@ -114,11 +120,19 @@ class Dlc:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read() if request.can_read_body else b""
+        fault = self.faults.take(request.method, request.path)  # injected: the gateway's bad day
         try:
+            if fault is not None and fault.hang:
+                await asyncio.sleep(fault.hang)
+            if fault is not None and fault.status is not None:
+                code, words = FAULT_CODES.get(fault.status, ("ServiceUnavailable", FAULT_CODES[503][1]))
+                raise ApiError(fault.status, code, fault.message or words)
             ak = self.authenticate(request, body)
             resp = await self.route(request, ak, body)
         except (ApiError, signature.SignatureError) as e:
             resp = self.error(e)
+            if fault is not None and fault.retry_after is not None:
+                resp.headers["Retry-After"] = str(fault.retry_after)
         self.requests.append({"method": request.method, "path": request.path,
                               "action": request.headers.get("x-acs-action"), "status": resp.status})
         return resp
@@ -272,17 +286,17 @@ class Dlc:
 def make_app(dlc: Dlc) -> web.Application:
     async def controls(request: web.Request) -> web.Response:
         common = common_control(
-            [request.match_info["what"]], request.method, {},
+            [request.match_info["what"]], request.method, await request.json() if request.can_read_body else {},
             jobs=lambda: [{**j.view(), "history": j.history, "exitCodes": j.exit_codes,
                            "userCommand": j.body.get("UserCommand")} for j in dlc.jobs.values()],
-            pids=dlc.runner.pids, requests=lambda: dlc.requests)
+            pids=dlc.runner.pids, requests=lambda: dlc.requests, faults=dlc.faults)
         return common if common is not None else web.json_response({"error": "unknown control"}, status=404)
 
     async def api(request: web.Request) -> web.Response:
         return await dlc.handle(request)
 
     app = web.Application(client_max_size=8 * 1024 * 1024)
-    app.router.add_get("/_emulator/{what}", controls)
+    app.router.add_route("*", "/_emulator/{what}", controls)
     app.router.add_route("*", "/{tail:.*}", api)
     return app
 
