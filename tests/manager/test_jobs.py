@@ -105,7 +105,9 @@ def test_view_is_live_while_the_job_may_have_processes(phase: Phase, settled: bo
 # ----------------------------------------------------------------------------- the algorithm
 
 class PbsError(BackendError):
-    pass
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -140,6 +142,11 @@ class Pbs(JobBackend):
         self.detail = False  # whether `qstat -f <ref>` answers (the `describe` hook)
         self.replicas: dict[str, tuple[Phase, str]] = {}  # per-member states the listing carries (JobView.members)
         self.deadline: float | None = None  # the start deadline (`start_deadline`; None: none)
+        self.qsub_faults: list[tuple[int, bool]] = []  # the next qsubs' answers: (status, whether it made the job)
+        self.qstat_faults = 0  # how many of the next listings fail
+
+    def submit_pause(self) -> float:
+        return 0.0
 
     @property
     def start_deadline(self) -> float | None:
@@ -153,12 +160,19 @@ class Pbs(JobBackend):
 
     async def submit(self, job: Job, request: str) -> None:
         self._answer("qsub")
+        status, made = self.qsub_faults.pop(0) if self.qsub_faults else (0, True)
         ref = f"{len(self.queue) + 1}.pbs"
-        self.queue[ref] = Queued(job.name)
+        if made:
+            self.queue[ref] = Queued(job.name)
+        if status:
+            raise PbsError(f"qsub: {status}", status)
         job.ref = ref
 
     async def list_jobs(self) -> dict[str, JobView]:
         self._answer("qstat")
+        if self.qstat_faults:
+            self.qstat_faults -= 1
+            raise PbsError("qstat: 503", 503)
         return {q.name: self._view(ref, q) for ref, q in self.queue.items()
                 if q.name.startswith(self.prefix) and ref not in self.unlisted}  # the experiment's, by name
 
@@ -404,6 +418,31 @@ def test_a_refusal_raises_and_the_job_is_not_watched() -> None:
         with pytest.raises(PbsError, match="qsub: cannot connect"):
             await b.provision(env())
         assert b.jobs["env1"].done and not b.jobs["env1"].submitted
+
+    run(main())
+
+
+def test_a_creation_answered_5xx_is_looked_up_by_name_then_tried_again_never_made_twice() -> None:
+    async def provision(qsub: list[tuple[int, bool]], qstat: int = 0) -> Pbs:
+        b = backend(Ctx())
+        b.qsub_faults, b.qstat_faults = qsub, qstat
+        await b.provision(env())
+        return b
+
+    async def main() -> None:
+        made = await provision([(503, True)])  # it made the job after all: adopted
+        assert made.calls == ["qsub", "qstat"] and len(made.queue) == 1 and made.jobs["env1"].ref == "1.pbs"
+        lost = await provision([(503, False), (429, False)])  # nothing made: tried again after each look
+        assert lost.calls == ["qsub", "qstat", "qsub", "qstat", "qsub"] and len(lost.queue) == 1
+        blind = await provision([(502, False)], qstat=2)  # no listing yet: no new try until one answers
+        assert blind.calls == ["qsub", "qstat", "qstat", "qstat", "qsub"] and len(blind.queue) == 1
+        with pytest.raises(PbsError, match="qsub: 403"):  # a refusal is not retried
+            await provision([(403, False)])
+        b = backend(Ctx())
+        b.qsub_faults = [(503, False)] * 5
+        with pytest.raises(PbsError, match="qsub: 503"):  # it gives up after submit_attempts
+            await b.provision(env())
+        assert b.calls.count("qsub") == b.submit_attempts and not b.queue
 
     run(main())
 

@@ -62,18 +62,9 @@ def test_rest_faults_for_a_while_lose_nothing(job_platform: JobPlatform, request
     p.wait_clean(emu, prefix)
 
 
-# Found when the scenario above first submitted a trial during the faults: a job creation answered
-# 5xx (which created nothing) is taken for the platform refusing the job where the backend does not
-# retry it: jobs.py `provision` raises `refused`, elastic.py fails the environment, and the trial
-# FAILS ("DLTS refused job ...: 503: Service Unavailable"; DLC: "no environment could be started:
-# PAI-DLC refused job ...: CreateJob: ServiceUnavailable"). DLC's CreateJob is never retried (display
-# names are not unique) and its SDK retries only lost connections, not 5xx, even for ListJobs. The
-# fix: on a transient fault, look the job up by name (as dlc.py's submit does) and submit again.
-# OpenPAI retries its POST and AML its idempotent PUT: they pass.
-SUBMISSION_LOST = {"dlts": "a 503 on POST jobs fails the trial",
-                   "dlc": "a 503 on CreateJob fails the trial"}
-
-
+# A job creation answered 5xx may or may not have made the job: jobs.py looks it up by name and only
+# then submits again (DLTS and DLC used to fail the trial: their creations are not retried, since a
+# second POST would make a second job of the name).
 def test_a_trial_submitted_while_the_api_fails_gets_its_job_once_it_answers(
         job_platform: JobPlatform, request: pytest.FixtureRequest, short_dir: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -81,8 +72,6 @@ def test_a_trial_submitted_while_the_api_fails_gets_its_job_once_it_answers(
     trial waits and runs on a job created once the API answers, no environment is given up, and
     the experiment has exactly one job for it."""
     p = job_platform
-    if p.name in SUBMISSION_LOST:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"known bug: {SUBMISSION_LOST[p.name]}"))
     caplog.set_level(logging.WARNING)
     emu = p.fault_emulator(request)
     cfg = load_config(p.trial_config(emu, short_dir))

@@ -213,6 +213,43 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         """The error `provision` raises when the platform refused the job."""
         return error
 
+    # a job creation the platform answered 5xx or 429 (it may or may not have made the job) is
+    # tried this many times, the job looked up by name before each new try, pausing 1, 2, 4 ... s
+    submit_attempts: ClassVar[int] = 5
+
+    def submit_pause(self) -> float:
+        """The first pause between tries of a job creation (rest_jobs.py: its test knob)."""
+        return 1.0
+
+    async def _submit_through_faults(self, job: Job, request: RequestT) -> None:
+        """`submit`, again after a transient answer once the listing shows no job of its name
+        (one that does is adopted: never a second job of a name). Refusals raise at once."""
+        pause, attempt = self.submit_pause(), 1
+        while True:
+            try:
+                await self.submit(job, request)
+                return
+            except self.errors as e:
+                status = getattr(e, "status", 0)
+                if not (status >= 500 or status == 429) or attempt >= self.submit_attempts or job.released:
+                    raise
+                unclear = e
+                log.warning("%s: %s; looking for it by name in %.1f s, then trying again (attempt %d of %d)",
+                            job.name, e, pause, attempt, self.submit_attempts)
+            while True:  # whether the platform made it after all
+                await asyncio.sleep(pause)
+                pause, attempt = pause * 2, attempt + 1
+                try:
+                    listed = (await self.list_jobs()).get(job.name)
+                    break
+                except self.errors as e:
+                    if attempt >= self.submit_attempts or job.released:
+                        raise unclear from None
+                    log.warning("%s: looking for it: %s", job.name, e)
+            if listed is not None:
+                job.ref = job.ref or listed.ref
+                return
+
     def job_url(self, job: Job) -> str:
         """The job's page in the platform's UI ("" when there is none)."""
         return ""
@@ -314,7 +351,7 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         self.jobs[env.env_id] = job
         try:
             request = await self.prepare(job, env)
-            await self.submit(job, request)
+            await self._submit_through_faults(job, request)
         except self.errors as e:
             job.done = True
             raise self.refused(job, e) from None

@@ -272,6 +272,9 @@ class RestJobBackend(JobBackend[JobOptionsT, RequestT]):
         "no secret store: each agent's token and the CA are literals in the job's command, which anyone who may "
         "read the job sees; the token is single-use, spent when the agent enrols; shown here as a placeholder")
 
+    def submit_pause(self) -> float:
+        return default_backoff()
+
     @abc.abstractmethod
     def job_request(self, env: EnvironmentRequest, name: str) -> RequestT:
         """The request that creates the job of `env` (with its secrets)."""
