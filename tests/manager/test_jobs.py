@@ -240,6 +240,16 @@ def env(env_id: str = "env1", trial: str | None = None) -> EnvironmentRequest:
     return EnvironmentRequest(env_id, (spec,), trial)
 
 
+def clocked(deadline: float | None = None, **options: Any) -> tuple[Ctx, Pbs, list[float]]:
+    """A backend on a clock the test moves (`clock[0] += 60`), with a start deadline if given."""
+    ctx = Ctx()
+    b = backend(ctx, **options)
+    b.deadline = deadline
+    clock = [1000.0]
+    b.clock = lambda: clock[0]
+    return ctx, b, clock
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
@@ -251,10 +261,7 @@ def test_names_follow_nnis_pattern_for_pools_and_single_trials() -> None:
 
 
 def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
-    ctx = Ctx()
-    b = backend(ctx)
-    clock = [1000.0]
-    b.clock = lambda: clock[0]
+    ctx, b, clock = clocked()
 
     async def main() -> None:
         await b.provision(env())
@@ -284,10 +291,7 @@ def test_waiting_then_running_words_and_the_agent_that_dials() -> None:
 
 
 def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None:
-    ctx = Ctx()
-    b = backend(ctx, connect_timeout=30.0)
-    clock = [1000.0]
-    b.clock = lambda: clock[0]
+    ctx, b, clock = clocked(connect_timeout=30.0)
 
     async def main() -> None:
         await b.provision(env())
@@ -309,11 +313,7 @@ def test_a_running_job_whose_agent_never_dials_is_failed_and_cancelled() -> None
 
 
 def test_a_job_not_started_by_the_start_deadline_is_failed_in_its_last_words_and_cancelled() -> None:
-    ctx = Ctx()
-    b = backend(ctx)
-    b.deadline = 60.0
-    clock = [1000.0]
-    b.clock = lambda: clock[0]
+    ctx, b, clock = clocked(deadline=60.0)
 
     async def main() -> None:
         await b.provision(env())
@@ -333,11 +333,7 @@ def test_a_job_not_started_by_the_start_deadline_is_failed_in_its_last_words_and
 
 
 def test_the_start_deadline_waits_for_every_member_and_ends_once_the_job_started() -> None:
-    ctx = Ctx()
-    b = backend(ctx)
-    b.deadline = 60.0
-    clock = [1000.0]
-    b.clock = lambda: clock[0]
+    ctx, b, clock = clocked(deadline=60.0)
 
     async def main() -> None:
         await b.provision(env())
