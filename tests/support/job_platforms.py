@@ -515,6 +515,11 @@ class KubeJobs(JobPlatform):
     failed_state = GONE  # a failed trial's object is deleted too: Kubernetes keeps no failed job
     container: ClassVar[str]  # the agent's container in the job's pods
 
+    def canceled_states(self) -> tuple[str, ...]:
+        """Deleted by the manager, or ended by its agent once the cancelled trial was (a job of its own
+        completes when its agent exits), whichever lands first: Slurm's race too."""
+        return tuple(s for s in self.ended_states if "Fail" not in s)
+
     def job_prefix(self, experiment_id: str) -> str:
         return f"nniexp{experiment_id.lower()}"
 
