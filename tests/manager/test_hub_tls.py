@@ -4,6 +4,7 @@ certificate survives a restart (running agents keep trusting it)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,53 @@ def test_certificate_is_kept_across_restarts_and_covers_new_addresses(tmp_path: 
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "hub.example" in names.get_values_for_type(x509.DNSName)
     assert "TlsMaterial(" in repr(moved) and "PRIVATE KEY" not in repr(moved)
+
+
+def _holder() -> tuple[socket.socket, int]:
+    """A socket holding a loopback port the way a client's outgoing connection holds its
+    ephemeral one (bound, no SO_REUSEADDR)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
+
+
+def test_a_remembered_port_held_for_a_while_is_waited_for(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted manager's port was taken meanwhile by another socket (the kernel hands listening
+    ports out again as ephemeral ones): the running agents dial only that port, so the hub waits
+    for it, saying so once, and listens there when it is free."""
+    async def body() -> None:
+        exp_dir = tmp_path / "exp"
+        holder, port = _holder()
+        asyncio.get_running_loop().call_later(1.5, holder.close)
+        hub = Hub(experiment_id="ExpPort1", experiment_dir=exp_dir, store=Store.open(exp_dir), handler=Recorder(exp_dir),
+                  tcp=f"127.0.0.1:{port}")
+        await hub.start()
+        try:
+            assert hub.address == f"127.0.0.1:{port}"
+            _, writer = await asyncio.open_connection("127.0.0.1", port)  # listening there now
+            writer.close()
+        finally:
+            await hub.stop()
+
+    with caplog.at_level("WARNING", logger="nni_manager.hub.server"):
+        asyncio.run(body())
+    waits = [r.getMessage() for r in caplog.records if "is taken" in r.getMessage()]
+    assert len(waits) == 1 and "the running agents dial it" in waits[0], waits
+
+
+def test_a_port_held_past_the_wait_is_one_clear_error(tmp_path: Path) -> None:
+    async def body() -> None:
+        exp_dir = tmp_path / "exp"
+        holder, port = _holder()
+        hub = Hub(experiment_id="ExpPort2", experiment_dir=exp_dir, store=Store.open(exp_dir), handler=Recorder(exp_dir),
+                  tcp=f"127.0.0.1:{port}")
+        hub.rebind_wait = 1.0
+        try:
+            with pytest.raises(OSError) as e:
+                await hub.start()
+        finally:
+            holder.close()
+        assert str(e.value) == (f"the hub cannot listen on 127.0.0.1:{port}: the port is taken or the address is not "
+                                "on this machine (free the port, or set trainingService.hubPort / nniManagerIp)")
+
+    asyncio.run(body())

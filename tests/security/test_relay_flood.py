@@ -47,6 +47,16 @@ def _flood_counts(kube: Any) -> Counter[str] | None:
     return Counter(json.loads(last[-1])) if last else Counter()
 
 
+def _flood_state(kube: Any) -> str:
+    """The flood pod's phase, container state and last lines, for a failure's message."""
+    pod = kube.core().read_namespaced_pod("flood", NS)
+    try:
+        tail = kube.core().read_namespaced_pod_log("flood", NS, tail_lines=5)
+    except ApiException as e:
+        tail = f"(no log: {e.status})"
+    return f"phase {pod.status.phase}, containers {pod.status.container_statuses}, log tail {tail!r}"
+
+
 def test_a_flood_from_another_pod_does_not_stop_a_new_agent_s_trial(kube_factory: Any,  # noqa: F811
                                                                   short_dir: Path) -> None:
     kube = kube_factory(pod_network="bridged")
@@ -67,8 +77,11 @@ def test_a_flood_from_another_pod_does_not_stop_a_new_agent_s_trial(kube_factory
             target = tunnel.advertise(service.spec.cluster_ip)
             flood = f"cd {REPO} && exec {sys.executable} -m tests.support.security.flood {target} - 400 25 16"
             kube.core().create_namespaced_pod(NS, pod_body("flood", flood))
-            await until(lambda: (_flood_counts(kube) or Counter()).total() > 0, 120,
-                        "the flood pod's streams dropped by the relay")
+            try:
+                await until(lambda: (_flood_counts(kube) or Counter()).total() > 0, 120,
+                            "the flood pod's streams dropped by the relay")
+            except AssertionError:
+                raise AssertionError(f"no stream of the flood pod was dropped in 120 s: {_flood_state(kube)}") from None
             paired = ts._backend._tunnel.paired
             job = await ts.submit_trial_job(form(1, x=2, steps=1))  # a new agent pod dials in under the flood
             done = await wait_status(ts, job.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=120)

@@ -178,8 +178,12 @@ def test_preempted_or_cancelled_allocation_is_replaced_and_its_trial_reported(sl
                 await wait_status(ts, b.id, "SYS_CANCELED", timeout=T)
                 msg = await message_with(ts, b.id, "PREEMPTED")
                 assert "Slurm job" in msg, msg
-                states = {j["id"]: j["state"] for j in slurm.jobs(f"nni_exp_{exp}_")}
-                assert all(states[i] == "PREEMPTED" for i in live), states
+                # b's allocation is reported first; the other may still be COMPLETING its preemption
+                def states() -> dict[str, str]:
+                    return {j["id"]: j["state"] for j in slurm.jobs(f"nni_exp_{exp}_")}
+                await asyncio.to_thread(slurm.wait_for, lambda: all(states()[i] != "COMPLETING" for i in live), T,
+                                        "both preempted allocations to end")
+                assert all(states()[i] == "PREEMPTED" for i in live), states()
                 # trials keep coming: they wait (the preemptor holds both nodes), then run on new allocations
                 e = await ts.submit_trial_job(form(3, x=9, steps=1))
                 await message_with(ts, e.id, "PENDING")

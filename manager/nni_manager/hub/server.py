@@ -9,11 +9,13 @@ bundle serving, and the reconnect window. What records *mean* is the handler's b
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import hmac
 import logging
 import re
 import secrets
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -154,6 +156,22 @@ def _budget_key(peer: str) -> str:
     return peer if host.startswith("127.") or host in ("[::1]", "::1") else host
 
 
+def _held(host: str, port: str) -> bool:
+    """Whether another socket holds host:port (worth waiting for: an ephemeral use ends), as
+    opposed to free or an address not on this machine."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        return e.errno == errno.EADDRINUSE
+    except ValueError:
+        return False
+    return False
+
+
 def _raw(data: bytes) -> bytes:
     """Messages reach Connect unparsed, so a Hello's size is checked before it is parsed."""
     return data
@@ -205,6 +223,7 @@ class Hub(pb_grpc.AgentHubServicer):
         self.handler = handler  # set before start() when it is built after the hub
         self._links: dict[str, _Link] = {}
         self._server: grpc.aio.Server | None = None
+        self.rebind_wait = 60.0  # how long a taken fixed or remembered port is waited for
         self._monitor: asyncio.Task[None] | None = None
         self.storage_error = ""  # set while the store cannot be written; "" once it can again
         self.study: StudyService | None = None  # an Optuna study's storage, offered to the trials (hub/study.py)
@@ -242,30 +261,50 @@ class Hub(pb_grpc.AgentHubServicer):
                 "use a shorter experimentWorkingDirectory"
             )
         self.socket_path.unlink(missing_ok=True)  # a stale one from a killed manager
+        # A fixed or remembered port may be held for a while by another socket that the kernel gave
+        # it to as an ephemeral one (a client's outgoing connection): running agents dial only this
+        # port, so wait for it rather than give up on them.
+        host, _, wanted = (self.tcp or ":0").rpartition(":")
+        deadline = time.monotonic() + self.rebind_wait
+        if wanted not in ("", "0") and _held(host, wanted):
+            log.warning("hub port %s is taken; waiting up to %.0f s for it (the running agents dial it)",
+                        wanted, self.rebind_wait)
+            while _held(host, wanted) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+        if (server := self._listen()) is None:
+            raise OSError(f"the hub cannot listen on {self.tcp}: the port is taken or the address is not "
+                          "on this machine (free the port, or set trainingService.hubPort / nniManagerIp)")
+        self._server = server
+        await server.start()
+        self._monitor = asyncio.create_task(self._watch_contact())
+
+    def _listen(self) -> grpc.aio.Server | None:
+        """A server on `tcp` and the Unix socket, not started; None when the TCP port is taken."""
         options = [
             ("grpc.enable_http_proxy", 0),
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ]
-        self._server = grpc.aio.server(options=options)
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("nni_agent.v1.AgentHub", {
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("nni_agent.v1.AgentHub", {
             "Connect": grpc.stream_stream_rpc_method_handler(
                 self.Connect, request_deserializer=_raw, response_serializer=pb.ManagerMessage.SerializeToString),
         }), StudyHandlers(self._study_token, lambda: self.study)))
-        self._server.add_insecure_port(f"unix:{self.socket_path}")
         if self.tcp:
-            host, _, wanted = self.tcp.rpartition(":")
-            if self.tls is not None:
-                credentials = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.certificate)])
-                port = self._server.add_secure_port(self.tcp, credentials)
-            else:
-                port = self._server.add_insecure_port(self.tcp)
-            if port == 0:  # grpc answers 0 instead of raising
-                raise OSError(f"the hub cannot listen on {self.tcp}: the port is taken or the address is not "
-                              "on this machine (set trainingService.hubPort / nniManagerIp)")
+            host = self.tcp.rpartition(":")[0]
+            try:
+                if self.tls is not None:
+                    credentials = grpc.ssl_server_credentials([(self.tls.private_key, self.tls.certificate)])
+                    port = server.add_secure_port(self.tcp, credentials)
+                else:
+                    port = server.add_insecure_port(self.tcp)
+            except RuntimeError:  # grpc's "Failed to bind" (older releases answer 0 instead)
+                port = 0
+            if port == 0:
+                return None
             self.address = f"{host}:{port}"
-        await self._server.start()
-        self._monitor = asyncio.create_task(self._watch_contact())
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        return server
 
     async def stop(self, grace: float = 1.0) -> None:
         if self._monitor:
