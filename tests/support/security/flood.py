@@ -35,7 +35,11 @@ async def _silent_stream(channel: grpc.aio.Channel, ended: Counter[str]) -> None
 
 async def main(target: str, ca_file: str, idle: int, connections: int, streams: int) -> None:
     host, _, port = target.rpartition(":")
-    sockets = [await asyncio.open_connection(host, int(port)) for _ in range(idle)]
+    sockets = []
+    for n in range(1, idle + 1):
+        sockets.append(await asyncio.open_connection(host, int(port)))
+        if n % 100 == 0:  # progress for a test that waits on this one (stdout says only "flooding")
+            print(f"opened {n} idle connections", file=sys.stderr, flush=True)
     options = [("grpc.enable_http_proxy", 0), ("grpc.use_local_subchannel_pool", 1)]  # one connection each
     ca = None if ca_file == "-" else open(ca_file, "rb").read()
     channels = [grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=ca), options=options)

@@ -417,7 +417,7 @@ class PodNetwork:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((ip, port))
-            sock.listen(128)
+            sock.listen(socket.SOMAXCONN)  # kube-proxy's rules queue nothing of their own
             sock.setblocking(False)
         except OSError:
             sock.close()
@@ -472,7 +472,7 @@ class PodNetwork:
         sock = await self.sockets.socket(f"/run/netns/{self.host}")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((HOST_ADDRESS, port))
-        sock.listen(128)
+        sock.listen(socket.SOMAXCONN)  # a NAT rule queues nothing of its own
         sock.setblocking(False)
         self.forwards.append(await serve_forward(sock, target_port))
         return HOST_ADDRESS
