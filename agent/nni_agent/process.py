@@ -135,17 +135,25 @@ def shell_line(command: str) -> str:
 
 
 def spawn_shell(command: str, *, cwd: Path, env: Mapping[str, str], stdout: Path, stderr: Path) -> int:
-    """Start `/bin/sh -c command` (`shell_line`) in a new session, output straight into files;
-    returns its pid.
+    """Start `/bin/sh -c command` (`shell_line`) in a new session, output straight into files
+    (created empty, or emptied: a trial's output starts with its run); returns its pid.
 
     The child is reaped by ChildReaper, never by subprocess (its Popen is dropped marked done).
     """
-    with open(stdout, "ab") as out, open(stderr, "ab") as err:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", shell_line(command)],
-            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, close_fds=True,
-        )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    out = os.open(stdout, flags, 0o666)
+    try:
+        err = os.open(stderr, flags, 0o666)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", shell_line(command)],
+                cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                start_new_session=True, close_fds=True,
+            )
+        finally:
+            os.close(err)
+    finally:
+        os.close(out)
     proc.returncode = 0  # keeps subprocess' own cleanup from ever waiting for this pid
     marker = env.get(MARKER_ENV)
     if marker:

@@ -209,8 +209,6 @@ class Trial:
         try:
             (self.sys_dir / ".nni" / "metrics").unlink(missing_ok=True)  # a fresh trial has no old metrics
             _write_file(self.sys_dir / "parameter.cfg", self.spec.parameter.encode("utf-8"))
-            for name in ("trial.stdout", "trial.stderr"):
-                _write_file(self.sys_dir / name, b"")
         except OSError as e:
             raise _SetupError(f"cannot prepare the trial directory {self.sys_dir}: {e}") from e
         if not self.cwd.is_dir():
@@ -372,7 +370,7 @@ def _shared_storage(spec: pb.StartTrial) -> tuple[mounts.Storage | None, str]:
 
 def _write_file(path: Path, data: bytes) -> None:
     """Create or truncate `path` and write `data`: what Path.write_bytes does, without a
-    buffered file object (three of these per trial start)."""
+    buffered file object (one per trial start)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
         view = memoryview(data)

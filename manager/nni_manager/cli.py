@@ -513,8 +513,10 @@ def _run(config_path: Path, experiment_id: str | None, plain: bool, web=None,  #
                 if keep_serving and webui.server is not None:
                     summary()
                     reopened = await webui.serve_until_stopped("is done")
-                    if reopened:
-                        summarised = False  # the run goes on: its summary comes again at its new end
+                else:
+                    reopened = webui.end_without_serving()
+                if reopened:
+                    summarised = False  # the run goes on: its summary comes again at its new end
         return True
 
     with view:

@@ -2,6 +2,7 @@
 trialnum` (NNI's own client, unchanged) on a `nni-manager run --detach` experiment."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -14,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from nni_manager.experiment import Experiment
+from nni_manager.loader import load_config
+from nni_manager.webui.runner import LiveWebUI
+from nni_manager.webui.sides import LiveExperiment
 from tests.support.experiment.fixtures import processes_under
 
 CLI = [sys.executable, "-m", "nni_manager"]
@@ -59,3 +64,30 @@ def test_nnictl_update_trialnum_reopens_a_done_experiment(make_config, tmp_path:
         subprocess.run([*CLI, "stop", exp_id], cwd=tmp_path, env=env, capture_output=True, timeout=120)
         for proc in processes_under(tmp_path):
             proc.kill()
+
+
+def _done_side(make_config) -> tuple[LiveWebUI, LiveExperiment, Experiment]:  # type: ignore[no-untyped-def]
+    """The web side of an experiment that just ended DONE on its maxTrialNumber (not run: only
+    its status and reason, as the runner leaves them)."""
+    experiment = Experiment(load_config(make_config(maxTrialNumber=2)))
+    experiment.status, experiment.stop_reason = "DONE", "maxTrialNumber (2) reached"
+    side = LiveExperiment(experiment, "ExpReopen1", Path("."), lambda: None)
+    side.phase = "RUNNING"
+    return LiveWebUI(side, None), side, experiment
+
+
+def test_without_keep_serving_a_raise_while_closing_runs_on_and_a_later_one_leaves_it_done(make_config) -> None:
+    """`--no-keep-serving`: a maxTrialNumber raised while the run still closed makes it run on (as
+    when serving); one raised after the manager decided to exit leaves it DONE with the new limit
+    stored, never RUNNING in a manager that is gone."""
+    web, side, experiment = _done_side(make_config)
+    asyncio.run(side.update("MAX_TRIAL_NUM", {"maxTrialNumber": 4}))  # raised while the run closed
+    web.finish("DONE")
+    assert side.phase == "RUNNING" and web.end_without_serving() is True  # the runner runs it on
+
+    web, side, experiment = _done_side(make_config)
+    web.finish("DONE")
+    assert web.end_without_serving() is False  # nothing raised: the manager exits
+    asyncio.run(side.update("MAX_TRIAL_NUM", {"maxTrialNumber": 4}))  # raised during its shutdown
+    assert side.phase == "DONE" and experiment.status == "DONE", (side.phase, experiment.status)
+    assert experiment.config.max_trial_number == 4  # kept for a resume

@@ -57,6 +57,15 @@ class LiveWebUI:
         self._reopened = True
         self._released.set()
 
+    def end_without_serving(self) -> bool:
+        """`--no-keep-serving`: the run ends here, unless its limit was raised while it closed
+        (True: run on). A raise after this leaves it DONE (with the new limit stored, for a resume)
+        rather than RUNNING in a manager about to exit."""
+        reopened, self._reopened = self._reopened, False
+        if not reopened and self.side is not None:
+            self.side.on_reopen = None
+        return reopened
+
     def release(self) -> None:
         """End `serve_until_stopped` (Ctrl-C, SIGTERM or DELETE /experiment after the end)."""
         self._released.set()
