@@ -37,7 +37,12 @@ def test_a_trial_that_fails_on_its_own_fails_saying_why_and_the_experiment_goes_
             if p.pool_only:
                 assert p.states(emu, prefix) == {name: p.running_state}, p.states(emu, prefix)
             else:
-                await asyncio.to_thread(p.wait_for, emu, lambda: not p.live(emu, prefix), 60, "the job ended")
+                # a job of its own may first complete as its agent exits, before the manager's stop lands
+                try:
+                    await asyncio.to_thread(p.wait_for, emu, lambda: not p.live(emu, prefix) and p.states(
+                        emu, prefix).get(name) == p.failed_state, 60, f"the job to end {p.failed_state}")
+                except AssertionError:
+                    raise AssertionError(f"the job did not end {p.failed_state}: {p.states(emu, prefix)}") from None
                 assert p.states(emu, prefix) == {name: p.failed_state}, p.states(emu, prefix)
             ok = await ts.submit_trial_job(form(1, x=7, steps=1))
             d2 = await wait_status(ts, ok.id, "SUCCEEDED", timeout=T)
