@@ -1,4 +1,5 @@
 """Suite-wide settings: loopback only, and trials that run the tests' own Python."""
+import atexit
 import os
 import shutil
 import sys
@@ -17,6 +18,7 @@ os.environ["no_proxy"] = os.environ["NO_PROXY"] = "127.0.0.1,localhost,::1"
 # (loopback only), and never into the user's own wheel cache.
 os.environ["NNI_AGENT_WHEEL_DOWNLOAD"] = "0"
 os.environ["NNI_AGENT_WHEEL_CACHE"] = tempfile.mkdtemp(prefix="nni-wheel-cache-")
+atexit.register(shutil.rmtree, os.environ["NNI_AGENT_WHEEL_CACHE"], ignore_errors=True)  # this process's own
 
 # Random and GridSearch run in the manager (nni_manager/dispatcher/__init__.py) unless a test's
 # subject is NNI's dispatcher (those delete this): NNI's dispatcher process imports nni (2.7 s of

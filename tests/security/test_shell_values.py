@@ -4,6 +4,7 @@ refused naming the field; values are quoted so that a real shell (or Python, for
 name in the REST platforms' boot program) reads them back unchanged and runs nothing."""
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -111,3 +112,20 @@ def test_image_name_is_one_argument_of_the_fixed_boot_program(image: str) -> Non
     assert argv[:3] == ["exec", "$PY", "-c"]
     assert argv[3] == inline_source()
     assert argv[argv.index("--where") + 1] == " ".join(f"the image {image}".split())  # one line: no newline
+
+@pytest.mark.parametrize("tmpdir", ["usable", "$HOME/tmp", None])
+def test_the_agent_s_private_directory_is_made_in_the_job_s_tmpdir_when_usable(tmp_path: Path,
+                                                                               tmpdir: str | None) -> None:
+    """A job's TMPDIR (a scratch disk) holds the agent's private 0700 directory when it names one; an
+    unusable one (DLTS passes `$HOME/tmp` unexpanded) or none falls back to /tmp; `set -eu` never trips."""
+    lines = agent_boot(hub_address="127.0.0.1:1", agent_id="a", token_lines=[], tls=False, ca_lines=[],
+                       orphan_timeout=60, single_trial=False, env={}, image="img")
+    made = next(line for line in lines if line.startswith("NNI_AGENT_DIR="))
+    env = {"PATH": os.environ["PATH"]}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmp_path) if tmpdir == "usable" else tmpdir
+    out = subprocess.run(["sh", "-c", f'set -eu\numask 077\n{made}\necho "$NNI_AGENT_DIR"\nrmdir "$NNI_AGENT_DIR"'],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    where = Path(out.stdout.strip())
+    assert where.parent == (tmp_path if tmpdir == "usable" else Path("/tmp")) and where.name.startswith("nni-agent.")

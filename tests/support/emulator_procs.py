@@ -65,7 +65,12 @@ class ProcessRunner:
         os.chmod(path, 0o700)
         work = cwd or d / "work"
         work.mkdir(parents=True, exist_ok=True)
-        full_env = {**env, self.mark: self.instance, self._task_mark(): f"{self.instance}/{key}"}
+        # a container's /tmp is its own and goes with it: the task's TMPDIR is a directory of its own
+        # (the job's env may name another); what a test leaves goes with the emulator's state
+        (d / "tmp").mkdir(mode=0o1777, exist_ok=True)
+        os.chmod(d / "tmp", 0o1777)
+        full_env = {"TMPDIR": str(d / "tmp"), **env, self.mark: self.instance,
+                    self._task_mark(): f"{self.instance}/{key}"}
         argv = ["bash", str(path)]
         if termination_log and os.geteuid() == 0:
             (d / "termination-log").write_text("")

@@ -229,7 +229,9 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     /dev/termination-log, where the platform shows it)."""
     q = shlex.quote
     lines = ["umask 077",
-             'NNI_AGENT_DIR=$(mktemp -d "/tmp/nni-agent.XXXXXX")',
+             # the job's TMPDIR where it names a usable directory (a scratch disk), else /tmp
+             'NNI_AGENT_DIR=$(mktemp -d "${TMPDIR:-/tmp}/nni-agent.XXXXXX" 2>/dev/null '
+             '|| mktemp -d "/tmp/nni-agent.XXXXXX")',
              *token_lines]
     if tls:
         lines += ca_lines

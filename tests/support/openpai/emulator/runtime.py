@@ -91,6 +91,11 @@ def _argv(script: Path, mounts: list[tuple[str, str]]) -> list[str]:
 async def spawn(script: Path, cwd: Path, env: dict[str, str], log_dir: Path,
                 mounts: list[tuple[str, str]] | None = None) -> asyncio.subprocess.Process:
     log_dir.mkdir(parents=True, exist_ok=True)
+    # a container's /tmp is its own and goes with it: the task's TMPDIR is a directory of its own
+    tmp = log_dir.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    os.chmod(tmp, 0o1777)
+    env = {"TMPDIR": str(tmp), **env}
     with open(log_dir / "user.pai.stdout", "ab") as out, open(log_dir / "user.pai.stderr", "ab") as err:
         return await asyncio.create_subprocess_exec(
             *_argv(script, mounts or []), cwd=str(cwd), env=env, stdin=asyncio.subprocess.DEVNULL,
