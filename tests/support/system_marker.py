@@ -53,6 +53,7 @@ SYSTEM_TESTS = (
     "security/test_metric_ingest.py", "security/test_rest_server.py", "security/test_trial_channel_ids.py",
     "security/test_shell_values.py::test_agent_env_values_reach_the_batch_script_quoted",
     "security/test_shell_values.py::test_python_path_in_the_probe_runs_nothing",
+    "security/test_shell_values.py::test_the_agent_s_private_directory_is_made_in_the_job_s_tmpdir_when_usable",
     "storage/test_mounts.py", "storage/test_storage_experiment.py",
     "test_agent_min_python.py", "test_boot.py", "test_dependency_range.py", "test_fresh_clone.py",
     "test_proto_current.py", "test_quickstart_serving.py",
