@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_agent.v1 import agent_pb2_grpc as pb_grpc
-from nni_manager import bundle
+from nni_manager import bundle, notices
 from nni_manager.errors import AgentUnavailableError
 from nni_manager.hub.address import advertised
 from nni_manager.hub.files import FILES_MINOR, FileFetches, too_old
@@ -266,10 +266,10 @@ class Hub(pb_grpc.AgentHubServicer):
         # port, so wait for it rather than give up on them.
         host, _, wanted = (self.tcp or ":0").rpartition(":")
         deadline = time.monotonic() + self.rebind_wait
-        if wanted not in ("", "0") and _held(host, wanted):
-            log.warning("hub port %s is taken; waiting up to %.0f s for it (the running agents dial it)",
-                        wanted, self.rebind_wait)
-            while _held(host, wanted) and time.monotonic() < deadline:
+        if wanted not in ("", "0") and await asyncio.to_thread(_held, host, wanted):  # getaddrinfo may block
+            notices.say_once(f"hub-port:{self.tcp}", f"hub port {wanted} is taken; waiting up to "
+                             f"{self.rebind_wait:.0f} s for it (the running agents dial it)")
+            while await asyncio.to_thread(_held, host, wanted) and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
         if (server := self._listen()) is None:
             raise OSError(f"the hub cannot listen on {self.tcp}: the port is taken or the address is not "
