@@ -61,7 +61,7 @@ def test_pool_of_dlc_jobs_runs_trials_and_keeps_the_access_key_secret(dlc: Any, 
                  what="every job of the experiment ended")
     dlc.wait_for(lambda: not dlc.live_pids(), 60, what="no pod process left")
     secret = dlc.access_key_secret
-    assert not any(secret in (j["userCommand"] or "") for j in jobs)
+    assert not any(secret in (j["UserCommand"] or "") for j in jobs)
     stored = b"".join(p.read_bytes() for p in (short_dir / "exps").rglob("*") if p.is_file())
     assert stored and secret.encode() not in stored  # the experiment's store, logs and files
     assert {r["action"] for r in dlc.requests()} >= {"ListJobs", "CreateJob", "StopJob"}

@@ -22,7 +22,7 @@ from nni_manager.backends.registry import backend_class
 from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
-from tests.support.manager.helpers import TRIAL, form, message_with, release, sleeper, wait_status
+from tests.support.manager.helpers import TRIAL, form, message_with, sleeper, wait_status
 
 T = 90.0
 
@@ -219,48 +219,3 @@ def test_dry_run_prints_nnis_job_json_without_a_usable_secret(tmp_path: Path) ->
     assert "--single-trial" in job["cmd"] and "single-use" in dry.text
     header = dry.text.splitlines()[0]  # says what happens: literals in the command, not masked secrets
     assert "masked" not in header and "literals in the job's command" in header, header
-
-
-def test_submitted_job_is_the_dry_runs_request(dlts, base: Path) -> None:
-    """What the dashboard stored for a trial's job is `build_request` of its environment, the
-    builder the dry run renders with: the same JSON once the single-use credential and the CA in
-    the command are put back as the dry run's placeholders (issue 21)."""
-    import dataclasses
-    import shlex
-
-    from nni_manager.backends.base import DRY_RUN_CA, DRY_RUN_TOKEN
-
-    cfg = load_config(v1_config(dlts, base))
-
-    async def main() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], tuple[str, bytes]]:
-        async with create_training_service(cfg) as ts:
-            trial = await ts.submit_trial_job(sleeper(base, 0, "held"))
-            await wait_status(ts, trial.id, "RUNNING", timeout=T)
-            env = next(e for e in ts.environments() if e.trial_id == trial.id)
-            backend = ts.core.backend
-            placeholders = dataclasses.replace(env, members=tuple(
-                dataclasses.replace(m, token=DRY_RUN_TOKEN, ca_certificate=DRY_RUN_CA if m.ca_certificate else b"")
-                for m in env.members))
-            dry = backend.render()
-            assert dry.requests == [backend.build_request(backend.dry_run_env())]  # render goes through it
-            stored = job_of(dlts, ts.experiment_id, trial.id)["jobParams"]
-            release(base, "held")
-            await wait_status(ts, trial.id, "SUCCEEDED", timeout=T)
-            return stored, backend.build_request(placeholders), dry.requests[0], (env.members[0].token,
-                                                                                 env.members[0].ca_certificate)
-
-    stored, built, dry, (_, ca) = run(main())
-    # the single-use credential was spent at enrolment (the environment now holds the session's):
-    # it is the one literal the command writes to the token file
-    lines = stored["cmd"].splitlines()
-    token_lines = [i for i, line in enumerate(lines) if line.endswith('> "$NNI_AGENT_DIR/token"')]
-    assert len(token_lines) == 1 and DRY_RUN_TOKEN not in stored["cmd"]
-    lines[token_lines[0]] = f'printf "%s" {shlex.quote(DRY_RUN_TOKEN)} > "$NNI_AGENT_DIR/token"'
-    assert ca and shlex.quote(ca.decode().strip()) in stored["cmd"]
-    stored["cmd"] = "\n".join(lines).replace(shlex.quote(ca.decode().strip()), shlex.quote(DRY_RUN_CA.decode()))
-    # the dashboard fills in the paths NNI leaves empty and parses the flag (as DLTS' RestAPI does)
-    assigned = {"workPath", "jobPath", "preemptionAllowed"}
-    assert built["workPath"] == built["jobPath"] == "" and str(stored["preemptionAllowed"]) == built["preemptionAllowed"]
-    assert {k: v for k, v in stored.items() if k in built and k not in assigned} == {
-        k: v for k, v in built.items() if k not in assigned}
-    assert sorted(dry) == sorted(built)  # the dry run shows every field the dashboard gets

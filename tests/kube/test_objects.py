@@ -1,6 +1,6 @@
 """The Kubernetes objects as objects.py builds them, without a cluster: where the secrets go
 (only the Secret), what the agent pod and the probe pod get from podSpec, the pull Secret's
-placeholder. The emulator tests (test_pods_platform.py, test_dry_run_is_submit.py) show the
+placeholder. The emulator tests (test_pods_platform.py; tests/platforms/test_job_contract.py for what is submitted) show the
 API server takes them; these pin what each builder puts where."""
 from __future__ import annotations
 

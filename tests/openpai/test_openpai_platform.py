@@ -5,7 +5,6 @@ non-reuse, a 2-instance task role, secrets, PAI's errors, cleanup and the dry ru
 platform does alike: a failed or cancelled trial, a wrong token, REST faults, in tests/platforms.)"""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ from nni_manager.backends.registry import backend_class
 from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
-from tests.support.manager.helpers import form, release, sleeper, wait_status
+from tests.support.manager.helpers import form, sleeper, wait_status
 from tests.support.openpai.experiments import assert_clean, base, config, config_dict, ours, run  # noqa: F401 (base: a fixture)
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
@@ -320,31 +319,3 @@ def test_agent_wheel_shipped_through_the_storage_when_mount_points_are_given(pai
                          ["commands"])
     assert f"--wheel {inside}/nni-agent/{wheels[0].name} " in commands  # the agent: from the storage's wheel
     assert job["detail"]["jobStatus"]["virtualCluster"] == "default"
-
-
-def test_stored_job_config_is_the_dry_runs_request(pai_factory, base: Path) -> None:
-    """The job config PAI stored (`GET jobs/{user}~{name}/config`, secrets masked as PAI masks them)
-    is `build_request` of the trial's environment, the builder the dry run renders with (issue 21)."""
-    import urllib.request
-
-    pai = fast_pai(pai_factory)
-    cfg = config(pai, base, {"reuseMode": False})
-
-    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
-        async with create_training_service(cfg) as ts:
-            trial = await ts.submit_trial_job(sleeper(base, 0, "held"))
-            await wait_status(ts, trial.id, "RUNNING", timeout=T)
-            backend = ts.core.backend
-            env = next(e for e in ts.environments() if e.trial_id == trial.id)
-            assert backend.render().requests == [backend.build_request(backend.dry_run_env())]  # render goes through it
-            built = backend.build_request(env)
-            url = f"{pai.api}/jobs/{pai.username}~{built['name']}/config"
-            req = urllib.request.Request(url, headers={"Authorization": f"Bearer {pai.token}"})
-            stored = await asyncio.to_thread(lambda: yaml.safe_load(urllib.request.urlopen(req, timeout=30).read()))
-            release(base, "held")
-            await wait_status(ts, trial.id, "SUCCEEDED", timeout=T)
-            return stored, built
-
-    stored, built = run(main())
-    assert built["secrets"] and stored["secrets"] == "******"  # PAI never gives the tokens back
-    assert stored == {**built, "secrets": "******"}

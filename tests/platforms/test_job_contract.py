@@ -121,3 +121,42 @@ def test_a_job_stopped_outside_the_experiment_ends_its_trial_sys_canceled_in_the
 
     prefix = run(main())
     p.wait_clean(emu, prefix)
+
+
+def test_the_job_the_platform_holds_is_the_dry_runs_request(job_platform: JobPlatform, request: pytest.FixtureRequest,
+                                                             short_dir: Path) -> None:
+    """What `nni-manager run --dry-run` shows is what gets submitted (issue 21): both come from
+    `build_request`, so the job the platform holds for a running trial, read back with the
+    platform's own API or tools, is the dry run's request but for what only `start` knows (the
+    agent's credential and the CA, shown as placeholders; Slurm's hub port)."""
+    p = job_platform
+    emu = p.emulator(request)
+    cfg = load_config(p.trial_config(emu, short_dir))
+
+    async def main() -> tuple[Any, Any]:
+        async with create_training_service(cfg) as ts:
+            backend = ts.core.backend
+            shown, built = p.dry_run_built(backend)
+            assert shown == built, _diff(shown, built)  # the dry run goes through build_request
+            trial = await ts.submit_trial_job(sleeper(short_dir, 0, "held"))
+            d = await wait_status(ts, trial.id, "RUNNING", timeout=T)
+            (env,) = [e for e in ts.environments()  # the trial's own job's, or its pool job's
+                      if e.trial_id == trial.id or (d.environment_id and e.env_id == d.environment_id)]
+            held = await asyncio.to_thread(p.held_request, emu, backend, env)
+            release(short_dir, "held")
+            await wait_status(ts, trial.id, "SUCCEEDED", timeout=T)
+            return held
+
+    held, built = run(main())
+    assert held == built, _diff(held, built)
+
+
+def _diff(held: Any, built: Any) -> str:
+    """Where the platform's copy differs from the builder's, line by line."""
+    import difflib
+    import json
+
+    def lines(x: Any) -> list[str]:
+        return json.dumps(x, indent=1, sort_keys=True, default=str).splitlines()
+
+    return "\n".join(difflib.unified_diff(lines(built), lines(held), "build_request", "held", n=2, lineterm=""))

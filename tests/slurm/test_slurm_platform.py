@@ -299,29 +299,3 @@ def test_config_errors_name_the_field(tmp_path: Path, field: str, value: Any, pr
     with pytest.raises(ConfigError) as err:
         config(tmp_path, {field: value})
     assert field in str(err.value) and problem in str(err.value), str(err.value)
-
-
-def test_submitted_batch_script_is_the_dry_runs(slurm, base: Path) -> None:
-    """The script Slurm holds for the environment's job (`scontrol write batch_script`) is the dry
-    run's (both from `build_request`), but for the hub's port, which only `start` knows."""
-    cfg = config(base)
-
-    async def main() -> tuple[dict[str, Any], str, str]:
-        async with create_training_service(cfg) as ts:
-            trial = await ts.submit_trial_job(form(0, x=1, steps=1))
-            await wait_status(ts, trial.id, "SUCCEEDED", timeout=T)
-            env = ts.environments()[0]
-            backend = ts.core.backend
-            dry = backend.render()  # the live backend: its experiment directory and agent wheel
-            job = backend.jobs[env.env_id]
-            held = subprocess.run(["scontrol", "write", "batch_script", job.ref, "-"], capture_output=True,
-                                  text=True, check=True).stdout
-            return dry.requests[0], held, env.members[0].hub_address
-
-    request, held, hub = run(main())
-    placeholder = "127.0.0.1:<hubPort>"
-    assert placeholder in request["script"] and hub != placeholder
-    # the placeholder needs shell quoting where the address does not (inside the srun's single quotes)
-    rendered = request["script"].replace(f"'\"'\"'{placeholder}'\"'\"'", hub).replace(placeholder, hub)
-    assert held == rendered
-    assert request["argv"] == ["sbatch", "--parsable"]

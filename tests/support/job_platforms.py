@@ -44,6 +44,39 @@ def _stuck_bin(base: Path) -> str:
     return str(stuck)
 
 
+def placeholders(env: Any) -> Any:
+    """`env` with the dry run's placeholder token and CA (backends/base.py `dry_run_env`)."""
+    import dataclasses
+
+    from nni_manager.backends.base import DRY_RUN_CA, DRY_RUN_TOKEN
+
+    return dataclasses.replace(env, members=tuple(
+        dataclasses.replace(m, token=DRY_RUN_TOKEN, ca_certificate=DRY_RUN_CA if m.ca_certificate else b"")
+        for m in env.members))
+
+
+def literals_as_placeholders(command: str, env: Any) -> str:
+    """A job's command as submitted by a platform with no secret store (its agent's single-use
+    token and the experiment's CA written as literals: rest_jobs.py `literal_secret_lines`), with
+    the dry run's placeholders in their place. The token was spent at enrolment (the environment
+    now holds the session's), so it is found by its line; there is exactly one."""
+    import shlex
+
+    from nni_manager.backends.base import DRY_RUN_CA, DRY_RUN_TOKEN
+
+    lines = command.splitlines()
+    token_lines = [i for i, line in enumerate(lines) if line.endswith('> "$NNI_AGENT_DIR/token"')]
+    assert len(token_lines) == 1 and DRY_RUN_TOKEN not in command, token_lines
+    lines[token_lines[0]] = f'printf "%s" {shlex.quote(DRY_RUN_TOKEN)} > "$NNI_AGENT_DIR/token"'
+    command = "\n".join(lines)
+    ca = env.members[0].ca_certificate
+    if ca:
+        literal = shlex.quote(ca.decode().strip())
+        assert literal in command
+        command = command.replace(literal, shlex.quote(DRY_RUN_CA.decode()))
+    return command
+
+
 class JobPlatform:
     """What a scenario needs of one platform. `emu` below is what the platform's fixture gives."""
 
@@ -150,6 +183,21 @@ class JobPlatform:
         """What the manager's log says of a fault it retries (one of these)."""
         return tuple(str(s) for s in self.fault_statuses)
 
+    def dry_run_built(self, backend: Any) -> tuple[Any, Any]:
+        """(the requests the dry run shows, what `build_request` makes of the dry run's environment):
+        the dry run goes through the builder `provision` uses. An SDK's request model (DLC's) is
+        compared as the body it sends."""
+        def plain(r: Any) -> Any:
+            return r.to_map() if hasattr(r, "to_map") else r
+
+        return [plain(r) for r in backend.render().requests], [plain(backend.build_request(backend.dry_run_env()))]
+
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """(what the platform holds for `env`'s job, read with its own API or tools; what
+        `backend.build_request` makes of `env` with the dry run's placeholders put back where
+        only `start` knows the value), both in the platform's form, to be equal."""
+        raise NotImplementedError
+
     def answered_statuses(self, emu: Any) -> set[int]:
         """The HTTP statuses the platform's API answered the manager with."""
         return {r["status"] for r in emu.requests()}
@@ -236,6 +284,19 @@ class OpenPai(JobPlatform):
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault("error", status=500, count=count, method="POST", path=r"/jobs$")
 
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The job config PAI serves (`GET jobs/{user}~{name}/config`), secrets masked as PAI masks
+        them: PAI never gives the tokens back."""
+        import yaml
+
+        built = backend.build_request(env)
+        assert built["secrets"]
+        req = urllib.request.Request(f"{emu.api}/jobs/{emu.username}~{built['name']}/config",
+                                     headers={"Authorization": f"Bearer {emu.token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            held = yaml.safe_load(r.read())
+        return held, {**built, "secrets": "******"}
+
     def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
         pai = self.emulator(request)  # the emulator's vc2 has room for one task
         return pai, self.config(pai, base, reuseMode=False, virtualCluster="vc2"), 1, (
@@ -305,6 +366,19 @@ class Dlts(JobPlatform):
 
     def let_waiting_run(self, emu: Any) -> None:
         emu.hold(None)
+
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The job's parameters as the dashboard keeps them, which fills in the paths NNI leaves
+        empty and parses the preemption flag (as DLTS' RestAPI does)."""
+        built = backend.build_request(placeholders(env))
+        (job,) = [j for j in emu.jobs() if j["jobName"] == built["jobName"]]
+        held = dict(job["jobParams"])
+        held["cmd"] = literals_as_placeholders(held["cmd"], env)
+        assert built["workPath"] == built["jobPath"] == ""
+        assert str(held["preemptionAllowed"]) == built["preemptionAllowed"]
+        assigned = {"workPath", "jobPath", "preemptionAllowed"}
+        return ({k: v for k, v in held.items() if k in built and k not in assigned},
+                {k: v for k, v in built.items() if k not in assigned})
 
 
 class Aml(JobPlatform):
@@ -380,6 +454,24 @@ class Aml(JobPlatform):
     def let_waiting_run(self, emu: Any) -> None:
         emu.hold(None)
 
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The job as ARM serves it to the logged-in user (`GET .../jobs/{name}`): the request's
+        properties, among those the service adds (status, services, ...)."""
+        import ssl
+
+        from azure.identity import DefaultAzureCredential
+
+        built = backend.build_request(placeholders(env))
+        name = built["properties"]["displayName"]
+        token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
+        req = urllib.request.Request(f"{emu.url}{emu.workspace_path}/jobs/{name}?api-version=2024-04-01",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=emu.ca_file)) as r:
+            props = json.loads(r.read())["properties"]
+        held = {k: props.get(k) for k in built["properties"]}
+        held["command"] = literals_as_placeholders(held["command"], env)
+        return {"properties": held}, built
+
 
 class Dlc(JobPlatform):
     """NNI's config_dlc.yml fields, the official SDK signing with the AccessKey; DLC runs a pool (reuse only)."""
@@ -446,6 +538,25 @@ class Dlc(JobPlatform):
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault(503, count=count, method="POST", path=r"^/api/v1/jobs$")  # CreateJob
 
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The job as GetJob answers the user (the official SDK, signed with their AccessKey): the
+        CreateJob request's fields among the ones the service adds."""
+        from alibabacloud_pai_dlc20201203.client import Client
+        from alibabacloud_pai_dlc20201203.models import GetJobRequest
+        from alibabacloud_tea_openapi.models import Config
+        from darabonba.runtime import RuntimeOptions
+
+        built = backend.build_request(placeholders(env)).to_map()
+        (job_id,) = [j["JobId"] for j in emu.jobs() if j["DisplayName"] == built["DisplayName"]]
+        client = Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
+                               region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file))
+        job = client.get_job_with_options(job_id, GetJobRequest(), {}, RuntimeOptions(ca=emu.ca_file)).body.to_map()
+        held = {k: job.get(k) for k in built}
+        held["UserCommand"] = literals_as_placeholders(held["UserCommand"], env)
+        # GetJob names a data source by its id (its model has no DataSourceType: the workspace's source has it)
+        built["DataSources"] = [{"DataSourceId": d["DataSourceId"]} for d in built["DataSources"]]
+        return held, built
+
 
 class Slurm(JobPlatform):
     """The real 2-node cluster (session-scoped, root's home group); reuse mode by default."""
@@ -493,6 +604,17 @@ class Slurm(JobPlatform):
 
     def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
         return emu.wait_for(predicate, timeout, what)
+
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The script Slurm holds for the job (`scontrol write batch_script`): no secret is in it
+        (tokens and the CA are files in the job's directory), so it is the environment's request whole."""
+        import subprocess
+
+        request = backend.build_request(env)
+        assert request["argv"] == ["sbatch", "--parsable"]
+        held = subprocess.run(["scontrol", "write", "batch_script", backend.jobs[env.env_id].ref, "-"],
+                              capture_output=True, text=True, check=True).stdout
+        return held, request["script"]
 
 
 PLATFORMS: tuple[JobPlatform, ...] = (OpenPai(), Dlts(), Aml(), Dlc(), Slurm())
@@ -580,6 +702,39 @@ class KubeJobs(JobPlatform):
     def wait_for(self, emu: Any, predicate: Any, timeout: float, what: str) -> Any:
         return emu.wait_for(predicate, timeout, interval=0.3, what=what)  # each look is two or more API calls
 
+    def main_object(self, emu: Any, name: str) -> dict[str, Any]:
+        """The environment's main object as the API serves it."""
+        (obj,) = [o for o in self.objects(emu) if o["metadata"]["name"] == name]
+        return obj
+
+    def dry_run_built(self, backend: Any) -> tuple[Any, Any]:
+        """The dry run shows the objects once per experiment (the agent's ConfigMap), then the
+        environment's Secret (its entries as placeholders: tokens are minted at start) and main
+        object, which are `build_request`'s of the environment the dry run names (a pool's env1,
+        else a sample trial's own)."""
+        import dataclasses
+
+        from nni_manager.backends.kubernetes.cluster import DRY_RUN_TRIAL
+
+        shown = backend.render().requests
+        assert [r["kind"] for r in shown[:1]] == ["ConfigMap"] and shown[-2]["kind"] == "Secret", shown
+        assert all(v.startswith("<") for v in shown[-2]["stringData"].values()), shown[-2]
+        env = backend.dry_run_env("env1" if backend.reuse else f"trial-{DRY_RUN_TRIAL.lower()}")
+        if not backend.reuse:
+            env = dataclasses.replace(env, trial_id=DRY_RUN_TRIAL)
+        secret, main = backend.build_request(env)
+        return ([sorted(shown[-2]["stringData"]), shown[-1]], [sorted(secret["data"]), main])
+
+    def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
+        """The environment's Secret (the same entries; the minted tokens and CA are the values) and
+        main object as the API serves them, against `build_request` of the environment."""
+        secret, main = backend.build_request(env)
+        held_secret = emu.core().read_namespaced_secret(secret["metadata"]["name"], emu.namespace)
+        held = self.main_object(emu, main["metadata"]["name"])
+        # every field the backend sets, as it set it; the API server adds defaults (a pod's, a CRD
+        # schema's), status and the owner reference the backend adds at submit
+        return (sorted(held_secret.data or {}), _as_in(held, main)), (sorted(secret["data"]), main)
+
     def wait_clean(self, emu: Any, prefix: str) -> None:
         """Every job ended and no process is left (JobPlatform's), and nothing labelled as the
         experiment's is left in its namespace: no pod (nor the hub relay's), Secret, ConfigMap or Service."""
@@ -597,6 +752,15 @@ class KubeJobs(JobPlatform):
             emu.wait_for(lambda: not left(), 30, what="the experiment's objects to go")
         except AssertionError:
             raise AssertionError(f"left in namespace {ns}: {left()}") from None
+
+
+def _as_in(held: Any, built: Any) -> Any:
+    """`held` cut to the fields `built` has (its dicts' keys, its lists' length), to compare the two."""
+    if isinstance(built, dict) and isinstance(held, dict):
+        return {k: _as_in(held[k], v) for k, v in built.items() if k in held}
+    if isinstance(built, list) and isinstance(held, list) and len(built) == len(held):
+        return [_as_in(h, b) for h, b in zip(held, built)]
+    return held
 
 
 class KubePods(KubeJobs):
@@ -617,6 +781,12 @@ class KubePods(KubeJobs):
 
     def state_of(self, obj: dict[str, Any]) -> str:
         return str((obj.get("status") or {}).get("phase") or "")
+
+    def main_object(self, emu: Any, name: str) -> dict[str, Any]:
+        """`GET .../pods/<name>` (a list's items carry no kind nor apiVersion)."""
+        status, _, body = emu.raw("GET", f"/api/v1/namespaces/{emu.namespace}/pods/{name}")
+        assert status == 200, body
+        return dict(json.loads(body))
 
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         """`kubectl delete pod`."""

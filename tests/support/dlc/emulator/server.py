@@ -72,6 +72,7 @@ class Job:
                 "WorkspaceId": self.workspace, "UserId": self.owner, "GmtCreateTime": self.created,
                 "GmtFinishTime": self.finished or None, "JobSpecs": self.body.get("JobSpecs"),
                 "DataSources": self.body.get("DataSources"), "ResourceId": self.body.get("ResourceId"),
+                "UserCommand": self.body.get("UserCommand"),
                 "Pods": [{"PodId": f"{self.id}-{k.rpartition('-')[2]}", "Status": self._pod_status(k)}
                          for k in self.pods]}
 
@@ -287,8 +288,7 @@ def make_app(dlc: Dlc) -> web.Application:
     async def controls(request: web.Request) -> web.Response:
         common = common_control(
             [request.match_info["what"]], request.method, await request.json() if request.can_read_body else {},
-            jobs=lambda: [{**j.view(), "history": j.history, "exitCodes": j.exit_codes,
-                           "userCommand": j.body.get("UserCommand")} for j in dlc.jobs.values()],
+            jobs=lambda: [{**j.view(), "history": j.history, "exitCodes": j.exit_codes} for j in dlc.jobs.values()],
             pids=dlc.runner.pids, requests=lambda: dlc.requests, faults=dlc.faults)
         return common if common is not None else web.json_response({"error": "unknown control"}, status=404)
 
