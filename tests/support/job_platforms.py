@@ -690,8 +690,40 @@ class KubeJobs(JobPlatform):
         kc = kubeconfig_with_token(emu, base / "kc", "not-a-token")
         return self.config(emu, base, kubeConfig=str(kc)), ("401",), "not-a-token"
 
+    fault_statuses = (429, 503)
+    plural: ClassVar[str]  # the main object's resource, as its path names it
+
     def fault_emulator(self, request: pytest.FixtureRequest) -> Any:
-        pytest.skip(f"{self.name}: the Kubernetes emulator takes no injected API faults (its watch's are tests/kube's)")
+        """The shared emulator: its storms hit only this test's namespace (`_in_namespace`)."""
+        return self.emulator(request)
+
+    def _in_namespace(self, emu: Any) -> str:
+        return f"/namespaces/{emu.namespace}/"
+
+    def _storm(self, emu: Any, status: int, count: int, **match: str) -> None:
+        """A storm of `count` answers, waited out (the backend's next requests meet it)."""
+        emu.storm(status, count, path=match.pop("path", self._in_namespace(emu)), **match)
+        emu.wait_for(lambda: emu.faults()["left"] == 0, 60, interval=0.2, what=f"{count} requests answered {status}")
+
+    def inject_faults(self, emu: Any) -> None:
+        """API Priority and Fairness throttles four requests (429, Retry-After), then an etcd leader
+        change or a load balancer losing the API server answers four more 503."""
+        self._storm(emu, 429, 4)
+        self._storm(emu, 503, 4)
+
+    def fail_submissions(self, emu: Any, count: int) -> None:
+        """The next `count` creations of a main object answer 503 (the Status body the real server
+        sends) and create nothing."""
+        emu.storm(503, count, path=f"{self._in_namespace(emu)}{self.plural}$", method="POST")
+
+    def clear_faults(self, emu: Any) -> None:
+        emu.storm(503, 0)
+
+    def answered_statuses(self, emu: Any) -> set[int]:
+        return {int(s) for s in emu.faults()["answered"]}
+
+    def fault_words(self) -> tuple[str, ...]:
+        return ("429", "503", "TooManyRequests", "ServiceUnavailable")
 
     def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
         pytest.skip(f"{self.name}: a pod waiting for a node's room is still tests/kube/test_pods_platform.py's")
@@ -766,7 +798,7 @@ def _as_in(held: Any, built: Any) -> Any:
 class KubePods(KubeJobs):
     """platform: kubernetes, one plain pod per environment; its state is the pod's phase."""
 
-    name, fixture, container = "kube-pods", "kube_ns", "trial"
+    name, fixture, container, plural = "kube-pods", "kube_ns", "trial", "pods"
     ended_states = (GONE, "Succeeded", "Failed")
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
@@ -828,7 +860,7 @@ class KubeTfJob(KubeOperator):
 
     name, tag, container = "kube-tfjob", "Tf", "tensorflow"
     ended_states = (GONE, "Succeeded", "Failed")
-    api = ("kubeflow.org", "v1", "tfjobs")
+    api, plural = ("kubeflow.org", "v1", "tfjobs"), "tfjobs"
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         worker = {"replicas": 1, **self.worker()}
@@ -845,7 +877,7 @@ class KubeFramework(KubeOperator):
 
     name, tag, container = "kube-framework", "Fc", "framework"
     running_state, ended_states = "AttemptRunning", (GONE, "AttemptCompleted", "Completed")
-    api = ("frameworkcontroller.microsoft.com", "v1", "frameworks")
+    api, plural = ("frameworkcontroller.microsoft.com", "v1", "frameworks"), "frameworks"
 
     def config(self, emu: Any, base: Path, **ts: Any) -> dict[str, Any]:
         role = {"name": "worker", "taskNumber": 1, "gpuNumber": 0, **self.worker(),

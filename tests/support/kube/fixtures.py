@@ -130,10 +130,11 @@ class Kube(EmulatorHandle):
         """Every distinct .status the object went through; kind is the plural ('pods', 'tfjobs')."""
         return self._call("GET", f"/emulator/v1/history/{kind}/{ns or '-'}/{name}")["statuses"]
 
-    def storm(self, status: int, count: int, retry_after: int = 1, path: str = "") -> None:
-        """The next `count` API requests (whose path holds `path`) answer `status` (429 with Retry-After)."""
+    def storm(self, status: int, count: int, retry_after: int = 1, path: str = "", method: str = "") -> None:
+        """The next `count` API requests (with `method`, whose path `path`, a regular expression, is
+        found in) answer `status` (429 with Retry-After); a count of 0 ends the storm."""
         self._call("POST", "/emulator/v1/faults/storm", {"status": status, "count": count,
-                                                         "retryAfter": retry_after, "path": path})
+                                                         "retryAfter": retry_after, "path": path, "method": method})
 
     def faults(self) -> dict:
         """{"answered": {"429": n, ...}, "left": requests the current storm will still answer}."""

@@ -348,8 +348,8 @@ def _client_class() -> Any:  # built on first use (no kubernetes.aio import befo
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError, ConnectionError) as e:
                     if not self.retry_connections or loop.time() + delay > deadline:
                         raise
-                    log.info("Kubernetes API %s %s: %s; retrying in %.1f s", method, url.split("?")[0], e or
-                             type(e).__name__, delay)
+                    log.warning("Kubernetes API %s %s: %s; retrying in %.1f s", method, url.split("?")[0], e or
+                                type(e).__name__, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 10.0)
                     continue
@@ -365,8 +365,9 @@ def _client_class() -> Any:  # built on first use (no kubernetes.aio import befo
                 wait = _retry_after(resp.headers, delay) if resp.status == 429 else delay
                 if loop.time() + wait > deadline:
                     return resp
-                log.info("Kubernetes API %s %s answered %s; retrying in %.1f s", method, url.split("?")[0],
-                         resp.status, wait)
+                # a warning, as the REST platforms' retries: the log says what the cluster answered
+                log.warning("Kubernetes API %s %s answered %s; retrying in %.1f s", method, url.split("?")[0],
+                            resp.status, wait)
                 await asyncio.sleep(wait)
                 delay = min(delay * 2, 10.0)
 

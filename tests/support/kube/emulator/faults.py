@@ -1,7 +1,7 @@
 """Transient API-server failures on demand, as clients meet them in the field.
 
-- A storm: the next `count` API requests (controls excluded; optionally only paths containing
-  `path`) answer `status`: 429 TooManyRequests with `Retry-After` (API Priority and Fairness, the
+- A storm: the next `count` API requests (controls excluded; optionally only those with `method`
+  and a path that `path`, a regular expression, is found in) answer `status`: 429 TooManyRequests with `Retry-After` (API Priority and Fairness, the
   max-in-flight filter), or 500 / 503 (an etcd leader change, an apiserver behind a load balancer
   going away), each with the Status body the real server sends.
 - A restart: the listener closes and every open connection (watches included) drops; the server
@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -30,6 +31,7 @@ class Storm:
     count: int
     retry_after: int = 1
     path: str = ""
+    method: str = ""
     served: int = 0  # how many requests it answered (tests read it back)
 
 
@@ -42,11 +44,13 @@ class Faults:
         status = int(body.get("status", 429))
         if status not in _MESSAGES:
             raise ApiError(400, "BadRequest", f"storm status must be one of {sorted(_MESSAGES)}")
-        self.storm = Storm(status, int(body.get("count", 1)), int(body.get("retryAfter", 1)), body.get("path", ""))
+        self.storm = Storm(status, int(body.get("count", 1)), int(body.get("retryAfter", 1)), body.get("path", ""),
+                           str(body.get("method", "")).upper())
 
     def intercept(self, request: web.Request) -> web.Response | None:
         storm = self.storm
-        if storm is None or storm.count <= 0 or (storm.path and storm.path not in request.path_qs):
+        if storm is None or storm.count <= 0 or (storm.path and not re.search(storm.path, request.path_qs)) or (
+                storm.method and storm.method != request.method):
             return None
         storm.count -= 1
         storm.served += 1
