@@ -726,7 +726,19 @@ class KubeJobs(JobPlatform):
         return ("429", "503", "TooManyRequests", "ServiceUnavailable")
 
     def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
-        pytest.skip(f"{self.name}: a pod waiting for a node's room is still tests/kube/test_pods_platform.py's")
+        """A cluster of one node with one GPU (an emulator of the test's own: nodes are cluster-wide),
+        each trial's pod asking for it: the second pod is Pending, the scheduler's words its reason."""
+        from tests.support.kube.fixtures import SHARED_CRD_GROUPS, KubeNamespace
+
+        groups = SHARED_CRD_GROUPS if self.fixture == "kube_crd_ns" else ()
+        emu = KubeNamespace(request.getfixturevalue("kube_factory")(nodes=["node-1=8,16384,1"], crd_groups=groups),
+                            "default")
+        return emu, self.one_gpu(self.config(emu, base, reuseMode=False)), 1, (
+            "FailedScheduling", "0/1 nodes are available", "Insufficient nvidia.com/gpu")
+
+    def one_gpu(self, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` with each environment's pod asking for one GPU."""
+        raise NotImplementedError
 
     def secrets(self, emu: Any) -> list[str]:
         return [emu.token]
@@ -814,6 +826,10 @@ class KubePods(KubeJobs):
     def state_of(self, obj: dict[str, Any]) -> str:
         return str((obj.get("status") or {}).get("phase") or "")
 
+    def one_gpu(self, data: dict[str, Any]) -> dict[str, Any]:
+        data["trainingService"]["gpuNumber"] = 1
+        return data
+
     def main_object(self, emu: Any, name: str) -> dict[str, Any]:
         """`GET .../pods/<name>` (a list's items carry no kind nor apiVersion)."""
         status, _, body = emu.raw("GET", f"/api/v1/namespaces/{emu.namespace}/pods/{name}")
@@ -867,6 +883,10 @@ class KubeTfJob(KubeOperator):
         return self.service(emu, base, {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
                                         "reuseMode": True, "pollInterval": "0.5s", "worker": worker, **ts})
 
+    def one_gpu(self, data: dict[str, Any]) -> dict[str, Any]:
+        data["trainingService"]["worker"]["gpuNumber"] = 1
+        return data
+
     def state_of(self, obj: dict[str, Any]) -> str:
         true = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
         return str(true[-1]["type"]) if true else ""
@@ -884,6 +904,10 @@ class KubeFramework(KubeOperator):
                 "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}
         return self.service(emu, base, {"platform": "frameworkcontroller", "reuseMode": True, "pollInterval": "0.5s",
                                         "taskRoles": [role], **ts})
+
+    def one_gpu(self, data: dict[str, Any]) -> dict[str, Any]:
+        data["trainingService"]["taskRoles"][0]["gpuNumber"] = 1
+        return data
 
     def state_of(self, obj: dict[str, Any]) -> str:
         return str((obj.get("status") or {}).get("state") or "")
