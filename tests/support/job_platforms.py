@@ -538,6 +538,14 @@ class Dlc(JobPlatform):
     def fail_submissions(self, emu: Any, count: int) -> None:
         emu.fault(503, count=count, method="POST", path=r"^/api/v1/jobs$")  # CreateJob
 
+    def waiting(self, request: pytest.FixtureRequest, base: Path) -> tuple[Any, dict[str, Any], int, tuple[str, ...]]:
+        dlc = self.emulator(request)
+        dlc.hold("Queuing")  # the workspace's quota has no room (dlc_in_shared lets go afterwards)
+        return dlc, self.config(dlc, base, pollInterval="0.3s"), 0, ("Queuing",)
+
+    def let_waiting_run(self, emu: Any) -> None:
+        emu.hold(None)
+
     def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
         """The job as GetJob answers the user (the official SDK, signed with their AccessKey): the
         CreateJob request's fields among the ones the service adds."""

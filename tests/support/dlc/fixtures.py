@@ -45,6 +45,10 @@ class Dlc(RestControls):
                 "localStorageMountPoint": "/home/admin/workspace/", "containerStorageMountPoint": "/root/data/",
                 "endpoint": self.endpoint, "caFile": self.ca_file, "pollInterval": "0.3s", **overrides}
 
+    def hold(self, status: str | None) -> None:
+        """Jobs stop advancing when they reach `status` (None releases them)."""
+        self._call("POST", "hold", {"status": status})
+
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         req = urllib.request.Request(f"https://{self.endpoint}/_emulator/{path}", method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
@@ -91,6 +95,9 @@ def dlc_shared() -> Iterator[Dlc]:
 
 @pytest.fixture
 def dlc_in_shared(dlc_shared: Dlc) -> Iterator[Dlc]:
-    """`dlc_shared` for one test, which must leave no job process running (as a private one's stop checks)."""
+    """`dlc_shared` for one test, which must leave no job process running (as a private one's stop
+    checks); afterwards its faults and hold are undone."""
     yield dlc_shared
+    dlc_shared.clear_faults()
+    dlc_shared.hold(None)
     dlc_shared.wait_for(lambda: not dlc_shared.live_pids(), 60, what="no job process left by this test")

@@ -94,6 +94,8 @@ class Dlc:
         self.requests: list[dict[str, Any]] = []
         self.drivers: list[asyncio.Task[None]] = []
         self.faults = Faults()
+        self.hold: str | None = None  # a status jobs stop advancing at (the workspace's quota is full: Queuing)
+        self.hold_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ the gateway
     def error(self, e: ApiError | signature.SignatureError) -> web.Response:
@@ -236,9 +238,19 @@ class Dlc:
         if status in TERMINAL:
             job.finished = _now()
 
+    def set_hold(self, status: str | None) -> None:
+        self.hold = status
+        self.hold_changed.set()
+
     async def drive(self, job: Job) -> None:
         for status in ("Queuing", "Running"):
             await asyncio.sleep(self.step)
+            while self.hold == job.status and not job.stop.is_set():  # held where it is (no room in the quota)
+                self.hold_changed.clear()
+                waiters = [asyncio.ensure_future(self.hold_changed.wait()), asyncio.ensure_future(job.stop.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    w.cancel()
             if job.stop.is_set():
                 self.set(job, "Stopped", "JobStoppedByUser", "Job is stopped by user")
                 return
@@ -290,6 +302,9 @@ def make_app(dlc: Dlc) -> web.Application:
             [request.match_info["what"]], request.method, await request.json() if request.can_read_body else {},
             jobs=lambda: [{**j.view(), "history": j.history, "exitCodes": j.exit_codes} for j in dlc.jobs.values()],
             pids=dlc.runner.pids, requests=lambda: dlc.requests, faults=dlc.faults)
+        if common is None and request.match_info["what"] == "hold" and request.method == "POST":
+            dlc.set_hold((await request.json()).get("status"))
+            return web.json_response({"ok": True})
         return common if common is not None else web.json_response({"error": "unknown control"}, status=404)
 
     async def api(request: web.Request) -> web.Response:
