@@ -118,6 +118,14 @@ def test_two_node_trial_through_the_login_node(slurm, login_node, base: Path) ->
     assert not relay_processes()
 
 
+def _remote_logs(login_node: Any, exp: str) -> str:
+    """The tails of the relay's and the agents' logs in the experiment's directory on the login node."""
+    root = remote_exp_dir(login_node, exp)
+    logs = [root / "relay.log", *sorted(root.rglob("agent-*.log"))]
+    return "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                     for p in logs if p.is_file())
+
+
 def test_reuse_through_the_login_node_survives_a_dropped_ssh_link(slurm, login_node, base: Path) -> None:
     """reuse mode over loginNode; the SSH link to the login node drops while two trials run: the
     backend reconnects, re-opens the forward and points the (still running) relay at it; the agents
@@ -141,8 +149,11 @@ def test_reuse_through_the_login_node_survives_a_dropped_ssh_link(slurm, login_n
                 "the relay to be pointed at a new forward")
             release(base, "a")
             release(base, "b")
-            for t in (a, b):
-                await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            try:
+                for t in (a, b):
+                    await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
+            except AssertionError as e:  # what the relay and the agents saw, for the next look
+                raise AssertionError(f"{e}\n{_remote_logs(login_node, exp)}") from None
             assert relay_log.read_text().count("piped to") >= piped + 2  # both agents redialled through the relay
             more = [await ts.submit_trial_job(form(i, x=i, steps=1)) for i in range(2, 6)]
             for t in more:

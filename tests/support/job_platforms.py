@@ -917,6 +917,14 @@ class KubeFramework(KubeOperator):
         data["trainingService"]["taskRoles"][0]["gpuNumber"] = 1
         return data
 
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`kubectl patch framework <name> -p '{"spec":{"executionType":"Stop"}}'`, FrameworkController's
+        own way to stop a Framework: its pods go, it completes with code -210 and stays."""
+        group, version, plural = self.api
+        self.custom(emu).patch_namespaced_custom_object(group, version, emu.namespace, plural, name,
+                                                        {"spec": {"executionType": "Stop"}})
+        return ["StopFrameworkRequested", name]
+
     def state_of(self, obj: dict[str, Any]) -> str:
         return str((obj.get("status") or {}).get("state") or "")
 

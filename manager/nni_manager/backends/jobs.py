@@ -593,10 +593,12 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         if job.done:
             return  # ended already (a platform may learn of an end from more than the listing)
         job.done = True
-        await self.forget(job)
         if job.released:
+            await self.forget(job)
             return  # stopped by us: the core knows
+        # its words first: a platform may look at the job (its exit diagnostics, its object) before forget cleans up
         words = view.words if ours else await self.ended_words(job, view)
+        await self.forget(job)
         for m in job.members:  # the core tells an expected end (its one trial is over) from a loss
             if m not in job.ended:  # told already (JobView.members)
                 phase, said = view.members.get(m, (view.phase, words))

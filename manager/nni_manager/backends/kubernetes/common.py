@@ -377,6 +377,8 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         state = self.state_of(obj)
         phase = self.states.phase(state)
         words = describe_pod(obj)[1] if self.custom is None else f"{self.object_label(name)} is {state or 'created'}"
+        if self.custom is not None and phase == "stopped":  # never ours: this manager deletes what it stops
+            words = self._stopped_words(name, state)
         job = next((j for j in self.jobs.values() if j.name == name), None)
         if job is None:
             return JobView(name, phase, words, state=state)
@@ -384,10 +386,33 @@ class KubeBackend(ClusterBackend[KubeOptionsT]):
         for m in job.members:
             pod = self._tracker.pod_states.get(m)
             if pod in ("failed", "oom", "succeeded", "gone"):
-                members[m] = ("failed" if pod in ("failed", "oom") else "stopped", self._tracker.last_words.get(m, words))
+                said = self._tracker.last_words.get(m, words)
+                if phase == "stopped" and pod == "gone":  # its pod went because its object was stopped
+                    said = f"{words}: {said}" if said != words else words
+                members[m] = ("failed" if pod in ("failed", "oom") else "stopped", said)
             else:  # live: what the watch and the start checks said last stays said
                 members[m] = ("running" if pod == "running" else "waiting", job.said.get(m, words))
         return JobView(name, phase, words, state=state, members=members)
+
+    async def ended_words(self, job: Job, view: JobView) -> str:
+        """The last pod of an environment went away and its trial did not fail: when the main object
+        itself was stopped (FrameworkController's `executionType: Stop`, a suspended job) or deleted
+        by someone, say that in the platform's words, not only that the pod is being deleted."""
+        if view.phase != "stopped" or self.custom is None or self._stopping or view.state:
+            return view.words  # a listing's view (`state` set) says it already (`_view`)
+        try:  # before jobs.py's forget deletes the object (jobs.py `_ended`)
+            obj = await (await self._mains()).get(job.name)
+        except Exception as e:
+            if getattr(e, "status", None) == 404 and job.name not in self._deleted:
+                return f"{self.object_label(job.name)} was deleted outside this experiment: {view.words}"
+            return view.words  # the pod's words stand
+        state = self.state_of(obj)
+        if self.states.phase(state) == "stopped":
+            return f"{self._stopped_words(job.name, state)}: {view.words}"
+        return view.words
+
+    def _stopped_words(self, name: str, state: str) -> str:
+        return f"{self.object_label(name)} was stopped outside this experiment ({state})"
 
     def agent_of_pod(self, pod: dict[str, Any]) -> str:
         """The agent a pod runs: the pod's name (platforms whose operator names pods unpredictably

@@ -77,13 +77,15 @@ class FrameworkControllerBackend(KubeBackend[FrameworkConfig]):
                                        min_succeeded={r.name: r.min_succeeded for r in self.kube.roles}))
 
     def state_of(self, obj: dict[str, Any]) -> str:
-        """status.state; once completed, how (the completion type, or that a stop was asked)."""
+        """status.state; once completed, how (the completion type). A stop someone asked for
+        (`executionType: Stop`) shows from the moment the controller decided it: its attempt's
+        completion status is set before its pods are deleted (AttemptDeletionPending ...)."""
         status = obj.get("status") or {}
         state = str(status.get("state") or "")
+        completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
+        if completion.get("code") == STOP_REQUESTED:
+            return "StopFrameworkRequested"
         if state in ("AttemptCompleted", "Completed"):
-            completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
-            if completion.get("code") == STOP_REQUESTED:
-                return "StopFrameworkRequested"
             return str((completion.get("type") or {}).get("name") or state)
         return state
 

@@ -35,6 +35,8 @@ class MemberVerdicts:
         phase: Phase = "failed" if failed else "stopped"
         view = JobView(job.name, phase, reason, members={agent_id: (phase, reason)})
         if all(m == agent_id or m in job.ended for m in job.members):
+            if not failed:  # its pod went away: the job's words (ended_words) may say who stopped it
+                view = JobView(job.name, phase, reason)
             task = asyncio.create_task(b._ended(job, view), name=f"{b.platform}-ended-{job.name}")
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
