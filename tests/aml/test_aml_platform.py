@@ -7,7 +7,6 @@ trial, a Reader's login and 429 / 5xx bursts, every job platform alike: tests/pl
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -121,36 +120,3 @@ def test_image_that_cannot_be_pulled_fails_the_trials_in_amls_words(aml, base: P
 
     run(main())
     assert all(j["status"] == "Failed" for j in aml.jobs()) and aml.jobs()
-
-
-def test_image_with_a_bare_python_fails_with_the_boot_steps_line(aml_factory, base: Path, tmp_path: Path,
-                                                                monkeypatch) -> None:
-    """The job's Python has neither nni-agent nor its dependencies: the boot step (inline in the
-    command) ends the job with one line in its log (user_logs/std_log.txt) saying what is missing."""
-    from tests.support.aml.fixtures import AZURE_IDENTITY_VARS
-
-    bare = tmp_path / "bare-bin"
-    bare.mkdir()
-    os.symlink("/usr/bin/python3", bare / "python3")  # Debian's Python: no grpcio, no nni-agent
-    aml = aml_factory(images={"bare/python:3": str(bare)})
-    for var in AZURE_IDENTITY_VARS:
-        monkeypatch.delenv(var, raising=False)
-    for k, v in aml.env().items():
-        monkeypatch.setenv(k, v)
-    data = config_dict(aml, base, dockerImage="bare/python:3")
-    data["trialConcurrency"] = 1
-    cfg = load_config(data)
-
-    async def main() -> None:
-        async with create_training_service(cfg) as ts:
-            t = await ts.submit_trial_job(form(0))
-            await wait_status(ts, t.id, "FAILED", timeout=T)
-
-    run(main())
-    logs = [p.read_text() for p in (aml.state / "tasks").glob("*/stderr") if p.read_text().strip()]
-    assert logs
-    for text in logs:  # every environment tried: the boot step's one line, no traceback
-        lines = text.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("nni-agent: Python "), lines
-        assert "of the image bare/python:3 cannot run the agent: grpcio is missing; protobuf is missing; psutil " \
-               "is missing; the nni-agent package is missing" in lines[0], lines

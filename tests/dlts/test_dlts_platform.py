@@ -127,39 +127,6 @@ def test_enrolment_credential_in_the_job_is_single_use(dlts, base: Path, caplog)
     run(main())
 
 
-def test_image_with_a_bare_python_fails_with_the_boot_steps_line(dlts_factory, base: Path, tmp_path: Path) -> None:
-    """The job's Python has neither nni-agent nor its dependencies, and DLTS has no channel to ship
-    them: the boot step (inline in `cmd`) ends the job with one line in its log and in the pod's
-    /dev/termination-log, which DLTS shows in the job's status detail; that line is the trial's
-    message, not a generic failure."""
-    if os.geteuid() != 0:
-        pytest.skip("the emulator gives a job its own /dev/termination-log in a mount namespace (root only)")
-    bare = tmp_path / "bare-bin"
-    bare.mkdir()
-    os.symlink("/usr/bin/python3", bare / "python3")  # Debian's Python: no grpcio, no nni-agent
-    dlts = dlts_factory(images={"bare/python:3": str(bare)})
-    data = v1_config(dlts, base)
-    data["trial"]["image"] = "bare/python:3"
-    cfg = load_config(data)
-
-    async def main() -> str:
-        async with create_training_service(cfg) as ts:
-            t = await ts.submit_trial_job(form(0))
-            d = await wait_status(ts, t.id, "FAILED", timeout=T)
-            return d.message
-
-    message = run(main())
-    assert "\n" not in message and " is failed: Error: nni-agent: Python " in message, message
-    assert "of the image bare/python:3 cannot run the agent: grpcio is missing; protobuf is missing; psutil is " \
-        "missing; the nni-agent package is missing" in message, message
-    assert f"; fix: {bare / 'python3'} -m pip install 'grpcio>=1.49.1,<2'" in message, message
-    (log,) = [p for p in (dlts.state / "tasks").glob("*/stderr") if p.read_text().strip()]
-    lines = log.read_text().splitlines()
-    assert len(lines) == 1, lines  # the job's log: the boot step's one line, no traceback
-    assert lines[0].startswith("nni-agent: Python ") and "of the image bare/python:3 cannot run the agent: " \
-        "grpcio is missing; protobuf is missing; psutil is missing; the nni-agent package is missing" in lines[0]
-
-
 OLD_PYTHON = Path.home() / ".pyenv" / "versions" / "3.7.16" / "bin" / "python3"
 
 

@@ -92,17 +92,3 @@ def test_trials_import_the_images_old_protobuf_while_the_agent_runs_with_its_shi
 
     run(experiment())
     assert list((storage / "nni-agent").glob("deps-*/cp311/protobuf-*.whl.000"))  # the agent had its own
-
-
-def test_bare_image_without_the_storage_route_fails_with_the_boot_steps_one_line(pai_factory, base: Path) -> None:
-    pai = pai_factory(rate_limits={"list": 0}, images={SLIM_IMAGE: slim_python_dir(base)})
-    cfg = config(pai, base, {"dockerImage": SLIM_IMAGE})
-
-    async def experiment() -> str:
-        async with create_training_service(cfg) as ts:
-            t = await ts.submit_trial_job(form(0))
-            d = await wait_status(ts, t.id, "FAILED", "SUCCEEDED", timeout=T)
-            return d.message
-
-    message = run(experiment())
-    assert "grpcio is missing" in message and SLIM_IMAGE in message, message

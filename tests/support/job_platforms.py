@@ -20,6 +20,7 @@ import pytest
 from tests.support.manager.helpers import TRIAL
 
 STUCK_IMAGE = "stuck/image:1"
+BARE_IMAGE = "bare/python:3"
 T = 90.0  # the scenarios' polling timeout: generous, two cores shared with other test runs
 
 
@@ -192,6 +193,17 @@ class JobPlatform:
 
         return [plain(r) for r in backend.render().requests], [plain(backend.build_request(backend.dry_run_env()))]
 
+    boot_line_in_message: ClassVar[bool] = True  # the platform hands the boot step's line to the trial's message
+
+    def bare_image(self, request: pytest.FixtureRequest, base: Path, bare: Path) -> tuple[Any, dict[str, Any]]:
+        """An emulator whose image BARE_IMAGE runs the Python in `bare` (no agent, no dependencies),
+        and a config whose one trial at a time runs in it, where the platform has no way to ship them."""
+        pytest.skip(f"{self.name} ships the agent's dependencies to a bare image (its own folder's tests)")
+
+    def job_logs(self, emu: Any) -> list[str] | None:
+        """The non-empty logs of the platform's jobs (stderr), where the emulator keeps them."""
+        return [t for p in (emu.state / "tasks").glob("*/stderr") if (t := p.read_text()).strip()]
+
     def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
         """(what the platform holds for `env`'s job, read with its own API or tools; what
         `backend.build_request` makes of `env` with the dry run's placeholders put back where
@@ -245,6 +257,17 @@ class OpenPai(JobPlatform):
 
     def states(self, emu: Any, prefix: str) -> dict[str, str]:
         return {j["name"]: j["state"] for j in emu.jobs() if j["name"].startswith(prefix)}
+
+    def bare_image(self, request: pytest.FixtureRequest, base: Path, bare: Path) -> tuple[Any, dict[str, Any]]:
+        """No storage the manager can write (its route to PAI's shared storage): nothing to ship through
+        (tests/openpai/test_openpai_shipped_deps.py ships them where there is one)."""
+        pai = request.getfixturevalue("pai_factory")(rate_limits={"list": 0}, images={BARE_IMAGE: str(bare)})
+        data = self.config(pai, base, reuseMode=False, dockerImage=BARE_IMAGE)
+        data["trialConcurrency"] = 1
+        return pai, data
+
+    def job_logs(self, emu: Any) -> list[str] | None:
+        return None  # the trial's message holds the line (PAI's exit diagnostics)
 
     def processes(self, emu: Any) -> list[int]:
         return emu.live_pids()
@@ -329,6 +352,18 @@ class Dlts(JobPlatform):
     def states(self, emu: Any, prefix: str) -> dict[str, str]:
         return {j["jobName"]: j["jobStatus"] for j in emu.jobs() if j["jobName"].startswith(prefix)}
 
+    def bare_image(self, request: pytest.FixtureRequest, base: Path, bare: Path) -> tuple[Any, dict[str, Any]]:
+        """DLTS has no channel to ship anything: the boot step (inline in `cmd`) ends the job, its line in
+        the pod's /dev/termination-log, which DLTS shows in the job's status detail."""
+        import os
+
+        if os.geteuid() != 0:
+            pytest.skip("the emulator gives a job its own /dev/termination-log in a mount namespace (root only)")
+        dlts = request.getfixturevalue("dlts_factory")(images={BARE_IMAGE: str(bare)})
+        data = self.config(dlts, base)
+        data["trial"]["image"], data["trialConcurrency"] = BARE_IMAGE, 1
+        return dlts, data
+
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         """The job goes `killing`, as when its owner or an administrator kills it in the dashboard."""
         emu.force_status(next(j["jobId"] for j in emu.jobs() if j["jobName"] == name), "killing")
@@ -403,8 +438,20 @@ class Aml(JobPlatform):
         data["trialConcurrency"] = 1
         return aml, data
 
+    boot_line_in_message = False  # the job's log (user_logs/std_log.txt) holds it: the message points there
+
     def states(self, emu: Any, prefix: str) -> dict[str, str]:
         return {j["name"]: j["status"] for j in emu.jobs() if j["name"].startswith(prefix)}
+
+    def bare_image(self, request: pytest.FixtureRequest, base: Path, bare: Path) -> tuple[Any, dict[str, Any]]:
+        """No code asset (its datastore: tests/aml/test_aml_code_asset.py ships them through one)."""
+        from tests.support.aml.fixtures import logged_in
+
+        aml = logged_in(request.getfixturevalue("aml_factory")(images={BARE_IMAGE: str(bare)}),
+                        request.getfixturevalue("monkeypatch"))
+        data = self.config(aml, base, dockerImage=BARE_IMAGE)
+        data["trialConcurrency"] = 1
+        return aml, data
 
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         """`POST .../jobs/{name}/cancel` with the logged-in user's ARM token, as the studio does."""
@@ -494,6 +541,13 @@ class Dlc(JobPlatform):
 
     def states(self, emu: Any, prefix: str) -> dict[str, str]:
         return {j["DisplayName"]: j["Status"] for j in emu.jobs() if j["DisplayName"].startswith(prefix)}
+
+    def bare_image(self, request: pytest.FixtureRequest, base: Path, bare: Path) -> tuple[Any, dict[str, Any]]:
+        """DLC's jobs get nothing from the manager but their command."""
+        dlc = request.getfixturevalue("dlc_factory")(images={BARE_IMAGE: str(bare)})
+        data = self.config(dlc, base, image=BARE_IMAGE)
+        data["trialConcurrency"] = 1
+        return dlc, data
 
     def cancel_outside(self, emu: Any, name: str) -> list[str]:
         """StopJob through the official SDK with the user's AccessKey, as the DLC console does."""

@@ -301,6 +301,27 @@ class DlcBackend(RestJobBackend[DlcConfig, "CreateJobRequest"]):
             if e.status != 404 and "already" not in str(e).lower():
                 raise
 
+    async def ended_words(self, job: Job, view: JobView) -> str:
+        """A failed job's words and its failed pod's last line (GetPodLogs): the agent's boot step
+        says there in one line why it could not start (a Python without its dependencies), which
+        DLC's own reason ("exited with code 3") does not."""
+        if view.phase != "failed" or not job.ref:
+            return view.words
+        from alibabacloud_pai_dlc20201203.models import GetJobRequest, GetPodLogsRequest
+
+        try:
+            detail = await self._call("GetJob", "get_job", job.ref, GetJobRequest())
+            failed = [p.pod_id for p in detail.pods or [] if p.status == "Failed" and p.pod_id]
+            if not failed:
+                return view.words
+            logs = await self._call("GetPodLogs", "get_pod_logs", job.ref, failed[0], GetPodLogsRequest(max_lines=50))
+        except RestError as e:
+            log.info("PAI-DLC job %s: cannot read its failed pod's log: %s", job.name, e)
+            return view.words
+        lines = [line.strip() for line in logs.logs or [] if line.strip()]
+        line = next((x for x in reversed(lines) if x.startswith("nni-agent: ")), lines[-1] if lines else "")
+        return f"{view.words}: {line[-500:]}" if line else view.words
+
     def job_url(self, job: Job) -> str:
         # NNI's tracking URL (dlcUtil.py)
         return (f"https://pai-dlc.console.aliyun.com/#/jobs/detail?jobId={job.ref}&regionId={self.opts.region}"

@@ -156,6 +156,9 @@ class Dlc:
             return self.stop(ak, rest[0])
         if len(rest) == 1 and request.method == "DELETE" and action == "DeleteJob":
             return await self.delete(ak, rest[0])
+        if len(rest) == 4 and rest[1] == "pods" and rest[3] == "logs" and request.method == "GET" \
+                and action == "GetPodLogs":
+            return self.pod_logs(ak, rest[0], rest[2], request.query)
         raise ApiError(404, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
 
     # ------------------------------------------------------------------ the API
@@ -200,6 +203,24 @@ class Dlc:
         if job is None or job.workspace not in self.keys[ak].get("workspaces", list(self.workspaces)):
             raise ApiError(400, "InvalidParameter", f"job {job_id} not found")
         return job
+
+    def pod_logs(self, ak: str, job_id: str, pod_id: str, query: Any) -> web.Response:
+        """GetPodLogs: the pod's container output, a line each (stdout, then stderr: the emulator keeps
+        them apart where a container runtime interleaves them); the last `MaxLines` when given."""
+        job = self.job(ak, job_id)
+        if pod_id not in job.pods:
+            raise ApiError(400, "InvalidParameter", f"pod {pod_id} not found in job {job_id}")
+        d = self.runner.root / pod_id
+        lines = [line for name in ("stdout", "stderr") if (d / name).is_file()
+                 for line in (d / name).read_text(errors="replace").splitlines()]
+        try:
+            most = int(query.get("MaxLines") or 0)
+        except ValueError:
+            raise ApiError(400, "InvalidParameter", "MaxLines must be an integer") from None
+        if most > 0:
+            lines = lines[-most:]
+        return web.json_response({"JobId": job.id, "PodId": pod_id, "Logs": lines,
+                                  "RequestId": str(uuid.uuid4()).upper()})
 
     def list(self, ak: str, query: Any) -> web.Response:
         ws = self._workspace(ak, query.get("WorkspaceId"))
