@@ -203,6 +203,9 @@ class Experiment:
         except BaseException as exc:  # noqa: BLE001 - reported by start() / get_status()
             self._error = exc
         finally:
+            # its server is gone: stopped from elsewhere too (DELETE /experiment, nnictl stop), the
+            # status is the run's own (get_status), not "no experiment answers on port ..."
+            self.port = None
             ready.set()
 
     async def _serve(self, port: int, ready: threading.Event) -> None:

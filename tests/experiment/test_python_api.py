@@ -299,6 +299,8 @@ def test_connect_updates_kill_and_stop(tmp_path: Path, home: Path) -> None:
         connected.stop()  # stops the experiment through its REST API, as NNI's stop() does
         assert connected.port is None
         _wait(lambda: _stopped(owner))
+        _wait(lambda: owner.port is None)  # its server is gone: the owner says how its run ended
+        assert owner.get_status() == "STOPPED"
     finally:
         owner.stop()
     assert owner.get_status() == "STOPPED"
