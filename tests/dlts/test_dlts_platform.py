@@ -127,33 +127,6 @@ def test_enrolment_credential_in_the_job_is_single_use(dlts, base: Path, caplog)
     run(main())
 
 
-OLD_PYTHON = Path.home() / ".pyenv" / "versions" / "3.7.16" / "bin" / "python3"
-
-
-@pytest.mark.skipif(not OLD_PYTHON.exists(), reason=f"needs a Python 3.7 at {OLD_PYTHON} (pyenv)")
-def test_image_with_a_too_old_python_fails_with_the_boot_steps_line(dlts_factory, base: Path, tmp_path: Path) -> None:
-    """The image's Python is 3.7: the boot step (parsed by any Python 3) says so in one line, the
-    trial's message."""
-    if os.geteuid() != 0:
-        pytest.skip("the emulator gives a job its own /dev/termination-log in a mount namespace (root only)")
-    old = tmp_path / "old-bin"
-    old.mkdir()
-    os.symlink(OLD_PYTHON, old / "python3")
-    dlts = dlts_factory(images={"old/python:3.7": str(old)})
-    data = v1_config(dlts, base)
-    data["trial"]["image"] = "old/python:3.7"
-    cfg = load_config(data)
-
-    async def main() -> str:
-        async with create_training_service(cfg) as ts:
-            t = await ts.submit_trial_job(form(0))
-            return (await wait_status(ts, t.id, "FAILED", timeout=T)).message
-
-    message = run(main())
-    assert "\n" not in message and " is failed: Error: nni-agent: Python 3.7.16 (" in message, message
-    assert "of the image old/python:3.7 is older than 3.8, the oldest the agent runs on" in message, message
-
-
 def test_missing_fields_are_one_clear_line_and_fall_back_on_a_jobs_variables(dlts, base: Path, monkeypatch) -> None:
     """(A wrong password, every job platform's credentials alike: tests/platforms/test_job_credentials.py.)"""
     for name, env in (("email", "DLWS_USER_EMAIL"), ("password", "DLTS_JOB_TOKEN"), ("team", "DLWS_VC_NAME")):
