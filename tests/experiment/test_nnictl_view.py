@@ -16,7 +16,7 @@ import pytest
 
 from nni_manager.experiment_lock import nni_manager_serving
 from tests.support.experiment.fixtures import BUILTIN_TUNERS, processes_under
-from tests.support.webui.nni_view import LOOPBACK_JS, nnictl_view, node_why_not
+from tests.support.webui.nni_view import LOOPBACK_JS, nnictl_start, nnictl_view, node_why_not
 
 CLI = [sys.executable, "-m", "nni_manager"]
 NNICTL = shutil.which("nnictl")
@@ -113,8 +113,7 @@ def test_nnictl_resume_hands_over_to_nni_and_ours_is_refused_meanwhile(make_conf
     exp_id = re.search(r"Experiment (\w+) stopped", done.stdout).group(1)
     before = _run(env, tmp_path, "trials", exp_id).stdout
     port = _free_port()
-    resumed = subprocess.run([NNICTL, "resume", exp_id, "--port", str(port)], env=nni_env, capture_output=True,
-                             text=True, timeout=120)
+    resumed = nnictl_start(nni_env, "resume", exp_id, "--port", str(port))
     try:
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         ours = _run(env, tmp_path, "resume", exp_id, "--detach", "--port", "0")

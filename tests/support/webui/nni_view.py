@@ -72,25 +72,29 @@ def node_why_not() -> str | None:
 # loads NNI's modules first: measured on the 2-core test machine under the same load (3 busy
 # loops), 7 to 17 s at the default priority, 2.2 to 2.6 s at nice -10. So `nnictl view` runs at a
 # raised priority where the tests may raise it (as root), and runs again on that failure only, as
-# a user would; NNI's code is not touched.
+# a user would; NNI's code is not touched. `nnictl resume` starts the same server the same way.
 VIEW_ATTEMPTS = 3
 VIEW_NICE = ["nice", "-n", "-10"] if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("nice") else []
 
 
 def launcher_gave_up(done: subprocess.CompletedProcess[str]) -> bool:
-    """Whether `nnictl view` failed because NNI's launcher stopped waiting for its own server."""
+    """Whether `nnictl view` / `resume` failed because NNI's launcher stopped waiting for its own server."""
     return done.returncode != 0 and "_check_rest_server" in done.stdout + done.stderr
 
 
-def nnictl_view(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`nnictl view ARGS`, its server given the CPU NNI's launcher expects, run again while the
-    launcher gave up on it."""
+def nnictl_start(env: dict[str, str], action: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`nnictl ACTION ARGS` (view, resume: what starts NNI's node manager), its server given the CPU
+    NNI's launcher expects, run again while the launcher gave up on it."""
     for _ in range(VIEW_ATTEMPTS):
-        done = subprocess.run([*VIEW_NICE, *nnictl_command(), "view", *args], env=env, capture_output=True,
+        done = subprocess.run([*VIEW_NICE, *nnictl_command(), action, *args], env=env, capture_output=True,
                               text=True, timeout=timeout)
         if not launcher_gave_up(done):
             break
     return done
+
+
+def nnictl_view(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return nnictl_start(env, "view", *args, timeout=timeout)
 
 
 class NniView:
