@@ -453,17 +453,24 @@ class Aml(JobPlatform):
         data["trialConcurrency"] = 1
         return aml, data
 
-    def cancel_outside(self, emu: Any, name: str) -> list[str]:
-        """`POST .../jobs/{name}/cancel` with the logged-in user's ARM token, as the studio does."""
+    @staticmethod
+    def _as_user(emu: Any, method: str, path: str) -> tuple[int, bytes]:
+        """(status, body) of `method` on the workspace's `path` with the logged-in user's ARM token."""
         import ssl
 
         from azure.identity import DefaultAzureCredential
 
         token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
-        req = urllib.request.Request(f"{emu.url}{emu.workspace_path}/jobs/{name}/cancel?api-version=2024-04-01",
-                                     method="POST", data=b"", headers={"Authorization": f"Bearer {token}"})
+        req = urllib.request.Request(f"{emu.url}{emu.workspace_path}{path}?api-version=2024-04-01", method=method,
+                                     data=b"" if method == "POST" else None,
+                                     headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=emu.ca_file)) as r:
-            assert r.status == 202, r.read()
+            return r.status, r.read()
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """`POST .../jobs/{name}/cancel` with the logged-in user's ARM token, as the studio does."""
+        status, body = self._as_user(emu, "POST", f"/jobs/{name}/cancel")
+        assert status == 202, body
         return ["outside this experiment"]
 
     def processes(self, emu: Any) -> list[int]:
@@ -504,17 +511,9 @@ class Aml(JobPlatform):
     def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
         """The job as ARM serves it to the logged-in user (`GET .../jobs/{name}`): the request's
         properties, among those the service adds (status, services, ...)."""
-        import ssl
-
-        from azure.identity import DefaultAzureCredential
-
         built = backend.build_request(placeholders(env))
-        name = built["properties"]["displayName"]
-        token = DefaultAzureCredential().get_token("https://management.azure.com/.default").token
-        req = urllib.request.Request(f"{emu.url}{emu.workspace_path}/jobs/{name}?api-version=2024-04-01",
-                                     headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=emu.ca_file)) as r:
-            props = json.loads(r.read())["properties"]
+        _, body = self._as_user(emu, "GET", f"/jobs/{built['properties']['displayName']}")
+        props = json.loads(body)["properties"]
         held = {k: props.get(k) for k in built["properties"]}
         held["command"] = literals_as_placeholders(held["command"], env)
         return {"properties": held}, built
@@ -549,16 +548,22 @@ class Dlc(JobPlatform):
         data["trialConcurrency"] = 1
         return dlc, data
 
-    def cancel_outside(self, emu: Any, name: str) -> list[str]:
-        """StopJob through the official SDK with the user's AccessKey, as the DLC console does."""
+    @staticmethod
+    def _as_user(emu: Any) -> tuple[Any, Any]:
+        """(the official SDK's client signing with the user's AccessKey, its RuntimeOptions)."""
         from alibabacloud_pai_dlc20201203.client import Client
         from alibabacloud_tea_openapi.models import Config
         from darabonba.runtime import RuntimeOptions
 
+        return (Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
+                              region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file)),
+                RuntimeOptions(ca=emu.ca_file))
+
+    def cancel_outside(self, emu: Any, name: str) -> list[str]:
+        """StopJob through the official SDK with the user's AccessKey, as the DLC console does."""
         (job_id,) = [j["JobId"] for j in emu.jobs() if j["DisplayName"] == name]
-        client = Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
-                               region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file))
-        client.stop_job_with_options(job_id, {}, RuntimeOptions(ca=emu.ca_file))
+        client, runtime = self._as_user(emu)
+        client.stop_job_with_options(job_id, {}, runtime)
         return ["PAI-DLC job", "was stopped outside this experiment", job_id]
 
     def processes(self, emu: Any) -> list[int]:
@@ -603,16 +608,12 @@ class Dlc(JobPlatform):
     def held_request(self, emu: Any, backend: Any, env: Any) -> tuple[Any, Any]:
         """The job as GetJob answers the user (the official SDK, signed with their AccessKey): the
         CreateJob request's fields among the ones the service adds."""
-        from alibabacloud_pai_dlc20201203.client import Client
         from alibabacloud_pai_dlc20201203.models import GetJobRequest
-        from alibabacloud_tea_openapi.models import Config
-        from darabonba.runtime import RuntimeOptions
 
         built = backend.build_request(placeholders(env)).to_map()
         (job_id,) = [j["JobId"] for j in emu.jobs() if j["DisplayName"] == built["DisplayName"]]
-        client = Client(Config(access_key_id=emu.access_key_id, access_key_secret=emu.access_key_secret,
-                               region_id="cn-hangzhou", endpoint=emu.endpoint, protocol="https", ca=emu.ca_file))
-        job = client.get_job_with_options(job_id, GetJobRequest(), {}, RuntimeOptions(ca=emu.ca_file)).body.to_map()
+        client, runtime = self._as_user(emu)
+        job = client.get_job_with_options(job_id, GetJobRequest(), {}, runtime).body.to_map()
         held = {k: job.get(k) for k in built}
         held["UserCommand"] = literals_as_placeholders(held["UserCommand"], env)
         # GetJob names a data source by its id (its model has no DataSourceType: the workspace's source has it)
