@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -321,26 +322,72 @@ def test_changed_agent_wheel_is_refused_in_one_line_and_never_runs(tmp_path: Pat
                    "disagree)"
 
 
+SELF_REPORT = FAKE_AGENT + '''home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+st = os.stat(home)
+print("HOME " + json.dumps({"dir": home, "mode": st.st_mode & 0o777, "uid": st.st_uid,
+                            "stamp": open(os.path.join(home, ".nni-agent-digests")).read()}), flush=True)
+'''
+
+
+def _home(out: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.split("HOME ", 1)[1])  # type: ignore[no-any-return]
+
+
 def test_planted_unpack_directory_is_not_used(tmp_path: Path) -> None:
     """A directory already at --unpack-to that this boot step did not make (another user's, or not
     0700, or without the stamp of these digests) is never read: the verified wheel is unpacked
-    into a fresh private directory, and the agent runs from there."""
+    into a fresh private directory and the agent runs from there. Where the planted one cannot be
+    replaced, that copy is this start's own and is gone when the agent exits."""
     site = good_site(tmp_path / "site")
-    wheel = agent_wheel(tmp_path)
+    wheel = agent_wheel(tmp_path, SELF_REPORT)
     target = tmp_path / "agent-tag"
     fake_agent(target)
     (target / "nni_agent" / "__main__.py").write_text(PLANTED)
     marker = tmp_path / "marker"
+    temp = tmp_path / "temp"
+    temp.mkdir(mode=0o700)
     for mode in (0o777, 0o700):  # group-writable; then private but not stamped by the boot step
         target.chmod(mode)
-        out = run_boot(sys.executable, "--path", str(site), "--wheel", str(wheel), "--unpack-to", str(target),
-                       "--sha256", f"{wheel.name}={sha256(wheel)}", "--", "--agent-id", "x",
-                       env={"MARKER": str(marker)}, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
+        before = sorted(tmp_path.iterdir())
+        home = _home(run_boot(sys.executable, "--path", str(site), "--wheel", str(wheel), "--unpack-to", str(target),
+                              "--sha256", f"{wheel.name}={sha256(wheel)}", "--", "--agent-id", "x",
+                              env={"MARKER": str(marker), "TMPDIR": str(temp)}, cwd=tmp_path))
         assert not marker.exists()
-        ran = Path(json.loads(out.stdout.split("AGENT ", 1)[1])["file"]).parent.parent
-        assert ran.stat().st_mode & 0o777 == 0o700 and ran.stat().st_uid == os.getuid()
-        assert (ran / boot.STAMP).read_text() == f"{wheel.name}={sha256(wheel)}\n"
+        assert home["mode"] == 0o700 and home["uid"] == os.getuid()
+        assert home["stamp"] == f"{wheel.name}={sha256(wheel)}\n"
+        if mode == 0o777:  # not this boot step's: never touched; this start's own copy left with the agent
+            assert home["dir"] != str(target) and not Path(home["dir"]).exists()
+            assert (target / "nni_agent" / "__main__.py").read_text() == PLANTED
+        else:  # this user's own but unstamped (an older shipment): replaced by the verified copy
+            assert home["dir"] == str(target) and (target / boot.STAMP).is_file()
+        assert sorted(tmp_path.iterdir()) == before and not list(temp.iterdir())
+
+
+def test_unsafe_unpack_place_reuses_one_private_copy(tmp_path: Path) -> None:
+    """--unpack-to in a directory others may write (a shared place, a 0777 volume): the wheel is
+    unpacked once into this user's temp dir, under a name fixed by its digest, and every later
+    start of the same shipment runs from that copy; nothing else is left there."""
+    site = good_site(tmp_path / "site")
+    wheel = agent_wheel(tmp_path, SELF_REPORT)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    temp = tmp_path / "temp"
+    temp.mkdir(mode=0o700)
+    args = ["--path", str(site), "--wheel", str(wheel), "--unpack-to", str(shared / "agent"),
+            "--sha256", f"{wheel.name}={sha256(wheel)}", "--", "--agent-id", "x"]
+    homes = [_home(run_boot(sys.executable, *args, env={"TMPDIR": str(temp)}, cwd=tmp_path)) for _ in range(3)]
+    assert len({h["dir"] for h in homes}) == 1
+    assert Path(homes[0]["dir"]).parent == temp and homes[0]["mode"] == 0o700
+    assert [p.name for p in temp.iterdir()] == [Path(homes[0]["dir"]).name]
+    assert not list(shared.iterdir())  # nothing written into the shared place
+    (tmp_path / "v2").mkdir()
+    other = agent_wheel(tmp_path / "v2", SELF_REPORT + "# 2\n")
+    home = _home(run_boot(sys.executable, "--path", str(site), "--wheel", str(other), "--unpack-to",
+                          str(shared / "agent"), "--sha256", f"{other.name}={sha256(other)}", "--", "--agent-id", "x",
+                          env={"TMPDIR": str(temp)}, cwd=tmp_path))
+    assert home["dir"] != homes[0]["dir"] and len(list(temp.iterdir())) == 2  # another shipment, its own copy
 
 
 def _pieces(tmp_path: Path, name: str, files: dict[str, str]) -> Path:

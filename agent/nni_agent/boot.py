@@ -39,6 +39,8 @@ REQUIREMENTS = (
 )
 FAILED = 3  # exit status of a failed boot
 STAMP = ".nni-agent-digests"  # in a private directory this boot step unpacked: the digests it holds
+# in a private directory unpacked for one start only (no reusable place was safe): the agent removes it at exit
+THROWAWAY = ".nni-agent-throwaway"
 # `python -c BOOTSTRAP nni_agent <path>... -- <agent arguments>`: the agent's paths on its own
 # sys.path only (nni_agent.trial_path.BOOT_PATHS tells the agent which they were), never in
 # PYTHONPATH; the module's name stays a word of its argv, as with `-m nni_agent`
@@ -52,7 +54,13 @@ BOOTSTRAP = ("import runpy, sys\n"
              "    nni_agent.trial_path.BOOT_PATHS[:] = paths\n"
              "except ImportError:\n"
              "    pass\n"
-             "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
+             "try:\n"
+             "    runpy.run_module(module, run_name='__main__', alter_sys=True)\n"
+             "finally:\n"  # a fresh copy made for this one start goes with it
+             "    import os, shutil\n"
+             "    for p in paths:\n"
+             "        if os.path.isfile(os.path.join(p, %r)):\n"
+             "            shutil.rmtree(p, ignore_errors=True)\n" % THROWAWAY)
 
 
 def requirement(dist, low, below):
@@ -145,6 +153,9 @@ class Boot:
                     f.write(line)
             except (IOError, OSError):
                 pass
+        args = getattr(self, "agent_args", [])
+        if "--remove-at-exit" in args[:-1]:  # the agent will not run to remove its job's private directory
+            remove_private(args[args.index("--remove-at-exit") + 1])
         sys.exit(FAILED)
 
 
@@ -184,6 +195,15 @@ def private(path):
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def remove_private(path):
+    """Remove `path` if it is private (what a boot line's `mktemp -d` made for one agent); anything
+    else (a typo'd or shared path) is left alone."""
+    import shutil
+
+    if private(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def reusable(path, stamp):
@@ -237,10 +257,23 @@ def verified_copy(boot, name, paths, digest, dest):
                      digest[:16]))
 
 
+def temp_home(stamp):
+    """Where a shipment unpacks when the place the command line names is not safe (a shared,
+    world-writable directory): this user's temp dir, under a name fixed by the digests, so every
+    start of the same shipment reuses one copy instead of leaving one behind each."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:20]
+    return os.path.join(tempfile.gettempdir(), ".nni-agent-%d-%s" % (os.getuid(), key))
+
+
 def unpack_private(boot, target, wheels, what):
     """Unpack {name: (paths, digest)} into `target` after verifying each, or reuse `target` if this
-    boot step made it with the same digests. Returns the directory the agent uses: `target`, or a
-    fresh private one where `target` is someone else's (a planted directory is never read)."""
+    boot step made it with the same digests. Returns the directory the agent uses: `target`; where
+    `target`'s directory is not safe, the shipment's temp_home; or, where that too is someone else's
+    (a planted directory is never read), a fresh private one marked THROWAWAY, which the agent
+    removes when it exits."""
     import shutil
     import tempfile
     import zipfile
@@ -248,12 +281,17 @@ def unpack_private(boot, target, wheels, what):
     stamp = stamp_of(dict((n, d) for n, (_, d) in wheels.items()))
     if reusable(target, stamp):
         return target
+    named = target
+    if not safe_parent(target):  # the shared place's directory is not safe to rename into
+        target = temp_home(stamp)
+        if reusable(target, stamp):
+            return target
     beside = safe_parent(target)
     try:
         tmp = tempfile.mkdtemp(prefix=".nni-agent-", dir=os.path.dirname(os.path.abspath(target)) if beside
                                else None)  # mkdtemp: this user's, 0700
     except OSError as e:
-        boot.fail("cannot unpack %s into %s: %s" % (what, target, e))
+        boot.fail("cannot unpack %s into %s: %s" % (what, named, e))
     try:
         for name, (paths, digest) in sorted(wheels.items()):
             whl = os.path.join(tmp, ".whl")
@@ -262,23 +300,24 @@ def unpack_private(boot, target, wheels, what):
                 zipfile.ZipFile(whl).extractall(tmp)
                 os.remove(whl)
             except (OSError, zipfile.BadZipFile) as e:
-                boot.fail("cannot unpack %s (%s) into %s: %s" % (what, name, target, e))
+                boot.fail("cannot unpack %s (%s) into %s: %s" % (what, name, named, e))
     except SystemExit:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     with open(os.path.join(tmp, STAMP), "w") as f:
         f.write(stamp)
-    if not beside:
-        return tmp  # the shared place's directory is not safe to rename into: this fresh one serves
-    if private(target) and not reusable(target, stamp):  # our own, from another shipment or an older boot step
-        shutil.rmtree(target, ignore_errors=True)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        pass  # another boot's won (then it is reusable), or someone else's is there
-    if reusable(target, stamp):
-        shutil.rmtree(tmp, ignore_errors=True)
-        return target
+    if beside:
+        if private(target) and not reusable(target, stamp):  # our own, from another shipment or an older boot step
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            pass  # another boot's won (then it is reusable), or someone else's is there
+        if reusable(target, stamp):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return target
+    with open(os.path.join(tmp, THROWAWAY), "w") as f:
+        f.write("")  # this start's own copy: nothing else will reuse it
     return tmp
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from nni_agent import __version__
+from nni_agent.boot import remove_private
 
 TOKEN_ENV = "NNI_AGENT_TOKEN"
 _RELAY_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")  # it travels in a URL's userinfo
@@ -85,6 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "code, 1 at least) once the manager has stored its last record: a job's own status "
                              "(a pod, a TFJob replica, a Slurm job) then follows the trial's")
     parser.add_argument("--log-file", type=Path, metavar="PATH", help="write the agent's own log here (default: stderr)")
+    parser.add_argument("--remove-at-exit", type=Path, metavar="DIR",
+                        help="a directory made for this agent alone (a job's private directory: its token, "
+                             "work directory and unpacked agent), removed when the agent exits, as a "
+                             "container's files go with it; only this user's directory of mode 0700 is removed")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"nni-agent {__version__}")
     return parser.parse_args(argv)
@@ -107,6 +112,14 @@ def read_token(token_file: Path | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return _run(args)
+    finally:
+        if args.remove_at_exit is not None:
+            remove_private(str(args.remove_at_exit))
+
+
+def _run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     handler: logging.Handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler()
     logging.basicConfig(level=args.log_level, handlers=[handler],

@@ -161,7 +161,8 @@ def test_public_client_with_a_ca_file_through_a_symlinked_kubeconfig(kube, tmp_p
     from nni_manager.backends.kubernetes.config import KubeConfig
 
     kube.oidc_apiserver(client_id="public-cli", username_claim="sub", username_prefix="oidc:")
-    login = kube.oidc_login("carol", client_id="public-cli", lifetime=2)
+    # refreshed tokens outlive the test: exactly one refresh is due, however slow the machine
+    login = kube.oidc_login("carol", client_id="public-cli", lifetime=2, refresh_lifetime=600)
     real = tmp_path / "dotfiles" / "kubeconfig"
     real.parent.mkdir()
     (real.parent / "issuer-ca.crt").write_bytes((kube.state_dir / "ca.crt").read_bytes())

@@ -66,6 +66,7 @@ class AgentCommand:
     tls: bool = False  # --tls (ca_file implies it; remote says both)
     single_trial: bool = False
     log_file: str = ""
+    remove_at_exit: str = ""  # --remove-at-exit: the job's private directory (mktemp -d), gone with the agent
     # the boot step (nni_agent/boot.py)
     python: str = ""  # the interpreter (a path, or a name on PATH); empty: found as `python_dir` says
     python_dir: str = ""  # pythonPath as a directory: its python3, else its python; empty: PATH's
@@ -103,6 +104,8 @@ class AgentCommand:
             args.append("--single-trial")
         if self.log_file:
             args += ["--log-file", self.log_file]
+        if self.remove_at_exit:
+            args += ["--remove-at-exit", self.remove_at_exit]
         return args
 
     def boot_args(self) -> list[str]:

@@ -222,7 +222,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
     quotes' syntax; `image` names the image in that line. `wheel`: the agent wheel in the
     container, unpacked into the private directory; `deps_dir`: where shipped dependency wheels
     lie in the container, one directory per CPython (`cp311/`, agent_deps.resolve_for_pythons), of
-    which the job's Python picks its own. Both are shell words (an `Sh`, config values already
+    which the job's Python picks its own. The agent removes the private directory when it exits
+    (its TMPDIR may be a scratch disk that outlives the job). Both are shell words (an `Sh`, config values already
     quoted) or literals. `sha256`: (name, digest) of each shipped file (AgentCommand.sha256), which
     the boot step checks before it unpacks anything.
     `message_file`: the boot step also writes its failure line there (a pod's
@@ -243,7 +244,7 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
                            wheel=wheel, unpack_to=Sh('"$NNI_AGENT_DIR/agent"') if wheel else "",
                            parts=(Sh(f'{_word(deps_dir)}/"${{{agent_deps.PYV_VAR}:-none}}"'),) if deps_dir else (),
                            deps_to=Sh('"$NNI_AGENT_DIR/deps"') if deps_dir else "", sha256=sha256,
-                           message_file=message_file)
+                           message_file=message_file, remove_at_exit=Sh('"$NNI_AGENT_DIR"'))
     find, start = command.shell_lines()
     lines += [find, *([agent_deps.PICK_PYTHON_DIR] if deps_dir else []), start]
     return lines

@@ -101,12 +101,14 @@ class Kube(EmulatorHandle):
         return self.url + "/oidc"
 
     def oidc_login(self, user: str, *, email: str | None = None, groups: list[str] = (), client_id: str = "kubernetes",
-                   client_secret: str | None = None, lifetime: float = 3600) -> dict:
+                   client_secret: str | None = None, lifetime: float = 3600,
+                   refresh_lifetime: float | None = None) -> dict:
         """A user's login at the issuer: {"issuer", "idToken", "refreshToken"} (what `kubectl oidc-login`
-        writes into the kubeconfig); registers the client with its secret."""
+        writes into the kubeconfig); registers the client with its secret. `refresh_lifetime`: that of
+        the id-tokens its refreshes return (default `lifetime`)."""
         return self._call("POST", "/emulator/v1/oidc/login", {
             "user": user, "email": email, "groups": list(groups), "clientId": client_id,
-            "clientSecret": client_secret, "lifetime": lifetime})
+            "clientSecret": client_secret, "lifetime": lifetime, "refreshLifetime": refresh_lifetime})
 
     def oidc_revoke(self, user: str) -> int:
         """The issuer's administrator ends every session of `user` (their refresh tokens stop working)."""

@@ -37,8 +37,9 @@ class Session:
     sub: str
     email: str | None
     groups: list[str]
-    lifetime: float
+    lifetime: float  # of each id-token, in seconds
     refresh_token: str = ""
+    refresh_lifetime: float | None = None  # of the id-tokens refreshes return (None: `lifetime`)
     revoked: bool = False
 
 
@@ -110,6 +111,8 @@ class Issuer:
         self.clients[client_id] = str(secret) if secret is not None else self.clients.get(client_id, "")
         s = Session(client_id, str(body["user"]), body.get("email"), list(body.get("groups") or []),
                     float(body.get("lifetime", 3600)))
+        if body.get("refreshLifetime") is not None:  # a test's short first token, then ones that outlive it
+            s.refresh_lifetime = float(body["refreshLifetime"])
         self._rotate(s)
         return {"issuer": self.url, "idToken": self._id_token(s), "refreshToken": s.refresh_token}
 
@@ -176,6 +179,8 @@ class Issuer:
             return _error(400, "invalid_grant", "Refresh token is invalid or has already been claimed by another client.")
         self._rotate(s)
         self.counters.grants += 1
+        if s.refresh_lifetime is not None:
+            s.lifetime = s.refresh_lifetime
         id_token = self._id_token(s)
         return web.json_response({"access_token": "at-" + secrets.token_urlsafe(16), "token_type": "bearer",
                                   "expires_in": int(s.lifetime), "refresh_token": s.refresh_token,

@@ -1,0 +1,76 @@
+"""What a job's agent leaves behind: nothing. The REST platforms' boot line makes a private 0700
+directory (the token, the CA, the work directory, the unpacked agent) in the job's TMPDIR, which
+may be a scratch disk that outlives the job; the agent removes it when it exits. A directory
+that is not this user's private one is never removed (--remove-at-exit names a path, and a typo'd
+or shared path must not cost anyone their files)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from nni_manager.backends.rest_jobs import agent_boot
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_boot_line_s_private_directory_goes_with_the_agent(tmp_path: Path) -> None:
+    """The whole boot line under sh, with the job's TMPDIR a scratch directory: the agent finds no
+    manager, gives up after its orphan timeout (exit 3) and leaves the scratch directory as it was."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    lines = agent_boot(hub_address=f"127.0.0.1:{_closed_port()}", agent_id="a",
+                       token_lines=['printf "%s" tok > "$NNI_AGENT_DIR/token"'], tls=False, ca_lines=[],
+                       orphan_timeout=1, single_trial=True, env={}, image="img")
+    script = "set -eu\n" + "\n".join(lines) + "\n"
+    assert "--remove-at-exit" in lines[-1]
+    env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "TMPDIR": str(scratch), "HOME": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 3, (out.returncode, out.stderr[-2000:])
+    assert "unreachable" in out.stderr or "orphan" in out.stderr, out.stderr[-2000:]
+    assert list(scratch.iterdir()) == []
+
+
+def test_only_this_user_s_private_directory_is_removed(tmp_path: Path) -> None:
+    """--remove-at-exit on a directory others may read (0755) or on a link to a private one: left."""
+    port = _closed_port()
+    (tmp_path / "token").write_text("tok")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "file").write_text("x")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    (shared / "file").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(private)
+    for where in (shared, link, private):
+        out = subprocess.run([sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{port}", "--agent-id", "a",
+                              "--token-file", str(tmp_path / "token"), "--work-dir", str(tmp_path / "work"),
+                              "--orphan-timeout", "0.5", "--remove-at-exit", str(where)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 3, out.stderr[-2000:]
+    assert (shared / "file").is_file() and link.is_symlink()
+    assert not private.exists()
+
+
+def test_a_failed_boot_removes_the_private_directory_too(tmp_path: Path) -> None:
+    """The boot step fails in one line (here: the shipped wheel is missing) before any agent runs:
+    it removes the directory the agent would have, so a failed start leaves no token behind."""
+    import nni_agent.boot as boot
+
+    private = tmp_path / "job"
+    private.mkdir(mode=0o700)
+    (private / "token").write_text("tok")
+    wheel = "nni_agent-0-py3-none-any.whl"
+    out = subprocess.run([sys.executable, boot.__file__, "--wheel", str(tmp_path / wheel), "--unpack-to",
+                          str(private / "agent"), "--sha256", f"{wheel}={'0' * 64}", "--", "--agent-id", "a",
+                          "--remove-at-exit", str(private)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == boot.FAILED and out.stderr.startswith(f"nni-agent: the shipped file {wheel} is missing")
+    assert not private.exists()
