@@ -17,6 +17,7 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from tests.support.kube.fixtures import kube_factory  # noqa: F401 (fixture)
 from tests.support.storage.fixtures import azurite  # noqa: F401 (fixture)
 from tests.support.openpai.experiments import base  # noqa: F401 (fixture)
 from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
-from tests.support.security.planted import OtherUser, other_user, planted_wheel, shared_dir  # noqa: F401 (fixture)
+from tests.support.security.planted import OtherUser, other_user, planted_wheel, shared_dir  # noqa: F401 (fixtures)
 
 STOCK = Path("/usr/bin/python3")
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
@@ -61,6 +62,7 @@ def _bare_python(where: Path) -> Path:
 
 
 def test_slurm_agent_deps_planted_by_another_user_never_run(other_user: OtherUser, tmp_path: Path,
+                                                             shared_dir: Callable[[str], Path],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A teammate who shares the group-writable experiments directory pre-creates
     `agent-deps/deps-<key>-<hash>/wheels/` holding her wheels under the real pieces' names (both
@@ -97,13 +99,14 @@ def test_slurm_agent_deps_planted_by_another_user_never_run(other_user: OtherUse
         command = AgentCommand(agent_id="a", manager="unix:/nonexistent", parts=(shipped.wheels,),
                                deps_to=shipped.lib, **extra)  # type: ignore[arg-type]
         subprocess.run([str(python), str(BOOT_FILE), *command.boot_args(), "--check"], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+                       text=True, timeout=120, cwd=tmp_path, env=_own_temp(tmp_path))
     assert not marker.exists(), marker.read_text()
     assert refused.startswith(f"{shared}/agent-deps on this host is not your private directory"), refused
     assert "\n" not in refused and "Fix: " in refused
 
 
-def test_boot_step_never_reads_an_unpack_directory_another_user_made(other_user: OtherUser, tmp_path: Path) -> None:
+def test_boot_step_never_reads_an_unpack_directory_another_user_made(other_user: OtherUser, tmp_path: Path,
+                                                                    shared_dir: Callable[[str], Path]) -> None:
     """The real boot step, where the shipped wheels and the directory it unpacks into lie in a
     group-writable place: another user pre-creates the unpack directory (`--deps-to`) with her
     modules, and later replaces a shipped piece. Her directory is never read (the verified wheel
@@ -129,7 +132,7 @@ zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
     extra = ("--sha256", f"{good.name}={digest}")
     check = [str(STOCK), str(BOOT_FILE), "--parts", str(wheels), "--deps-to", str(shared / "lib"), *extra, "--check"]
     for argv in ([a for a in check if a not in extra], check):  # without digests (nothing named), then with
-        subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_own_temp(tmp_path))
         assert not marker.exists(), marker.read_text()
     (wheels / f"{good.name}.000").chmod(0o666)
     other_user.run("import sys; open(sys.argv[1], 'wb').write(open(sys.argv[2], 'rb').read())",
@@ -137,12 +140,20 @@ zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])
     fresh = tmp_path / "private" / "lib"
     fresh.parent.mkdir(mode=0o700)
     out = subprocess.run([*check[:5], str(fresh), *check[6:]], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+                         cwd=tmp_path, env=_own_temp(tmp_path))
     lines = out.stderr.splitlines()
     assert out.returncode == 3 and len(lines) == 1, out.stderr
     assert lines[0].startswith(f"nni-agent: the shipped file {good.name} ({wheels}/{good.name}.000) is not the one "
                                "the manager shipped"), lines
     assert not marker.exists() and not fresh.exists()
+
+
+def _own_temp(tmp_path: Path) -> dict[str, str]:
+    """The environment, with TMPDIR the test's own: where the boot step unpacks when the shared place
+    is not safe (its reusable copy would else stay in /tmp)."""
+    import os
+
+    return {**os.environ, "TMPDIR": str(tmp_path)}
 
 
 def _traversable(path: Path) -> None:
@@ -154,6 +165,7 @@ def _traversable(path: Path) -> None:
 
 
 def test_openpai_storage_files_planted_by_another_user_never_run(other_user: OtherUser, pai_factory, base: Path,
+                                                                shared_dir: Callable[[str], Path],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Another user of the job's storage pre-creates `nni-agent/` there with her
     `nni_agent-<tag>.whl` (the tag is computable from the public agent). The manager refuses the

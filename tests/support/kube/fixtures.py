@@ -172,7 +172,9 @@ class Kube(EmulatorHandle):
 
     def stop(self) -> None:
         super().stop()
+        from tests.support.kube.emulator.kubelet import tmp_root
         from tests.support.kube.emulator.podnet import sweep
+        shutil.rmtree(tmp_root(self.instance), ignore_errors=True)  # its containers' /tmp, even if it was killed
         if shutil.which("ip") and os.geteuid() == 0:
             sweep(self.instance)  # even if it was killed: none of its namespaces stays behind
 

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,11 +76,20 @@ def planted_wheel(path: Path, marker: Path, modules: tuple[str, ...] = ("google"
     return path
 
 
-def shared_dir(prefix: str) -> Path:
-    """A directory every local user may write (a group's shared working directory), outside any
-    0700 parent (pytest's tmp_path is one)."""
+@pytest.fixture
+def shared_dir() -> Iterator[Callable[[str], Path]]:
+    """Makes directories every local user may write (a group's shared working directory), outside
+    any 0700 parent (pytest's tmp_path is one), and removes them after the test."""
     import tempfile
 
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    d.chmod(0o777)
-    return d
+    made: list[Path] = []
+
+    def make(prefix: str) -> Path:
+        d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        made.append(d)
+        d.chmod(0o777)
+        return d
+
+    yield make
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)

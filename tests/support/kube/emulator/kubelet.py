@@ -78,6 +78,12 @@ class PodRun:
         self.ip: str | None = None
 
 
+def tmp_root(instance: str) -> Path:
+    """Where an emulator instance's containers have their /tmp (the fixture removes it even when
+    the emulator was killed)."""
+    return Path("/tmp") / f"kube-emu-tmp-{instance}"
+
+
 class Kubelet:
     def __init__(self, store: Store, state: Path, instance: str, images: list[str], nodes: list[str],
                  start_delay: float, use_namespaces: bool, net=None):
@@ -96,6 +102,11 @@ class Kubelet:
         self.wake = asyncio.Event()
         self.created_host_paths: list[str] = []
         self.pods_dir = state / "pods"
+        # each container's /tmp: under a root any container user may traverse (a runAsUser process
+        # cannot reach into the 0700 state directory), removed with its pod and at shutdown
+        self.tmp_root = tmp_root(instance)
+        self.tmp_root.mkdir(mode=0o711, exist_ok=True)  # exists: this instance's, restarted
+        self.tmp_root.chmod(0o711)
         self.pods_dir.mkdir(exist_ok=True)
         for spec in nodes:
             name, _, vals = spec.partition("=")
@@ -496,6 +507,14 @@ class Kubelet:
             self._publish(run, "Pending")
             await asyncio.sleep(1.0)
             return await self._run_container(run, c, vols)
+        # a container's /tmp is its own and goes with it (a restart gets a fresh one), where here it
+        # is the host's: the container's TMPDIR is a directory of its own (the spec's env may name another)
+        tmp = self.tmp_root / run.uid / c.name / f"tmp{c.restart_count}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        for d in (tmp.parent, tmp.parent.parent):
+            d.chmod(0o711)
+        tmp.chmod(0o1777)  # any runAsUser may write it, as /tmp
+        env = {"TMPDIR": str(tmp), **env}
         env = {k: _expand(v, env) if isinstance(v, str) else v for k, v in env.items()}
         argv = [_expand(a, env) for a in argv]
         if not c.spec.get("command"):
@@ -873,6 +892,7 @@ class Kubelet:
             await self.net.remove_pod(run.uid)
         self.store.pod_stopped(run.ns, run.name, run.uid)
         shutil.rmtree(self.pods_dir / run.uid / "volumes", ignore_errors=True)
+        shutil.rmtree(self.tmp_root / run.uid, ignore_errors=True)  # each container's /tmp goes with it
         self.wake.set()
 
     def oom_kill(self, pod: dict, container: str | None = None) -> None:
@@ -961,6 +981,7 @@ class Kubelet:
             await asyncio.sleep(0.05)
         for p in reversed(self.created_host_paths):
             shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
 
 
 def _is_barrier(image: str | None) -> bool:
