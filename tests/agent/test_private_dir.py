@@ -74,3 +74,21 @@ def test_a_failed_boot_removes_the_private_directory_too(tmp_path: Path) -> None
                           "--remove-at-exit", str(private)], capture_output=True, text=True, timeout=60)
     assert out.returncode == boot.FAILED and out.stderr.startswith(f"nni-agent: the shipped file {wheel} is missing")
     assert not private.exists()
+
+
+def test_a_job_without_python_leaves_nothing_either(tmp_path: Path) -> None:
+    """The boot line's shell finds no Python (exit 127, one line): its private directory, token
+    already written, goes with the shell."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    lines = agent_boot(hub_address="127.0.0.1:1", agent_id="a", token_lines=['printf "%s" tok > "$NNI_AGENT_DIR/token"'],
+                       tls=False, ca_lines=[], orphan_timeout=1, single_trial=True, env={}, image="img")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    for tool in ("mktemp", "rm"):  # what the line needs besides Python
+        (empty / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                 text=True).stdout.strip())
+    out = subprocess.run(["/bin/sh", "-c", "set -eu\n" + "\n".join(lines) + "\n"], capture_output=True, text=True,
+                         env={"PATH": str(empty), "TMPDIR": str(scratch)}, timeout=60)
+    assert out.returncode == 127 and "has no python3 or python on PATH" in out.stderr, out.stderr
+    assert list(scratch.iterdir()) == []

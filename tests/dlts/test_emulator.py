@@ -100,8 +100,10 @@ def test_auth_and_team_metadata(dlts):
 
 def test_job_runs_through_every_status_to_finished(dlts, tmp_path: Path):
     out = tmp_path / "env.json"
+    go_file = tmp_path / "go"  # the job runs until the test has looked at it, however loaded the machine
     cmd = (f"export NNI_PLATFORM=dlts && cd {tmp_path} && python -c 'import json,os; "
-           f"json.dump(dict(os.environ), open(\"{out}\", \"w\"))' && sleep 0.3")
+           f"json.dump(dict(os.environ), open(\"{out}\", \"w\"))' && "
+           f"while [ ! -e {go_file} ]; do sleep 0.05; done")
 
     async def go(c: Client):
         job_id = await c.submit(nni_job(dlts, cmd))
@@ -117,6 +119,7 @@ def test_job_runs_through_every_status_to_finished(dlts, tmp_path: Path):
                 break
             await asyncio.sleep(0.02)
         assert b"sleep" not in b" ".join(argv[:2]) and argv[0] == b"bash" and argv[1].endswith(b"command.sh")
+        go_file.touch()
         done = await c.wait(job_id, "finished", "failed")
         return job_id, done
     job_id, done = run(with_client(dlts, go))

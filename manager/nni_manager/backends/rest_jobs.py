@@ -233,6 +233,8 @@ def agent_boot(*, hub_address: str, agent_id: str, token_lines: list[str], tls: 
              # the job's TMPDIR where it names a usable directory (a scratch disk), else /tmp
              'NNI_AGENT_DIR=$(mktemp -d "${TMPDIR:-/tmp}/nni-agent.XXXXXX" 2>/dev/null '
              '|| mktemp -d "/tmp/nni-agent.XXXXXX")',
+             # gone if this shell ends before it execs the boot step (no Python): then the agent removes it
+             "trap 'rm -rf \"$NNI_AGENT_DIR\"' EXIT",
              *token_lines]
     if tls:
         lines += ca_lines
