@@ -114,6 +114,15 @@ class Storage:
             self._cache = Path(tempfile.mkdtemp(prefix=f"nni-blobfuse-{label}-"))
         return self._cache
 
+    def discard_cache(self) -> None:
+        """Remove blobfuse's cache (its copies of the container's blobs) once nothing is mounted from
+        it: a failed mount, or the agent's own unmount at exit. Each mount makes a fresh one."""
+        if self._cache is not None:
+            import shutil
+
+            shutil.rmtree(self._cache, ignore_errors=True)
+            self._cache = None
+
     def tool(self) -> str:
         """The mount helper this storage needs (NNI: nfs-common's mount.nfs, blobfuse)."""
         import shutil
@@ -171,34 +180,41 @@ def ensure_mounted(storage: Storage, mount_point: Path) -> bool:
             except OSError as e:
                 raise MountError(f"{what}: cannot create blobfuse's cache in {os.environ.get('TMPDIR') or '/tmp'}: "
                                  f"{e.strerror or e} (set TMPDIR to a writable directory)") from None
-        prefix = _privilege_prefix(what, storage)
         try:
-            mount_point.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise MountError(f"{what}: cannot create the mount point: {e.strerror or e}") from None
-        argv, extra = storage.mount_argv(mount_point)
-        said = _run(prefix + argv, extra, what, storage)
-        if not is_mounted(mount_point):  # mount.nfs exited 0 after "No such device" under an SSH-started agent
-            raise MountError(f"{what}: `{shown(prefix + argv)}` exited 0 but left nothing mounted there"
-                             + (f": {said}{_hint(said, storage)}" if said else ""))
+            prefix = _privilege_prefix(what, storage)
+            try:
+                mount_point.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise MountError(f"{what}: cannot create the mount point: {e.strerror or e}") from None
+            argv, extra = storage.mount_argv(mount_point)
+            said = _run(prefix + argv, extra, what, storage)
+            if not is_mounted(mount_point):  # mount.nfs exited 0 after "No such device" under an SSH-started agent
+                raise MountError(f"{what}: `{shown(prefix + argv)}` exited 0 but left nothing mounted there"
+                                 + (f": {said}{_hint(said, storage)}" if said else ""))
+        except MountError:
+            storage.discard_cache()
+            raise
         _mounted[str(mount_point)] = storage
         log.info("mounted %s on %s", storage.source(), mount_point)
         return True
 
 
-def unmount(mount_point: Path) -> None:
-    """Unmount (lazily, as NNI's `umount -l`) a mount point; errors are logged, not raised."""
+def unmount(mount_point: Path) -> bool:
+    """Unmount (lazily, as NNI's `umount -l`) a mount point; errors are logged, not raised. True
+    when nothing is mounted there now."""
     import shutil
     import subprocess
 
     if not is_mounted(mount_point):
-        return
+        return True
     argv = ["umount", "-l", str(mount_point)]
     if os.geteuid() != 0 and shutil.which("sudo"):
         argv = ["sudo", "-n"] + argv
     result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         log.warning("cannot unmount %s: %s", mount_point, _last_line(result.stderr) or f"exit {result.returncode}")
+        return False
+    return True
 
 
 @atexit.register
@@ -206,7 +222,8 @@ def _unmount_ours() -> None:
     """NNI unmounts the storage when the experiment ends: so does the agent that mounted it."""
     for mount_point in list(_mounted):
         try:
-            unmount(Path(mount_point))
+            if unmount(Path(mount_point)):  # detached: the trials are gone and closed their files (blobfuse
+                _mounted[mount_point].discard_cache()  # uploads a file when it is closed)
         except Exception:  # at exit: never raise
             pass
         _mounted.pop(mount_point, None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +45,12 @@ def test_the_blobfuse_cache_is_private_and_never_a_planted_directory(tmp_path: P
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     cache = Path(record.read_text().strip())
     assert cache != planted and not cache.is_relative_to(planted.parent), cache
-    st = os.lstat(cache)
-    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700, st
     assert cache.parent == shared_tmp
+    assert not cache.exists()  # the mount failed: its cache went with it
+    # the stand-in that mounts nothing, then records what the cache was while it ran
+    (bin_dir / "blobfuse2").write_text(STAND_IN.replace('echo "${a#--tmp-path=}" > "$RECORD"',
+                                                        'stat -c "%F %u %a" "${a#--tmp-path=}" > "$RECORD"'))
+    subprocess.run([sys.executable, "-m", "nni_agent.mounts", "mount", str(tmp_path / "mnt")],
+                   input=json.dumps(storage), capture_output=True, text=True, env=env, timeout=60)
+    assert record.read_text().split() == ["directory", str(os.getuid()), "700"]
+    assert list(shared_tmp.iterdir()) == [planted.parent]

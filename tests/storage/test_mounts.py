@@ -46,6 +46,9 @@ def test_blob_key_goes_to_blobfuse_through_its_environment_never_argv(tmp_path: 
     assert env["AZURE_STORAGE_ACCESS_KEY"] == KEY and env["AZURE_STORAGE_ACCOUNT"] == "acct"
     assert env["AZURE_STORAGE_ACCOUNT_CONTAINER"] == "c1"
     assert KEY not in repr(storage)
+    cache = storage.tmp_path()
+    storage.discard_cache()  # nothing mounted from it: it goes
+    assert not cache.exists()
 
 
 def test_relative_mount_point_is_under_the_agent_work_directory(tmp_path: Path) -> None:
