@@ -407,7 +407,9 @@ def test_optuna_and_its_dashboard_see_the_study_while_it_runs(study_dir: Path) -
             time.sleep(0.2)
         out = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0, out
-        assert dashboard_states() == ["Complete"] * 4
+        assert [t.state.name for t in optuna.load_study(study_name="s", storage=storage).trials] == ["COMPLETE"] * 4
+        # the dashboard keeps a study's trials for a few seconds (its in-memory cache's TTL): it follows
+        wait_for(lambda: dashboard_states() == ["Complete"] * 4, 30)
         # each trial names its NNI experiment and trial there, as user attrs (`nni-manager logs EXP TRIAL`)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as r:
             (study,) = [s for s in json.load(r)["study_summaries"] if s["study_name"] == "s"]
