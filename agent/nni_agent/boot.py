@@ -197,12 +197,20 @@ def private(path):
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
+JOB_DIR_PREFIX = "nni-agent."  # a job's private directory, as the boot line's `mktemp -d .../nni-agent.XXXXXX` names it
+
+
+def removable(path):
+    """`path` is what a boot line's `mktemp -d` made for one agent: named so, this user's, 0700."""
+    return os.path.basename(os.path.normpath(path)).startswith(JOB_DIR_PREFIX) and private(path)
+
+
 def remove_private(path):
-    """Remove `path` if it is private (what a boot line's `mktemp -d` made for one agent); anything
-    else (a typo'd or shared path) is left alone."""
+    """Remove `path` if it is `removable`; anything else (a typo'd, shared or home directory) is
+    left alone."""
     import shutil
 
-    if private(path):
+    if removable(path):
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from nni_agent import __version__
-from nni_agent.boot import remove_private
+from nni_agent.boot import JOB_DIR_PREFIX, remove_private
 
 TOKEN_ENV = "NNI_AGENT_TOKEN"
 _RELAY_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")  # it travels in a URL's userinfo
@@ -87,9 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(a pod, a TFJob replica, a Slurm job) then follows the trial's")
     parser.add_argument("--log-file", type=Path, metavar="PATH", help="write the agent's own log here (default: stderr)")
     parser.add_argument("--remove-at-exit", type=Path, metavar="DIR",
-                        help="a directory made for this agent alone (a job's private directory: its token, "
-                             "work directory and unpacked agent), removed when the agent exits, as a "
-                             "container's files go with it; only this user's directory of mode 0700 is removed")
+                        help="the directory made for this agent alone (a job's private directory, "
+                             "`mktemp -d .../nni-agent.XXXXXX`: its token, unpacked agent and --work-dir, "
+                             "which must be inside it), removed when the agent exits, as a container's files go "
+                             "with it; only this user's directory of mode 0700 named nni-agent.* is removed")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--version", action="version", version=f"nni-agent {__version__}")
     return parser.parse_args(argv)
@@ -112,6 +113,13 @@ def read_token(token_file: Path | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.remove_at_exit is not None:
+        job_dir = args.remove_at_exit.expanduser().resolve()
+        if not (args.remove_at_exit.name.startswith(JOB_DIR_PREFIX)
+                and job_dir in args.work_dir.expanduser().resolve().parents):
+            raise SystemExit(f"nni-agent: --remove-at-exit {args.remove_at_exit} must be the agent's own "
+                             f"{JOB_DIR_PREFIX}XXXXXX directory (mktemp -d) holding --work-dir {args.work_dir}: "
+                             "nothing else is removed")
     try:
         return _run(args)
     finally:

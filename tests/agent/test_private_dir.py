@@ -37,27 +37,41 @@ def test_the_boot_line_s_private_directory_goes_with_the_agent(tmp_path: Path) -
     assert list(scratch.iterdir()) == []
 
 
-def test_only_this_user_s_private_directory_is_removed(tmp_path: Path) -> None:
-    """--remove-at-exit on a directory others may read (0755) or on a link to a private one: left."""
+def _agent(port: int, tmp_path: Path, remove: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{port}", "--agent-id", "a",
+                           "--token-file", str(tmp_path / "token"), "--work-dir", str(work),
+                           "--orphan-timeout", "0.5", "--remove-at-exit", str(remove)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_only_the_agent_s_own_job_directory_is_removed(tmp_path: Path) -> None:
+    """--remove-at-exit removes only this user's 0700 `nni-agent.*` directory holding the agent's
+    --work-dir: one others may read (0755) or a link is left; a directory of another name (a home,
+    also 0700) or one that does not hold --work-dir is refused at start in one line."""
     port = _closed_port()
     (tmp_path / "token").write_text("tok")
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    (private / "file").write_text("x")
-    shared = tmp_path / "shared"
+    job = tmp_path / "nni-agent.abc123"
+    job.mkdir(mode=0o700)
+    shared = tmp_path / "nni-agent.shared"
     shared.mkdir()
     shared.chmod(0o755)
-    (shared / "file").write_text("x")
-    link = tmp_path / "link"
-    link.symlink_to(private)
-    for where in (shared, link, private):
-        out = subprocess.run([sys.executable, "-m", "nni_agent", "--manager", f"127.0.0.1:{port}", "--agent-id", "a",
-                              "--token-file", str(tmp_path / "token"), "--work-dir", str(tmp_path / "work"),
-                              "--orphan-timeout", "0.5", "--remove-at-exit", str(where)],
-                             capture_output=True, text=True, timeout=120)
+    link = tmp_path / "nni-agent.link"
+    link.symlink_to(job)
+    for where in (shared, link):
+        out = _agent(port, tmp_path, where, where / "work")
         assert out.returncode == 3, out.stderr[-2000:]
-    assert (shared / "file").is_file() and link.is_symlink()
-    assert not private.exists()
+    assert (shared / "work").is_dir() and link.is_symlink() and (job / "work").is_dir()
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    for where, work in ((home, home / "work"), (job, tmp_path / "elsewhere")):
+        out = _agent(port, tmp_path, where, work)
+        assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+            f"nni-agent: --remove-at-exit {where} must be the agent's own nni-agent.XXXXXX directory (mktemp -d) "
+            f"holding --work-dir {work}: nothing else is removed"], out.stderr
+    assert home.is_dir() and job.is_dir()
+    out = _agent(port, tmp_path, job, job / "work")
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert not job.exists()
 
 
 def test_a_failed_boot_removes_the_private_directory_too(tmp_path: Path) -> None:
@@ -65,7 +79,7 @@ def test_a_failed_boot_removes_the_private_directory_too(tmp_path: Path) -> None
     it removes the directory the agent would have, so a failed start leaves no token behind."""
     import nni_agent.boot as boot
 
-    private = tmp_path / "job"
+    private = tmp_path / "nni-agent.xyz789"
     private.mkdir(mode=0o700)
     (private / "token").write_text("tok")
     wheel = "nni_agent-0-py3-none-any.whl"
