@@ -76,8 +76,10 @@ def test_max_trial_duration_early_stops(make_config) -> None:
 
 
 def test_cancel_stops_trials_user_canceled(make_config) -> None:
-    config = load_config(make_config("sleepy.py", maxTrialNumber=2, trialConcurrency=2))
+    config = load_config(make_config("sleepy.py", maxTrialNumber=2, trialConcurrency=2, logLevel="debug"))
     experiment = Experiment(config, poll_interval=0.2)
+    began = time.monotonic()
+    times: dict[str, float] = {}  # when each step was done (one CI run took 120 s: which step waited?)
 
     async def main() -> None:
         task = asyncio.create_task(experiment.run())
@@ -88,15 +90,21 @@ def test_cancel_stops_trials_user_canceled(make_config) -> None:
                 break
             await asyncio.sleep(0.05)
         assert len(running) == 2, {t.trial_id: t.status for t in experiment.trials.values()}
+        times["both running"] = time.monotonic() - began
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
             pass
+        times["run() ended"] = time.monotonic() - began
 
     asyncio.run(main())
     statuses = {t.status for t in experiment.trials.values()}
-    assert statuses == {TrialJobStatus.USER_CANCELED} and len(experiment.trials) == 2
+    if statuses != {TrialJobStatus.USER_CANCELED}:
+        logs = "\n".join(f"--- {f}\n" + f.read_text(errors="replace")[-6000:]
+                         for f in sorted(experiment.experiment_dir.rglob("*.log")))
+        raise AssertionError(f"{statuses} after {times}\n{logs}")
+    assert len(experiment.trials) == 2
     assert experiment.result().stop_reason == "interrupted"
     assert processes_under(config.trial_code_directory) == []
 
