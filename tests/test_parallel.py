@@ -98,3 +98,56 @@ def test_the_ci_command_runs_workers_with_groups_and_an_override() -> None:
     [call] = [line for line in script.splitlines() if re.match(r"python -m pytest ", line)]
     assert '-n "$workers" --dist loadgroup' in call and "--durations=25" in call and "--basetemp" in call
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
+
+
+CRASH_CONFTEST = """
+import sys
+sys.path.insert(0, {root!r})
+import pytest
+from tests.support.parallel import end_groups, group_items, make_scheduler, start_groups, write_groups
+
+def pytest_configure(config): start_groups(config)
+def pytest_unconfigure(config): end_groups(config)
+def pytest_itemcollected(item): group_items([item])
+def pytest_collection_modifyitems(config, items): write_groups(config, items)
+def pytest_xdist_make_scheduler(config, log): return make_scheduler(config, log)
+
+@pytest.fixture
+def root_login():  # a fixture of ONE_WORKER: its tests are one group
+    return None
+"""
+
+CRASH_TESTS = """
+import ctypes, os, time
+import pytest
+
+@pytest.mark.parametrize("i", range(30))
+def test_plain(i):
+    time.sleep(0.02)
+    if i == 25 and os.environ.get("PYTEST_XDIST_WORKER"):
+        ctypes.string_at(0)  # a segfault, as a C extension's can be
+
+@pytest.mark.parametrize("i", range(8))
+def test_grouped(i, root_login):
+    time.sleep(0.02)
+"""
+
+
+def test_a_crashed_worker_fails_its_test_and_the_run_still_ends(tmp_path: Path) -> None:
+    """A worker that dies (a segfault in a C extension, seen in a full run) is replaced, its test is
+    reported failed, and every other test still runs: xdist 3.8's loadgroup queued the crashed
+    worker's finished units again and hung the run for good."""
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(CRASH_CONFTEST.format(root=str(ROOT)))
+    (tmp_path / "test_crash.py").write_text(CRASH_TESTS)
+    try:
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+                              "--dist", "loadgroup", "-o", "faulthandler_timeout=0", str(tmp_path)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the run hung after the worker crashed: {(e.stdout or b'')[-2000:]!r}")
+    summary = run.stdout.strip().splitlines()[-1]
+    assert "crashed while running 'test_crash.py::test_plain[25]'" in run.stdout, run.stdout[-3000:]
+    assert re.search(r"\b1 failed, 37 passed\b", summary), run.stdout[-3000:]

@@ -36,7 +36,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional, Set
+from typing import Any, Dict, Optional, Set
 
 import pytest
 
@@ -116,6 +116,19 @@ def make_scheduler(config: pytest.Config, log: object) -> object | None:
                 self._groups = json.loads(Path(path).read_text() or "{}")
             group = self._groups.get(nodeid)
             return f"group:{group}" if group else super()._split_scope(nodeid)
+
+        def remove_node(self, node: Any) -> str | None:
+            """A crashed worker's work goes back to the queue without the units it finished and
+            without the test it crashed in (reported failed, as `--dist load` does): xdist 3.8
+            queues them all, and a finished unit sent to a worker runs nothing, so no worker ever
+            asks for the rest and the run hangs (seen after a segfault at 91%)."""
+            crashed = super().remove_node(node)
+            if crashed is not None:
+                for scope, unit in list(self.workqueue.items()):
+                    unit.pop(crashed, None)
+                    if all(unit.values()):  # nothing left to run in it (or empty)
+                        del self.workqueue[scope]
+            return crashed
 
     return GroupScheduling(config, log)  # type: ignore[arg-type]
 
