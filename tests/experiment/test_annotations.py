@@ -3,6 +3,7 @@ expanded copy (with the real nni SDK in the trials), and the user's directory le
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,12 @@ from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.experiment import Experiment
 from nni_manager.types import TrialJobStatus
+
+
+def _need_nni() -> None:
+    """Found, not imported: importing `nni` in the test process costs seconds (scipy, pandas)."""
+    if importlib.util.find_spec("nni") is None:
+        pytest.skip("the real nni package is not installed; pip install nni==3.0")
 
 ANNOTATED = '''
     """An NNI annotated trial: a plain script until nni expands it."""
@@ -89,7 +96,7 @@ def test_search_space_comes_from_the_annotations(annotated: Path, tmp_path: Path
 
 
 def test_a_run_expands_a_copy_and_the_trials_get_the_annotated_values(annotated: Path, tmp_path: Path) -> None:
-    pytest.importorskip("nni")  # the expanded code imports the real SDK, as NNI's did
+    _need_nni()  # the expanded code imports the real SDK, as NNI's did
     before = _snapshot(annotated)
     config = load_config(_config(tmp_path, maxTrialNumber=4))
     result = asyncio.run(Experiment(config, poll_interval=0.2).run())
@@ -107,7 +114,7 @@ def test_a_run_expands_a_copy_and_the_trials_get_the_annotated_values(annotated:
 
 
 def test_the_cli_runs_it_and_dry_run_writes_nothing(annotated: Path, tmp_path: Path) -> None:
-    pytest.importorskip("nni")
+    _need_nni()
     before = _snapshot(annotated)
     path = _config(tmp_path, maxTrialNumber=2, trialConcurrency=1)
     cli = [sys.executable, "-m", "nni_manager", "run", "--plain", "--no-webui"]
@@ -239,7 +246,7 @@ def test_function_choice_and_scopes_expand_to_runnable_code(tmp_path: Path) -> N
     assert space == {"trial/self.act/choice": {"_type": "choice", "_value": ["relu", "tanh"]},
                      "trial/op/function_choice": {"_type": "choice", "_value": ["double(3)", "square(3)"]},
                      "trial/k/quniform": {"_type": "quniform", "_value": [1, 5, 1]}}
-    pytest.importorskip("nni")  # the real SDK reads the parameters from parameter.cfg, as a local NNI trial
+    _need_nni()  # the real SDK reads the parameters from parameter.cfg, as a local NNI trial
     sysdir = tmp_path / "sys"
     (sysdir / ".nni").mkdir(parents=True)
     chosen = {"trial/self.act/choice": "tanh", "trial/op/function_choice": "square(3)", "trial/k/quniform": 4}

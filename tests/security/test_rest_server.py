@@ -7,6 +7,7 @@ second local user (created with useradd, its client run with setpriv) for the sa
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import io
 import json
 import logging
@@ -120,7 +121,8 @@ def test_another_local_user_is_refused_and_the_owner_served(stored: Path, other_
 
 def test_running_experiment_refuses_other_users_and_bounds_writes(tmp_path: Path, home: Path,  # noqa: F811 (fixture)
                                                                   other_user: OtherUser) -> None:
-    pytest.importorskip("nni", reason="RunningExperiment's GridSearch runs in NNI's dispatcher here")
+    if importlib.util.find_spec("nni") is None:  # found, not imported: importing it here costs seconds
+        pytest.skip("RunningExperiment's GridSearch runs in NNI's dispatcher here: pip install nni==3.0")
     from tests.support.webui.experiments import RunningExperiment
 
     exp = RunningExperiment(tmp_path, home, "sleepy.py", trialConcurrency=1, maxTrialNumber=3)

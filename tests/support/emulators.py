@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tests.support.polling import intervals
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -97,13 +99,14 @@ class EmulatorHandle:
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
                  what: str = "condition") -> Any:
         deadline = time.monotonic() + timeout
-        while True:
+        for gap in intervals(interval):  # tests/support/polling.py: soon, then less often
             v = predicate()
             if v:
                 return v
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}")
-            time.sleep(interval)
+            time.sleep(gap)
+        raise AssertionError("unreachable")
 
     def leftover_processes(self) -> list[int]:
         return marked_pids(self.marker, self.instance)

@@ -22,6 +22,7 @@ from nni_agent.http_channel import HttpChannelServer
 from nni_agent.process import MARKER_ENV
 from nni_agent.trial import Trial
 from nni_agent.v1 import agent_pb2 as pb
+from tests.support.polling import intervals
 
 PY = sys.executable
 # the trials' process marker is `<agent key>/<trial id>` and tests look for it machine-wide: one key per
@@ -129,10 +130,11 @@ def run_trial(tmp_path: Path, command: str, *, http: HttpChannelServer | None = 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 20, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
+    gaps = intervals()  # tests/support/polling.py: soon, then less often
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(next(gaps))
 
 
 def marked_processes(marker: str) -> list[psutil.Process]:

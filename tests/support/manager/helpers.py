@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobDetail
+from tests.support.polling import intervals
 
 # A trial that reports PERIODICAL metrics and a FINAL one, then does what `action` says:
 # "ok", "fail" (exit 3), "sleep" (wait for the `release` file), "phases" (multi-phase).
@@ -55,9 +56,10 @@ def param_record(index: int, **params: Any) -> str:
 
 
 async def until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll `cond` (sync or async) every 20 ms until truthy; fail with `what` on timeout."""
+    """Poll `cond` (sync or async) until truthy, every 20 ms at first, then less often
+    (tests/support/polling.py); fail with `what` on timeout."""
     deadline = time.monotonic() + timeout
-    while True:
+    for gap in intervals():
         value = cond()
         if asyncio.iscoroutine(value):
             value = await value
@@ -65,7 +67,8 @@ async def until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "con
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(gap)
+    raise AssertionError("unreachable")
 
 
 async def wait_status(ts: Any, trial_id: str, *statuses: str, timeout: float = 20.0) -> TrialJobDetail:
