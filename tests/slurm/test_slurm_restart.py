@@ -3,6 +3,7 @@ on the same directory: the relay on the login node outlives it, the agents redia
 trials are re-attached. (The plain restart, every job platform alike: tests/platforms/test_job_contract.py.)"""
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_nod
                             "loginNode": login_node.spec},
     }))
     exp_dir = tmp_path / "exps" / "SlurmLoginRestart1"
+    # the login node's side lives in root's real home: a run killed before its end left this one there
+    shutil.rmtree(login_node.home / "nni-experiments" / "SlurmLoginRestart1", ignore_errors=True)
     first = start_manager("SlurmLoginRestart1", "new", 2, "--config", str(config), "--step-sleep", "0.3")
     out1, before = sigkill_after_metrics(first, exp_dir, trials=2, timeout=90)
     relays = relay_processes()
