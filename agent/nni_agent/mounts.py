@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 ENV_KEY = "NNI_AGENT_SHARED_STORAGE"  # StartTrial.env key holding the storage (JSON); never given to trials
 MOUNT_TIMEOUT_S = 120.0  # an unreachable NFS server makes mount retry for minutes
 STORAGE_TYPES = ("NFS", "AzureBlob")
+CACHE_PREFIX = "nni-blobfuse-"  # the name of every blobfuse cache directory this module makes
 
 _lock = threading.Lock()
 _mounted: Dict[str, "Storage"] = {}  # mount point -> storage this process mounted (unmounted at exit)
@@ -111,7 +112,7 @@ class Storage:
             import tempfile
 
             label = re.sub(r"[^A-Za-z0-9-]", "", f"{self.account}-{self.container}")[:64]
-            self._cache = Path(tempfile.mkdtemp(prefix=f"nni-blobfuse-{label}-"))
+            self._cache = Path(tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{label}-"))
         return self._cache
 
     def discard_cache(self) -> None:
@@ -217,6 +218,48 @@ def unmount(mount_point: Path) -> bool:
     return True
 
 
+def blobfuse_cache_of(mount_point: Path) -> Optional[Path]:
+    """The cache (`--tmp-path`) of the blobfuse process serving `mount_point`, read from its command
+    line: the helper's `unmount` runs in another process than its `mount`, which kept no record (the
+    storage's key must not be written anywhere). None where no such process is found."""
+    target = str(mount_point)
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        # the tool itself (argv[0]), or the script an interpreter runs (argv[1]); never sudo's line
+        if target in args and any(os.path.basename(a) in ("blobfuse", "blobfuse2") for a in args[:2]):
+            for a in args:
+                if a.startswith("--tmp-path="):
+                    return Path(a[len("--tmp-path="):])
+    return None
+
+
+def remove_cache(path: Path) -> bool:
+    """Remove a blobfuse cache this module made (Storage.tmp_path): named nni-blobfuse-*, a directory
+    and not a link, this user's, 0700. Anything else is left alone: the path came from another
+    process's command line. True when it was removed."""
+    import shutil
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if (not path.name.startswith(CACHE_PREFIX) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
+            or stat.S_IMODE(st.st_mode) != 0o700):
+        log.warning("not removing %s: not a blobfuse cache this user's agent made", path)
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
 @atexit.register
 def _unmount_ours() -> None:
     """NNI unmounts the storage when the experiment ends: so does the agent that mounted it."""
@@ -308,7 +351,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     mount_point = Path(args[1])
     if args[0] == "unmount":
-        unmount(mount_point)
+        cache = blobfuse_cache_of(mount_point)  # read while blobfuse still serves the mount
+        if unmount(mount_point) and cache is not None:
+            remove_cache(cache)  # its copies of the container's blobs go with the mount
         return 0
     try:
         mounted = ensure_mounted(Storage.from_json(sys.stdin.read()), mount_point)

@@ -54,3 +54,78 @@ def test_the_blobfuse_cache_is_private_and_never_a_planted_directory(tmp_path: P
                    input=json.dumps(storage), capture_output=True, text=True, env=env, timeout=60)
     assert record.read_text().split() == ["directory", str(os.getuid()), "700"]
     assert list(shared_tmp.iterdir()) == [planted.parent]
+
+
+MOUNTING_STAND_IN = """#!{python}
+# blobfuse2 mount MOUNT_POINT --tmp-path=CACHE -o allow_other: a tmpfs stands for the FUSE mount, and a
+# daemon (this command line, as blobfuse's) serves it until it is unmounted
+import os, subprocess, sys, time
+mount_point = sys.argv[2]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "nni-blobfuse-stand-in", mount_point], check=True)
+if os.fork() == 0:  # a daemon, as blobfuse is: its own session, no tie to the caller's output
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for _ in range(600):
+        if not os.path.ismount(mount_point):
+            break
+        time.sleep(0.1)
+    os._exit(0)
+"""
+
+
+def test_the_helper_s_unmount_removes_the_cache_its_mount_made(tmp_path: Path) -> None:
+    """`python -m nni_agent.mounts unmount` (the manager's localMountPoint, a later process than its
+    `mount`) removes the cache the blobfuse serving that mount point was given: the container's
+    blobs do not stay in the temp dir after the experiment."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the stand-in mounts a tmpfs, which needs root")
+    private_tmp, bin_dir, mount_point = tmp_path / "tmp", tmp_path / "bin", tmp_path / "mnt"
+    for d in (private_tmp, bin_dir):
+        d.mkdir()
+    (bin_dir / "blobfuse2").write_text(MOUNTING_STAND_IN.format(python=sys.executable))
+    os.chmod(bin_dir / "blobfuse2", 0o755)
+    storage = {"storageType": "AzureBlob", "remoteMountPoint": str(mount_point), "storageAccountName": "acct",
+               "storageAccountKey": "a2V5", "containerName": "c1"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(private_tmp)}
+
+    def helper(verb: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nni_agent.mounts", verb, str(mount_point)],
+                              input=json.dumps(storage), capture_output=True, text=True, env=env, timeout=60)
+
+    try:
+        done = helper("mount")
+        assert done.returncode == 0 and done.stdout.strip() == "mounted", done.stdout + done.stderr
+        (cache,) = private_tmp.iterdir()  # kept while mounted: blobfuse works in it
+        assert cache.name.startswith("nni-blobfuse-acct-c1-") and os.path.ismount(mount_point)
+        (cache / "blob").write_text("a copy of a blob")
+        done = helper("unmount")
+        assert done.returncode == 0, done.stderr
+        assert not os.path.ismount(mount_point)
+        assert list(private_tmp.iterdir()) == []
+    finally:
+        if os.path.ismount(mount_point):
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def test_only_a_private_cache_this_user_made_is_removed(tmp_path: Path) -> None:
+    """The cache's path comes from another process's command line: anything but this user's 0700
+    nni-blobfuse-* directory stays."""
+    from nni_agent.mounts import remove_cache
+
+    ours = tmp_path / "nni-blobfuse-acct-c1-x1"
+    ours.mkdir(mode=0o700)
+    (ours / "blob").write_text("x")
+    open_one = tmp_path / "nni-blobfuse-acct-c1-x2"
+    open_one.mkdir()
+    os.chmod(open_one, 0o755)
+    other_name = tmp_path / "data"
+    other_name.mkdir(mode=0o700)
+    link = tmp_path / "nni-blobfuse-acct-c1-x3"
+    link.symlink_to(other_name)
+    assert [remove_cache(p) for p in (open_one, other_name, link, tmp_path / "nni-blobfuse-gone")] == [False] * 4
+    assert open_one.is_dir() and other_name.is_dir() and link.is_symlink()
+    assert remove_cache(ours) and not ours.exists()
