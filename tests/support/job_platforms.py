@@ -676,7 +676,7 @@ class Slurm(JobPlatform):
         request = backend.build_request(env)
         assert request["argv"] == ["sbatch", "--parsable"]
         held = subprocess.run(["scontrol", "write", "batch_script", backend.jobs[env.env_id].ref, "-"],
-                              capture_output=True, text=True, check=True).stdout
+                              capture_output=True, text=True, check=True, timeout=60).stdout
         return held, request["script"]
 
 
