@@ -32,11 +32,15 @@ def _tree_cpu_seconds(root_pid: int) -> float:
 
 
 def escaping_daemon(ready: Path) -> str:
-    """A command whose child leaves the trial's session (setsid) and touches `ready`."""
+    """A command whose child leaves the trial's session (setsid) and touches `ready` once its
+    parent is gone (re-parented: the parent exited), so a sample then counts the daemon alone."""
     return python_command(
         "import os, time, pathlib\n"
+        "parent = os.getpid()\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
+        "    while os.getppid() == parent:\n"
+        "        time.sleep(0.01)\n"
         f"    pathlib.Path({str(ready)!r}).touch()\n"
         "    time.sleep(60)\n"
         "os._exit(0)\n")
