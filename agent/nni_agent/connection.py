@@ -68,6 +68,12 @@ def frame_records(records: list[bytes]) -> bytes:
     return b"\x12" + _varint(len(inner)) + inner
 
 
+# how long a command's ack waits for a record frame to ride on (managers of protocol >= 1.4): a
+# StartTrial's RUNNING status follows within it even on a loaded machine; a later ack only
+# means the manager would send the command again after a reconnect (applied once: by trial id)
+COMMAND_ACK_DELAY = 0.25
+
+
 def _serialize(msg: pb.AgentMessage | bytes) -> bytes:
     return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
@@ -134,6 +140,11 @@ class Connection:
         self._records_sent_at = 0.0  # monotonic time of the last RecordBatch written: it stands in for a heartbeat
         self._session_channel: grpc.aio.Channel | None = None  # while a session is up: study storage calls share it
         self._session_up = asyncio.Event()  # set while _session_channel is
+        # this session's commands: the highest cmd_seq applied, and acknowledged; acks ride on
+        # other messages when the manager reads them there (protocol >= 1.4)
+        self._cmd_applied = self._cmd_acked = 0
+        self._ride_acks = False
+        self._cmd_ack_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -268,6 +279,8 @@ class Connection:
                 raise LinkLost(f"manager answered Hello with {first.WhichOneof('body')}, not Welcome")
             welcome = first.welcome
             self._apply_welcome(welcome)
+            self._cmd_applied = self._cmd_acked = 0
+            self._ride_acks = welcome.protocol_minor >= 4
             self.outbox.ack(welcome.acked_seq)
             for digest in self.bundles.pending():
                 self.request_bundle(digest)
@@ -290,6 +303,9 @@ class Connection:
             finally:
                 self._session_channel = None
                 self._session_up.clear()
+                if self._cmd_ack_timer is not None:
+                    self._cmd_ack_timer.cancel()
+                    self._cmd_ack_timer = None
                 for task in [*tasks, *self._file_tasks]:  # the manager failed this session's file requests
                     task.cancel()
                 await asyncio.gather(*tasks, *self._file_tasks, return_exceptions=True)
@@ -324,14 +340,14 @@ class Connection:
     async def _send_loop(self, call: grpc.aio.StreamStreamCall, cursor: int) -> None:
         while True:
             while not self._control.empty():
-                await call.write(self._control.get_nowait())
+                await call.write(self._with_command_ack(self._control.get_nowait()))
             while not self._file_chunks.empty():
-                await call.write(self._file_chunks.get_nowait())
+                await call.write(self._with_command_ack(self._file_chunks.get_nowait()))
             cursor = max(cursor, self.outbox.acked_seq)
             if self.outbox.last_seq > cursor:
                 first, records = self.outbox.read(cursor)
                 if records:
-                    await call.write(frame_records(records))
+                    await call.write(self._with_command_ack(frame_records(records)))
                     cursor = first + len(records) - 1
                     self._records_sent_at = time.monotonic()
                 continue
@@ -345,9 +361,10 @@ class Connection:
                 woken.cancel()
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
-        acked_cmd = 0
         while True:
             msg = await self._read(call)
+            if msg.acked:
+                self.outbox.ack(msg.acked)
             kind = msg.WhichOneof("body")
             if kind == "ack":
                 self.outbox.ack(msg.ack.seq)
@@ -357,9 +374,13 @@ class Connection:
                     self.stop(cmd.shutdown.reason or "the manager asked the agent to shut down", by_manager=True)
                 else:
                     self.keeper.handle(cmd)
-                if cmd.cmd_seq > acked_cmd:
-                    acked_cmd = cmd.cmd_seq
-                    self._send_control(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=acked_cmd)))
+                if cmd.cmd_seq > self._cmd_applied:
+                    self._cmd_applied = cmd.cmd_seq
+                    if not self._ride_acks:
+                        self._ack_commands()
+                    elif self._cmd_ack_timer is None:
+                        self._cmd_ack_timer = asyncio.get_running_loop().call_later(
+                            COMMAND_ACK_DELAY, self._ack_commands)
             elif kind == "bundle_chunk":
                 self.bundles.on_chunk(msg.bundle_chunk)
             elif kind == "file_request":
@@ -405,6 +426,24 @@ class Connection:
                     self._send_control(pb.AgentMessage(resources=self.keeper.resources()))
                 next_res = now + t.resources_s
             await asyncio.sleep(max(0.0, min(next_hb, next_gpu, next_res) - time.monotonic()))
+
+    def _ack_commands(self) -> None:
+        """A bare CommandAck, unless one rode on another message meanwhile."""
+        self._cmd_ack_timer = None
+        if self._cmd_applied > self._cmd_acked:
+            self._cmd_acked = self._cmd_applied
+            self._send_control(pb.AgentMessage(command_ack=pb.CommandAck(cmd_seq=self._cmd_acked)))
+
+    def _with_command_ack(self, msg: pb.AgentMessage | bytes) -> pb.AgentMessage | bytes:
+        """`msg` carrying the command ack still owed (field 9, `command_acked`, appended to a
+        serialized frame), if the manager reads it there."""
+        if not self._ride_acks or self._cmd_applied <= self._cmd_acked:
+            return msg
+        self._cmd_acked = self._cmd_applied
+        if isinstance(msg, bytes):
+            return msg + b"\x48" + _varint(self._cmd_acked)
+        msg.command_acked = self._cmd_acked
+        return msg
 
     def _send_control(self, msg: pb.AgentMessage) -> None:
         self._control.put_nowait(msg)

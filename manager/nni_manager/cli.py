@@ -383,7 +383,7 @@ def _read_from(log: BinaryIO, offset: int) -> list[str]:
 
 
 def _web_arguments(parser: argparse.ArgumentParser) -> None:
-    from nni_manager.webui.server import DEFAULT_BIND, DEFAULT_PORT
+    from nni_manager.webui import DEFAULT_BIND, DEFAULT_PORT
 
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help=f"port of NNI's WebUI and REST API (default {DEFAULT_PORT}, as NNI; the next free one "

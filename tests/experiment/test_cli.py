@@ -1,6 +1,7 @@
 """`nni-manager run / trials / logs` as subprocesses, including Ctrl-C."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -101,3 +102,17 @@ def test_dry_run_prints_the_objects_and_starts_nothing(tmp_path: Path) -> None:
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "2048Mi", "nvidia.com/gpu": "1"}
     assert "127.0.0.9:<hubPort>" in container["command"] and "--ca-file" in container["command"]
     assert not (tmp_path / "exps").exists()  # nothing was started
+
+
+def test_commands_that_serve_nothing_never_import_the_web_server(tmp_path: Path) -> None:
+    """`list`, `trials`, `logs`, `stop` read the manifest and the store: aiohttp's import (a fifth of a
+    second, its TLS contexts loading the system's CA bundle) belongs to `run` and `view` only."""
+    probe = ("import sys; from nni_manager.cli import main\n"
+             "for argv in (['list', '--all'], ['trials', 'nope1'], ['stop', 'nope1']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'"
+             " or m == 'nni_manager.webui.server'))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout

@@ -10,6 +10,7 @@ import pytest
 from nni_agent.v1 import PROTOCOL_MAJOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.bundle import pack
+from nni_manager.hub import server
 from nni_manager.store import Store
 from tests.support.manager.helpers import until
 from tests.support.manager.hubkit import Agent, records, run, started_hub
@@ -105,6 +106,56 @@ def test_commands_resent_until_acked_and_new_stream_replaces_old(short_dir: Path
         assert Store.open(short_dir).agent_by_name("a1")["next_cmd_seq"] == 3
         await first.close()
         await second.close()
+        await hub.stop()
+
+    run(body())
+
+
+def _metric(seq: int) -> tuple[int, dict[str, pb.Metric]]:
+    return seq, {"metric": pb.Metric(trial_id="t1", trial_seq=seq, data="{}")}
+
+
+def test_acks_ride_on_commands_to_a_new_agent_and_come_bare_when_none_goes(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> None:
+        hub, rec = await started_hub(short_dir)
+        agent = Agent(hub)  # protocol 1.4: reads ManagerMessage.acked
+        await agent.connect()
+        monkeypatch.setattr(server, "_ACK_DELAY", 60.0)  # no bare Ack in this part: a riding one or none
+        await agent.send(records=records(_metric(1), _metric(2)))
+        await until(lambda: len(rec.records) == 2, what="records stored")
+        hub.send("a1", pb.Command(cancel_trial=pb.CancelTrial(trial_id="t1")))
+        msg = await agent.next()
+        assert (msg.WhichOneof("body"), msg.command.cmd_seq, msg.acked) == ("command", 1, 2), msg
+        hub.send("a1", pb.Command(cancel_trial=pb.CancelTrial(trial_id="t2")))
+        msg = await agent.next()
+        assert (msg.WhichOneof("body"), msg.acked) == ("command", 0), msg  # nothing new to acknowledge
+        monkeypatch.setattr(server, "_ACK_DELAY", 0.05)  # no command goes from here: a bare Ack after the delay
+        await agent.send(records=records(_metric(3)), command_acked=2)  # the agent's ack rides too
+        await until(lambda: not hub.pending_commands("a1"), what="commands acknowledged by a record frame")
+        msg = await agent.next()
+        assert (msg.WhichOneof("body"), msg.ack.seq) == ("ack", 3), msg
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
+def test_an_older_agent_gets_a_bare_ack_for_every_batch_at_once(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "_ACK_DELAY", 60.0)  # what a newer agent would wait for a command to ride on
+
+    async def body() -> None:
+        hub, _ = await started_hub(short_dir)
+        agent = Agent(hub, minor=3)  # from before riding acks: it would never read one
+        await agent.connect()
+        for seq in (1, 2):
+            await agent.send(records=records(_metric(seq)))
+            msg = await agent.next()
+            assert (msg.WhichOneof("body"), msg.ack.seq) == ("ack", seq), msg
+        hub.send("a1", pb.Command(cancel_trial=pb.CancelTrial(trial_id="t1")))
+        msg = await agent.next()
+        assert msg.WhichOneof("body") == "command" and msg.acked == 0, msg
+        await agent.close()
         await hub.stop()
 
     run(body())

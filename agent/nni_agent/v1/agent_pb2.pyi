@@ -69,7 +69,7 @@ FILE_ERROR_TOO_LARGE: FileError
 FILE_ERROR_IO: FileError
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "records", "command_ack", "heartbeat", "gpus", "resources", "bundle_request", "file_chunk")
+    __slots__ = ("hello", "records", "command_ack", "heartbeat", "gpus", "resources", "bundle_request", "file_chunk", "command_acked")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ACK_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class AgentMessage(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     FILE_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ACKED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     records: RecordBatch
     command_ack: CommandAck
@@ -86,7 +87,8 @@ class AgentMessage(_message.Message):
     resources: ResourceReport
     bundle_request: BundleRequest
     file_chunk: FileChunk
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., records: _Optional[_Union[RecordBatch, _Mapping]] = ..., command_ack: _Optional[_Union[CommandAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gpus: _Optional[_Union[GpuReport, _Mapping]] = ..., resources: _Optional[_Union[ResourceReport, _Mapping]] = ..., bundle_request: _Optional[_Union[BundleRequest, _Mapping]] = ..., file_chunk: _Optional[_Union[FileChunk, _Mapping]] = ...) -> None: ...
+    command_acked: int
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., records: _Optional[_Union[RecordBatch, _Mapping]] = ..., command_ack: _Optional[_Union[CommandAck, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gpus: _Optional[_Union[GpuReport, _Mapping]] = ..., resources: _Optional[_Union[ResourceReport, _Mapping]] = ..., bundle_request: _Optional[_Union[BundleRequest, _Mapping]] = ..., file_chunk: _Optional[_Union[FileChunk, _Mapping]] = ..., command_acked: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("agent_id", "token", "agent_version", "protocol_major", "protocol_minor", "boot_id", "host", "trials", "gpus")
@@ -287,18 +289,20 @@ class BundleRequest(_message.Message):
     def __init__(self, digest: _Optional[str] = ...) -> None: ...
 
 class ManagerMessage(_message.Message):
-    __slots__ = ("welcome", "command", "ack", "bundle_chunk", "file_request")
+    __slots__ = ("welcome", "command", "ack", "bundle_chunk", "file_request", "acked")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_CHUNK_FIELD_NUMBER: _ClassVar[int]
     FILE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     command: Command
     ack: Ack
     bundle_chunk: BundleChunk
     file_request: FileRequest
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., bundle_chunk: _Optional[_Union[BundleChunk, _Mapping]] = ..., file_request: _Optional[_Union[FileRequest, _Mapping]] = ...) -> None: ...
+    acked: int
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., bundle_chunk: _Optional[_Union[BundleChunk, _Mapping]] = ..., file_request: _Optional[_Union[FileRequest, _Mapping]] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("manager_version", "protocol_major", "protocol_minor", "acked_seq", "experiment_id", "heartbeat_interval_ms", "gpu_sample_interval_ms", "session_token")

@@ -48,6 +48,9 @@ _MAX_UNIX_PATH = 107
 STORAGE_ERRORS = (sqlite3.Error, OSError)
 _FLEET_RATE = 250.0  # heartbeats (and GPU reports) per second from all agents together, at most
 _STORAGE_PAUSE = 2.0  # before ending a stream whose records cannot be stored: no tight replay loop
+# how long a record batch's Ack waits for a command to ride on (agents of protocol >= 1.4): the
+# next trial's StartTrial usually goes out within it, and a later Ack only widens the replay
+_ACK_DELAY = 0.05
 _MAX_MESSAGE = 64 * 1024 * 1024  # gRPC's limit for any one message (a record batch is about 1 MiB)
 
 
@@ -118,16 +121,42 @@ class _Link:
 class _Session:
     agent_id: str
     context: grpc.aio.ServicerContext
-    queue: asyncio.Queue[pb.ManagerMessage] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[pb.ManagerMessage | None] = field(default_factory=asyncio.Queue)  # None: an Ack is due
     replaced: asyncio.Event = field(default_factory=asyncio.Event)  # ended by the hub, see `why`
     why: str = ""
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_seen: float = field(default_factory=time.monotonic)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # bundle transfers
+    ride_acks: bool = False  # the agent reads ManagerMessage.acked (protocol >= 1.4)
+    acked: int = 0  # the highest record seq this stream told the agent is stored
+    owed: int = 0  # the highest record seq stored, to be told (ack_soon)
+    ack_timer: asyncio.TimerHandle | None = None
 
     async def write(self, msg: pb.ManagerMessage) -> None:
+        """Write `msg`, carrying the Ack still owed when the agent reads it there (a bare Ack
+        then needs no write of its own)."""
         async with self.write_lock:
+            if msg.HasField("ack"):
+                self.acked = max(self.acked, msg.ack.seq)
+            elif self.ride_acks and self.owed > self.acked:
+                msg.acked = self.acked = self.owed
+            if self.ack_timer is not None and self.acked >= self.owed:  # nothing owed any more
+                self.ack_timer.cancel()
+                self.ack_timer = None
             await self.context.write(msg)
+
+    def ack_soon(self, applied_seq: int) -> None:
+        """Acknowledge records up to `applied_seq`: at once for an older agent, else on the next
+        message out or, if none goes within _ACK_DELAY, as a bare Ack."""
+        self.owed = max(self.owed, applied_seq)
+        if not self.ride_acks:
+            self.queue.put_nowait(pb.ManagerMessage(ack=pb.Ack(seq=applied_seq)))
+        elif self.ack_timer is None and self.owed > self.acked:
+            self.ack_timer = asyncio.get_running_loop().call_later(_ACK_DELAY, self._ack_due)
+
+    def _ack_due(self) -> None:
+        self.ack_timer = None
+        self.queue.put_nowait(None)
 
 
 def version_mismatch(agent_major: int, agent_minor: int) -> str:
@@ -475,7 +504,8 @@ class Hub(pb_grpc.AgentHubServicer):
         if hello.boot_id != link.boot_id:
             link.boot_id, link.applied_seq = hello.boot_id, 0
             self._store.set_agent_progress(link.agent_id, link.boot_id, 0)
-        session = _Session(link.agent_id, context)
+        session = _Session(link.agent_id, context, ride_acks=hello.protocol_minor >= 4,
+                           acked=link.applied_seq, owed=link.applied_seq)
         old, link.session = link.session, session
         if old:
             old.why = "replaced by a newer connection"
@@ -513,6 +543,8 @@ class Hub(pb_grpc.AgentHubServicer):
         finally:
             for task in (reader, writer, replaced, *session.tasks):
                 task.cancel()
+            if session.ack_timer is not None:
+                session.ack_timer.cancel()
             self.files.session_ended(session, f"its stream ended ({session.why or 'connection lost'})")
             if link.session is session:
                 link.session = None
@@ -522,9 +554,15 @@ class Hub(pb_grpc.AgentHubServicer):
         if session.replaced.is_set():
             await context.abort(grpc.StatusCode.ABORTED, f"agent {link.agent_id}: {session.why}")
 
-    async def _write(self, session: _Session) -> None:
+    @staticmethod
+    async def _write(session: _Session) -> None:
         while True:
-            await session.write(await session.queue.get())
+            msg = await session.queue.get()
+            if msg is None:  # an Ack came due: written bare unless one rode on a message meanwhile
+                if session.owed <= session.acked:
+                    continue
+                msg = pb.ManagerMessage(ack=pb.Ack(seq=session.owed))
+            await session.write(msg)
 
     async def _read(self, link: _Link, session: _Session) -> None:
         while True:
@@ -533,6 +571,8 @@ class Hub(pb_grpc.AgentHubServicer):
                 return
             msg = pb.AgentMessage.FromString(raw)  # DecodeError: the stream ends (logged once)
             session.last_seen = time.monotonic()
+            if msg.command_acked:
+                self._commands_applied(link, msg.command_acked)
             if link.lost_since is not None and link.session is session:
                 link.lost_since, link.expired = None, False
                 self._stored(f"that agent {link.agent_id} is back", lambda: self._handler().agent_back(link.agent_id))
@@ -542,8 +582,7 @@ class Hub(pb_grpc.AgentHubServicer):
                 if session.replaced.is_set():
                     return
             elif kind == "command_ack":
-                for seq in [s for s in link.pending if s <= msg.command_ack.cmd_seq]:
-                    del link.pending[seq]
+                self._commands_applied(link, msg.command_ack.cmd_seq)
             elif kind == "heartbeat":  # answered, so the agent knows the manager is alive
                 await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
             elif kind == "gpus":
@@ -582,7 +621,13 @@ class Hub(pb_grpc.AgentHubServicer):
                     session.replaced.set()
                     return
                 link.applied_seq = last
-        await session.write(pb.ManagerMessage(ack=pb.Ack(seq=link.applied_seq)))
+        session.ack_soon(link.applied_seq)
+
+    @staticmethod
+    def _commands_applied(link: _Link, cmd_seq: int) -> None:
+        """The agent applied every command up to `cmd_seq`: none of them is sent again."""
+        for seq in [s for s in link.pending if s <= cmd_seq]:
+            del link.pending[seq]
 
     def _log_writes(self, agent_id: str, records: list[pb.Record]) -> list[LogWrite]:
         writes = []

@@ -8,6 +8,7 @@ decides who may call (Host, the caller's user via `peers`, the token) and `limit
 """
 from __future__ import annotations
 
-from nni_manager.webui.server import DEFAULT_PORT, WebServer
-
-__all__ = ["DEFAULT_PORT", "WebServer"]
+# Here, not in `server`: the CLI's other commands (list, trials, stop) read these and the
+# manifest without importing aiohttp (a fifth of a second each time)
+DEFAULT_PORT = 8080  # NNI's default
+DEFAULT_BIND = "127.0.0.1"

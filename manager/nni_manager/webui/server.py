@@ -22,14 +22,12 @@ from typing import cast
 from aiohttp import web
 
 from nni_manager.jsontypes import JSONValue
-from nni_manager.webui import access, manifest
+from nni_manager.webui import DEFAULT_BIND, DEFAULT_PORT, access, manifest
 from nni_manager.webui.api import Api, make_app
 from nni_manager.webui.model import DataModel, LiveTrials
 from nni_manager.webui.sides import ExperimentSide
 from nni_manager.webui.static import webui_dir
 
-DEFAULT_PORT = 8080  # NNI's default
-DEFAULT_BIND = "127.0.0.1"
 _PORT_TRIES = 100
 _WATCH_S = 1.0
 log = logging.getLogger(__name__)

@@ -7,6 +7,8 @@ tests/support/agent/prodhub.py). Still here, and why:
 * tests/agent/test_trial_log_stream.py::test_older_manager_gets_no_trial_log_chunks: the
   hub must be an *older* manager, whose Welcome carries no protocol_minor (from before
   LOG_STREAM_TRIAL_LOG); the production hub always announces its own, newer protocol.
+* tests/agent/test_ack_riding.py: every message the agent wrote, as it came off the wire, to a
+  manager of protocol 1.4 (acks ride) and to an older one (bare acks).
 
 It authenticates by token, deduplicates records by (boot_id, seq) and acknowledges them,
 re-sends unacknowledged commands after a reconnect, and serves bundles. Add a test here only
@@ -31,8 +33,10 @@ from nni_agent.v1 import agent_pb2_grpc as pb_grpc
 from tests.support.agent.prodhub import TrialView, apply_record, stop_agents
 
 class HubStub(pb_grpc.AgentHubServicer):
-    def __init__(self, token: str = "secret-token") -> None:
+    def __init__(self, token: str = "secret-token", protocol_minor: int = 0) -> None:
         self.token = token
+        self.protocol_minor = protocol_minor  # its Welcome's; 0: a manager from before protocol_minor
+        self.received: list[pb.AgentMessage] = []  # after the Hello, in order
         self.trials: dict[str, TrialView] = defaultdict(TrialView)
         self.applied: dict[str, int] = defaultdict(int)  # boot_id -> last applied seq
         self.duplicates = 0
@@ -82,7 +86,8 @@ class HubStub(pb_grpc.AgentHubServicer):
         self.sessions += 1
         boot = hello.boot_id
         yield pb.ManagerMessage(welcome=pb.Welcome(acked_seq=self.applied[boot], experiment_id="stubexp1",
-                                                    heartbeat_interval_ms=1000))
+                                                    heartbeat_interval_ms=1000,
+                                                    protocol_minor=self.protocol_minor))
         for cmd in self._unacked:  # re-send what the agent has not acknowledged
             yield pb.ManagerMessage(command=cmd)
         while not self._queue.empty():
@@ -94,6 +99,9 @@ class HubStub(pb_grpc.AgentHubServicer):
         async def reader() -> None:
             try:
                 async for msg in request_iterator:
+                    self.received.append(msg)
+                    if msg.command_acked and self.protocol_minor >= 4:
+                        self._unacked = [c for c in self._unacked if c.cmd_seq > msg.command_acked]
                     kind = msg.WhichOneof("body")
                     if kind == "records":
                         self._apply(boot, list(msg.records.records))

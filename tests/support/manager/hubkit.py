@@ -54,11 +54,12 @@ class Recorder:
 class Agent:
     """A scripted agent: one stream, explicit messages."""
 
-    def __init__(self, hub: Hub, token: str = TOKEN, boot_id: str = "boot1", major: int = PROTOCOL_MAJOR) -> None:
+    def __init__(self, hub: Hub, token: str = TOKEN, boot_id: str = "boot1", major: int = PROTOCOL_MAJOR,
+                 minor: int = PROTOCOL_MINOR) -> None:
         self.channel = grpc.aio.insecure_channel(f"unix:{hub.socket_path}", options=[("grpc.enable_http_proxy", 0)])
         self.call = pb_grpc.AgentHubStub(self.channel).Connect()
         self.hello = pb.Hello(agent_id="a1", token=token, agent_version="0.1.0", protocol_major=major,
-                              protocol_minor=PROTOCOL_MINOR, boot_id=boot_id)
+                              protocol_minor=minor, boot_id=boot_id)
 
     async def connect(self) -> pb.Welcome:
         await self.call.write(pb.AgentMessage(hello=self.hello))
@@ -71,10 +72,15 @@ class Agent:
 
     async def read(self, kind: str) -> Any:
         while True:
-            msg = await asyncio.wait_for(self.call.read(), 5)
-            assert msg is not grpc.aio.EOF
+            msg = await self.next()
             if msg.WhichOneof("body") == kind:
                 return getattr(msg, kind)
+
+    async def next(self, timeout: float = 5) -> pb.ManagerMessage:
+        """The next message, whole (an Ack may ride on it: `acked`)."""
+        msg = await asyncio.wait_for(self.call.read(), timeout)
+        assert msg is not grpc.aio.EOF
+        return msg
 
     async def close(self) -> None:
         await self.channel.close()

@@ -21,7 +21,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -70,16 +70,24 @@ class Issuer:
     """The identity provider and the API server's view of it (see the module docstring)."""
 
     def __init__(self, base_url: Callable[[], str]) -> None:
-        from cryptography.hazmat.primitives.asymmetric import rsa
-
         self._base_url = base_url
-        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self._key: Any = None
         self.kid = secrets.token_hex(8)
         self.clients: dict[str, str] = {}  # client id -> secret
         self.sessions: dict[str, Session] = {}  # refresh token -> session (spent ones too, marked by rotation)
         self.spent: set[str] = set()
         self.flags = ApiServerFlags()
         self.counters = Counters()
+
+    @property
+    def key(self) -> Any:
+        """The signing key, made on first use: most emulators never issue an ID token, and an RSA key
+        is a tenth of an emulator's start."""
+        if self._key is None:
+            from cryptography.hazmat.primitives.asymmetric import rsa
+
+            self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return self._key
 
     @property
     def url(self) -> str:
