@@ -77,7 +77,8 @@ def test_status_paths_of_nni_v1_config(dlts, base: Path, caplog) -> None:
             # the 2020 dashboard's job page route, /jobs/{clusterId}/{jobId} (NNI linked /job/{team}/{cluster}/{id})
             assert d.url == f"{dlts.url}jobs/{dlts.cluster}/{job['jobId']}", d.url
             assert [json.loads(m)["type"] for m in metrics[ok.id]] == ["PERIODICAL", "PERIODICAL", "FINAL"]
-            dlts.wait_status(job["jobId"], "finished", timeout=T)  # the job's state follows the trial
+            # the job's state follows the trial (off the loop: the manager keeps serving its agents)
+            await asyncio.to_thread(dlts.wait_status, job["jobId"], "finished", timeout=T)
 
             paused = await ts.submit_trial_job(sleeper(base, 4, "c"))
             await wait_status(ts, paused.id, "RUNNING", timeout=T)

@@ -141,6 +141,25 @@ def test_acks_ride_on_commands_to_a_new_agent_and_come_bare_when_none_goes(
     run(body())
 
 
+def test_a_trials_end_is_acknowledged_at_once(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-trial agent (a job platform's) exits once its trial's end is stored: that Ack never waits."""
+    monkeypatch.setattr(server, "_ACK_DELAY", 60.0)
+
+    async def body() -> None:
+        hub, _ = await started_hub(short_dir)
+        agent = Agent(hub)
+        await agent.connect()
+        await agent.send(records=records(_metric(1)))  # owed, not sent: a message may still come to ride on
+        end = pb.TrialStatus(trial_id="t1", state=pb.TRIAL_STATE_SUCCEEDED, has_exit_code=True)
+        await agent.send(records=records((2, {"status": end})))
+        msg = await agent.next()
+        assert (msg.WhichOneof("body"), msg.ack.seq) == ("ack", 2), msg
+        await agent.close()
+        await hub.stop()
+
+    run(body())
+
+
 def test_an_older_agent_gets_a_bare_ack_for_every_batch_at_once(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "_ACK_DELAY", 60.0)  # what a newer agent would wait for a command to ride on
 

@@ -145,11 +145,11 @@ class _Session:
                 self.ack_timer = None
             await self.context.write(msg)
 
-    def ack_soon(self, applied_seq: int) -> None:
-        """Acknowledge records up to `applied_seq`: at once for an older agent, else on the next
-        message out or, if none goes within _ACK_DELAY, as a bare Ack."""
+    def ack_soon(self, applied_seq: int, now: bool = False) -> None:
+        """Acknowledge records up to `applied_seq`: at once for an older agent or when `now`, else
+        on the next message out or, if none goes within _ACK_DELAY, as a bare Ack."""
         self.owed = max(self.owed, applied_seq)
-        if not self.ride_acks:
+        if now or not self.ride_acks:
             self.queue.put_nowait(pb.ManagerMessage(ack=pb.Ack(seq=applied_seq)))
         elif self.ack_timer is None and self.owed > self.acked:
             self.ack_timer = asyncio.get_running_loop().call_later(_ACK_DELAY, self._ack_due)
@@ -621,7 +621,9 @@ class Hub(pb_grpc.AgentHubServicer):
                     session.replaced.set()
                     return
                 link.applied_seq = last
-        session.ack_soon(link.applied_seq)
+        # a trial's end is acknowledged at once: a one-trial agent (a job platform's) exits once it is,
+        # and the job's state follows
+        session.ack_soon(link.applied_seq, now=any(r.status.state > pb.TRIAL_STATE_RUNNING for r in fresh))
 
     @staticmethod
     def _commands_applied(link: _Link, cmd_seq: int) -> None:
