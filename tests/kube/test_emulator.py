@@ -476,3 +476,38 @@ def test_each_test_gets_a_namespace_of_its_own_and_leaves_nothing_running(kube, 
     v1.create_namespaced_pod(kube.namespace, pod_body("left-running", "sleep 300"))
     wait_phase(kube, v1, "left-running", phases=("Running",))
     assert kube.pod_processes(kube.namespace, "left-running")
+
+
+def test_a_restart_refuses_connections_and_keeps_its_port(kube_factory):
+    """While the API server is down its port stays bound (connections refused, as a restarting server
+    answers): a CI run once lost it to another worker's emulator, and the restart never listened again."""
+    import socket
+    import time
+
+    kube = kube_factory()
+    kube.restart(down=3)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # the restart begins once the answer is out
+        try:
+            socket.create_connection(("127.0.0.1", kube.port), timeout=2).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the API server never went down")
+    other = socket.socket()
+    try:
+        with pytest.raises(OSError):  # EADDRINUSE: nobody else can listen there meanwhile
+            other.bind(("127.0.0.1", kube.port))
+    finally:
+        other.close()
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", kube.port), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    kube.wait_for(listening, 30, what="the API server back on its port")
+    assert kube.core().list_namespace().items

@@ -10,6 +10,7 @@ import datetime as dt
 import ipaddress
 import os
 import signal
+import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,16 @@ async def serve(app: web.Application, *, port: int = 0,
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context, shutdown_timeout=0.5)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def hold_port(port: int) -> socket.socket:
+    """A socket bound to 127.0.0.1:`port`, not listening: connections are refused, as while a server
+    restarts, and no other process (another test's emulator asking for any free port) can take the
+    port meanwhile. Close it just before listening on the port again."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its connections' TIME_WAITs do not count
+    sock.bind(("127.0.0.1", port))
+    return sock
 
 
 def announce(state: Path, port: int) -> None:

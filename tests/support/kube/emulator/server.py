@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.support.emulator_serving import announce, make_tls, serve, until_stopped
+from tests.support.emulator_serving import announce, hold_port, make_tls, serve, until_stopped
 
 from .api import (NAMESPACES, NODES, PODS, ApiError, Resource, bad_request, not_found)
 from .clientcerts import ClientCA
@@ -666,12 +666,16 @@ async def amain(args) -> None:
         API server replica, or by the node's PodGC): a watcher sees the change only by listing."""
         nonlocal runner
         await runner.cleanup()
-        for ref in delete_pods:
-            try:
-                store.delete(PODS, ref.get("namespace", "default"), ref["name"], 0)
-            except ApiError:
-                pass
-        await asyncio.sleep(down)
+        holder = hold_port(port)  # refused meanwhile; a CI run lost the port to another worker's emulator
+        try:
+            for ref in delete_pods:
+                try:
+                    store.delete(PODS, ref.get("namespace", "default"), ref["name"], 0)
+                except ApiError:
+                    pass
+            await asyncio.sleep(down)
+        finally:
+            holder.close()
         runner, _ = await serve(server.app(), port=port, ssl_context=tls)
     server.restart = restart
     write_kubeconfig(state, port, tokens[0].split("=", 1)[0])
