@@ -2,11 +2,11 @@
 write less per command) and is a bare CommandAck for an older manager, which would not read it there."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
 from tests.support.agent.hubstub import HubStub, StubServer, start_trial
+from tests.support.bounded import run_bounded
 
 
 def _run_one_trial(tmp_path: Path, hub: HubStub) -> None:
@@ -17,7 +17,7 @@ def _run_one_trial(tmp_path: Path, hub: HubStub) -> None:
             await hub.wait_for(lambda: hub.trials["ride01"].final is not None and not hub._unacked, 60)
         assert hub.trials["ride01"].final.state == pb.TRIAL_STATE_SUCCEEDED
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run_bounded(scenario(), 120)
 
 
 def test_a_new_manager_gets_the_command_ack_on_the_running_status(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from nni_agent.bundles import BundleCache, BundleError
 from nni_agent.v1 import agent_pb2 as pb
+from tests.support.bounded import run_bounded
 
 CHUNK = 64 << 10
 
@@ -49,7 +50,7 @@ def _chunks(digest: str, data: bytes) -> Iterator[pb.BundleChunk]:
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 120))
+    return run_bounded(coro, 120)
 
 
 async def _receive(cache: BundleCache, digest: str, data: bytes) -> None:

@@ -19,6 +19,7 @@ from nni_manager import bundle
 from tests.support.agent.prodhub import ProdHub, TrialView
 from tests.support.agent.trialkit import marked_processes
 from tests.support.chaos.relay import ChaosRelay
+from tests.support.bounded import run_bounded
 
 PY = sys.executable
 
@@ -78,7 +79,7 @@ def _cut_all(relay: ChaosRelay) -> int:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 def test_wrong_token_is_refused_and_never_echoed(tmp_path, short_dir):

@@ -19,13 +19,14 @@ from nni_agent.guardian import ARGV_TAG, Guardian
 from nni_agent.process import MARKER_ENV
 from nni_agent.v1 import agent_pb2 as pb
 from tests.support.agent.hubstub import HubStub, StubServer, start_trial
+from tests.support.bounded import run_bounded
 
 PY = sys.executable
 GUARDIAN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 120))
+    return run_bounded(coro, 120)
 
 
 def _running(proc: psutil.Process) -> bool:

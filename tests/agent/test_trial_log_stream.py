@@ -2,12 +2,12 @@
 an older manager would file its chunks as stdout."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from nni_agent.v1 import agent_pb2 as pb
 from tests.support.agent.hubstub import HubStub, StubServer, start_trial
 from tests.support.agent.prodhub import ProdHub
+from tests.support.bounded import run_bounded
 
 WRITE_BOTH = 'echo sdk log > "$NNI_OUTPUT_DIR/trial.log"; echo out'
 
@@ -26,7 +26,7 @@ def test_current_manager_gets_trial_log_chunks_filed_as_trial_log(tmp_path: Path
         files = hub.experiment_dir / "trials" / "log02"  # where the hub wrote the chunks (handler.log_file)
         assert (files / "trial.log").read_text() == "sdk log\n" and (files / "trial.stdout").read_text() == "out\n"
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run_bounded(scenario(), 120)
 
 
 def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
@@ -43,4 +43,4 @@ def test_older_manager_gets_no_trial_log_chunks(tmp_path: Path) -> None:
         written = list((tmp_path / "w").rglob("trial.log"))
         assert [p.read_text() for p in written] == ["sdk log\n"]  # the trial did write one
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run_bounded(scenario(), 120)

@@ -4,7 +4,6 @@ to an environment, one it can take stays on it; placementConstraint Device pins 
 machine (`local`) or to the platform (`aml`)."""
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobApplicationForm
 from tests.support.manager.helpers import TRIAL, form, release, sleeper, wait_status
+from tests.support.bounded import run_bounded
 
 T = 90.0
 
@@ -61,7 +61,7 @@ def test_local_and_aml_in_one_pool_steered_by_placement_constraint(aml: Any, sho
             assert d.agent_id == "local" and d.environment_id is None, d
             return ts.experiment_id
 
-    exp = asyncio.run(asyncio.wait_for(main(), 240))
+    exp = run_bounded(main(), 240)
     jobs = [j for j in aml.jobs() if j["name"].startswith(f"nni_exp_{exp}_")]
     assert jobs, "the AML part submitted no job"
     aml.wait_for(lambda: not aml.live_pids(), 60, what="no job process left")

@@ -6,7 +6,6 @@ a manager restart, an agent that never dials, the gateway's faults, every job pl
 tests/platforms.)"""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
+from tests.support.bounded import run_bounded
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_pool_of_dlc_jobs_runs_trials_and_keeps_the_access_key_secret(dlc: Any, 
             assert len(ours(dlc, ts.experiment_id)) <= 2
             return ts.experiment_id
 
-    exp = asyncio.run(asyncio.wait_for(main(), 240))
+    exp = run_bounded(main(), 240)
     jobs = ours(dlc, exp)
     assert jobs and all(j["JobType"] == "PyTorchJob" and j["DataSources"] == [
         {"DataSourceId": "data-nas-1", "DataSourceType": "nas"}, {"DataSourceId": "data-oss-1", "DataSourceType": "oss"}]
@@ -77,7 +77,7 @@ def test_a_trial_runs_on_every_pod_of_a_job(dlc: Any, short_dir: Path) -> None:
             d = await wait_status(ts, t.id, "SUCCEEDED", timeout=T)
             assert sorted(d.agents) == sorted([f"{d.environment_id}-0", f"{d.environment_id}-1"]), d
 
-    asyncio.run(asyncio.wait_for(main(), 240))
+    run_bounded(main(), 240)
 
 
 @pytest.mark.parametrize("field,value,words", [

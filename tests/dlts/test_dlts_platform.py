@@ -23,12 +23,13 @@ from nni_manager.config import ConfigError
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, message_with, sleeper, wait_status
+from tests.support.bounded import run_bounded
 
 T = 90.0
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 @pytest.fixture

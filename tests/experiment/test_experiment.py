@@ -14,6 +14,7 @@ from nni_manager.store import Store
 from nni_manager.types import TrialJobStatus
 
 from tests.support.experiment.fixtures import processes_under
+from tests.support.bounded import run_bounded
 
 
 def test_runs_grid_to_the_end_and_picks_best(make_config) -> None:
@@ -153,7 +154,7 @@ def test_stops_when_no_machine_is_usable(make_config) -> None:
                                      searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}))
     experiment = Experiment(config, poll_interval=0.1)
     with pytest.raises(NoWorkerError, match="no machine is usable.*cannot connect"):  # a failure, never success
-        asyncio.run(asyncio.wait_for(experiment.run(), 60))
+        run_bounded(experiment.run(), 60)
     result = experiment.result()
     assert experiment.status == "ERROR" and result.error.startswith("no machine is usable")
     assert result.stop_reason == "no worker could start"

@@ -8,7 +8,6 @@ package; the emulator reads its schema from shared/schemas (adaptdl/adaptdljob-v
 like the other CRDs, and these tests are skipped where that file is not there."""
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from nni_manager.service import create_training_service
 from tests.support.kube.emulator import crds
 from tests.support.kube.emulator.adaptdl import SCHEMA_FILE
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 NS = "default"
 ADL = ("adaptdl.petuum.com", "v1")
@@ -101,7 +101,7 @@ def test_a_trial_is_an_adaptdl_job_whose_pod_runs_the_agent(kube_factory, tmp_pa
                                  and ps[-1] == "Succeeded" and ps, 30, "the job to succeed")
             assert phases[:3] == ["Starting", "Running", "Succeeded"], phases
 
-    asyncio.run(asyncio.wait_for(main(), 150))
+    run_bounded(main(), 150)
     assert custom.list_namespaced_custom_object(*ADL, NS, "adaptdljobs")["items"] == []  # cleaned up
 
 
@@ -116,7 +116,7 @@ def test_a_failing_trial_fails_its_job(kube_factory, tmp_path: Path) -> None:
             d = await wait_status(ts, t.id, "FAILED", timeout=60)
             assert "exit code 3" in d.message, d.message
 
-    asyncio.run(asyncio.wait_for(main(), 150))
+    run_bounded(main(), 150)
 
 
 @needs_crd
@@ -166,7 +166,7 @@ def test_a_preempted_pod_ends_its_trial_and_leaves_nothing(kube_factory, tmp_pat
             d = await wait_status(ts, t.id, "SYS_CANCELED", "FAILED", timeout=60)
             assert pod.metadata.name in d.message, d.message
 
-    asyncio.run(asyncio.wait_for(main(), 150))
+    run_bounded(main(), 150)
     assert custom.list_namespaced_custom_object(*ADL, NS, "adaptdljobs")["items"] == []
     kube.wait_for(lambda: not core.list_namespaced_pod(NS, label_selector="adaptdl=true").items, 60,
                   what="no AdaptDL pod left")

@@ -18,6 +18,7 @@ from nni_manager.loader import load_config
 from nni_manager.hub.address import advertised, bare_host, host_port
 from nni_manager.service.hub_setup import plan
 from tests.support.kube.emulator import crds
+from tests.support.bounded import run_bounded
 
 FC = ("frameworkcontroller.microsoft.com", "v1")
 
@@ -163,7 +164,7 @@ def test_agents_dial_an_ipv6_manager(kube, tmp_path):
             args = pod.spec.containers[0].command
             assert args[args.index("--manager") + 1].startswith("[::1]:")
 
-    asyncio.run(asyncio.wait_for(body(), 120))
+    run_bounded(body(), 120)
 
 
 def test_v1_pvc_section_only_with_storage_pvc(tmp_path):

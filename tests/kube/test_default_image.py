@@ -5,7 +5,6 @@ probes the image, downloads cp38 wheels (`pip download` through the package inde
 in ConfigMaps; the trial is NNI trial code (`import nni`) run by the image's own Python."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
 from tests.support.nni_image import nni_latest_bin
+from tests.support.bounded import run_bounded
 
 NNI_EXAMPLE = Path(__file__).parents[1] / "experiment/nni_configs/examples/trials/mnist-pytorch"
 NFS_SERVER = "nfs.example.org"  # not dialed: the emulator's kubelet backs the export with a directory
@@ -79,7 +79,7 @@ def test_nni_frameworkcontroller_example_on_the_real_default_image(kube_factory,
             out = "".join(p.read_text() for p in (ts.experiment_dir / "trials" / job.id).rglob("trial.stdout"))
             assert "python 3.8" in out, out  # NNI's SDK in the image's own Python 3.8
 
-    asyncio.run(asyncio.wait_for(body(), 420))
+    run_bounded(body(), 420)
     shipped = kube.core().list_namespaced_config_map("default", label_selector="app=nni-agent-deps").items
     assert shipped, "no dependency ConfigMaps: the image's lack of grpcio / protobuf went unnoticed"
     (key,) = [d.name for d in cache.iterdir() if d.is_dir()]

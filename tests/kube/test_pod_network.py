@@ -4,7 +4,6 @@ route to the manager's loopback; and an experiment whose pods reach the hub by a
 user's host on the bridge, a NAT port-forward to the hub on loopback)."""
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import os
@@ -20,6 +19,7 @@ from tests.support.kube.emulator import podnet
 from tests.support.kube.harness import config, pods_service
 from tests.support.kube.pods import pod_body, wait_phase
 from tests.support.manager.helpers import form, wait_status
+from tests.support.bounded import run_bounded
 
 NS = "default"
 POD_CIDR = ipaddress.ip_network("10.244.0.0/16")  # netns only
@@ -191,7 +191,7 @@ def test_trials_succeed_over_a_direct_route_to_a_nat_port_forward(kube_factory, 
                 await wait_status(ts, j.id, "SUCCEEDED", timeout=90)
             assert ts.core.hub.public_address == f"{host}:{port}"
 
-    asyncio.run(asyncio.wait_for(main(), 200))
+    run_bounded(main(), 200)
 
 
 # PyTorch's rendezvous as torch.distributed makes it: the master listens on MASTER_PORT, every worker
@@ -240,7 +240,7 @@ def test_pytorchjob_workers_reach_their_master_by_name_over_the_direct_route(kub
             assert done.status.value == "SUCCEEDED", done.message
             return (ts.experiment_dir / "trials" / job.id / "replicas" / "master-0" / "trial.stdout").read_text()
 
-    out = asyncio.run(asyncio.wait_for(main(), 200))
+    out = run_bounded(main(), 200)
     line = next(x for x in out.splitlines() if x.startswith("RENDEZVOUS "))
     ranks = [r.split("@") for r in line.split()[1:]]
     assert [r for r, _ in ranks] == ["1", "2"], line
@@ -293,7 +293,7 @@ def test_framework_tasks_reach_each_other_by_the_barriers_pod_ips(kube_factory, 
             assert done.status.value == "SUCCEEDED", done.message
             return (ts.experiment_dir / "trials" / job.id / "replicas" / "worker-0" / "trial.stdout").read_text()
 
-    out = asyncio.run(asyncio.wait_for(main(), 200))
+    out = run_bounded(main(), 200)
     said, seen_from, ips = next(x for x in out.splitlines() if x.startswith("PEER ")).split()[1:]
     ips = ips.split(",")
     # worker-1 dialled from the pod IP the barrier gave for it: one address per pod, really its own

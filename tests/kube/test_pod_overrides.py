@@ -4,7 +4,6 @@ kubeflow and frameworkcontroller (tolerations, securityContext, the Istio sideca
 NNI v1's FrameworkController `configPath` template (NNI's own mnist-pytorch example)."""
 from __future__ import annotations
 
-import asyncio
 import copy
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from nni_manager.service import create_training_service
 from tests.support.kube.harness import code_dir, config, ours, pod_json, pods_service
 from tests.support.manager.helpers import form, until, wait_status
 from tests.support.kube.nonroot import NON_ROOT_IMAGE, non_root_image  # noqa: F401 (a fixture)
+from tests.support.bounded import run_bounded
 
 NON_ROOT = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True}
 NNI_EXAMPLE = Path(__file__).parents[1] / "experiment/nni_configs/examples/trials/mnist-pytorch"
@@ -58,7 +58,7 @@ def test_non_root_image_reads_its_token(kube_factory, non_root_image, tmp_path: 
             (pod,) = pod_json(kube)
             assert pod["spec"]["securityContext"] == NON_ROOT  # no fsGroup added
 
-    asyncio.run(asyncio.wait_for(body(), 150))
+    run_bounded(body(), 150)
 
 
 def _operator_config(kube: Any, tmp_path: Path, platform: str, **ts: Any) -> Any:
@@ -110,7 +110,7 @@ def test_operator_pods_get_the_overrides(kube_factory, non_root_image, tmp_path:
                 assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
                 assert pod["spec"]["securityContext"] == NON_ROOT
 
-    asyncio.run(asyncio.wait_for(body(), 150))
+    run_bounded(body(), 150)
 
 
 def test_overrides_mistakes_name_the_field(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_nni_frameworkcontroller_custom_template(kube_factory, tmp_path: Path, m
                 assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp/data", "/mnt/frameworkbarrier",
                                                                                "/var/run/nni/secret"}
 
-    asyncio.run(asyncio.wait_for(body(), 150))
+    run_bounded(body(), 150)
 
 
 def test_configpath_mistakes_name_the_field_and_fix(tmp_path: Path) -> None:

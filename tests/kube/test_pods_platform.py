@@ -30,12 +30,13 @@ from tests.support.kube.harness import (
     pods_service,
 )
 from tests.support.manager.helpers import form, message_with, release, sleeper, until, wait_status
+from tests.support.bounded import run_bounded
 
 T = 60.0  # generous polling timeout: two cores shared with other test runs
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 150))
+    return run_bounded(coro, 150)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ starts no probe and uploads nothing. The emulator refuses what the API server re
 over 1 MiB of data, request bodies over 3 MiB."""
 from __future__ import annotations
 
-import asyncio
 import base64
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from nni_manager.service import create_training_service
 from tests.support import trial_isolation
 from tests.support.kube.harness import SLIM_IMAGE, config, pods_service
 from tests.support.manager.helpers import form, wait_status
+from tests.support.bounded import run_bounded
 
 NS = "default"
 T = 90.0
@@ -28,7 +28,7 @@ WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 def deps_config_maps(kube: Any) -> dict[str, str]:

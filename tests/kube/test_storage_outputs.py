@@ -4,7 +4,6 @@ The emulator stands for an NFS export (and a claim) with one host directory ever
 kept after the pods, as the storage is."""
 from __future__ import annotations
 
-import asyncio
 import functools
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 PY = "nni-test/python:3.11"
 NFS_SERVER = "nfs.example.org"  # not dialed: the emulator's kubelet backs the export with a directory
@@ -35,7 +35,7 @@ report_final_result(1)
 def run_async(test: Any) -> Any:
     @functools.wraps(test)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 150))
+        return run_bounded(test(*args, **kwargs), 150)
 
     return wrapper
 

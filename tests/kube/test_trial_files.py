@@ -2,7 +2,6 @@
 stream, as for any platform; once a one-trial pod is gone, the streamed logs still answer."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from nni_manager.service import create_training_service
 from tests.support.kube.fixtures import KubeNamespace
 from tests.support.kube.harness import config, pods_service
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 T = 60.0
 
@@ -24,7 +24,7 @@ def kube(kube_ns: KubeNamespace) -> KubeNamespace:
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 150))
+    return run_bounded(coro, 150)
 
 
 def test_files_from_a_pod_agent(kube, short_dir: Path) -> None:  # type: ignore[no-untyped-def]

@@ -17,13 +17,14 @@ from nni_manager.config import ConfigError
 from nni_manager.service import create_training_service
 from tests.support.kube.harness import config, pod_json, pods_service
 from tests.support.manager.helpers import form, release, sleeper, until, wait_status
+from tests.support.bounded import run_bounded
 
 NS = "default"
 T = 90.0
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 @pytest.fixture

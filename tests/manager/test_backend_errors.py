@@ -3,7 +3,6 @@
 internal error, named so on the trial, with its traceback in nnimanager.log."""
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from nni_manager.loader import load_config
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, register_backend, wait_status
+from tests.support.bounded import run_bounded
 
 PLUGIN = '''
 from nni_manager.backends.base import BackendError, ElasticBackend
@@ -62,7 +62,7 @@ def test_refusal_is_the_platforms_words_and_a_bug_is_an_internal_error(
             job = await ts.submit_trial_job(form(0))
             return (await wait_status(ts, job.id, "FAILED", timeout=30)).message
 
-    message = asyncio.run(asyncio.wait_for(body(), 60))
+    message = run_bounded(body(), 60)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     if fails == "refused":
         assert "quota exceeded for GPUs in namespace ml" in message and "internal error" not in message

@@ -1,7 +1,6 @@
 """GPU placement through the real agent with artificial GPUs (NNI_AGENT_ARTIFICIAL_GPUS)."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,10 +10,11 @@ from nni_manager.config import ExperimentConfig
 from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobStatus
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 90))
+    return run_bounded(coro, 90)
 
 
 def cuda(ts: Any, trial_id: str) -> str:

@@ -31,6 +31,7 @@ from nni_manager.service import create_training_service
 from nni_manager.service.nni_api import _redacted
 from nni_manager.store import Store
 from tests.support.manager.helpers import TRIAL, form, wait_status
+from tests.support.bounded import run_bounded
 
 
 def secret(platform: str, field: str) -> str:
@@ -293,7 +294,7 @@ trainingService:
     config = load(path, secrets)
     experiment = Experiment(config, poll_interval=0.1)
     with pytest.raises(NoWorkerError):
-        asyncio.run(asyncio.wait_for(experiment.run(), 60))
+        run_bounded(experiment.run(), 60)
     result = experiment.result()
     assert "cannot connect" in result.error, result.error  # no machine is usable
     stored = assert_no_secret(result.experiment_dir, secrets, ["alice-remote", "bob-remote", str(key_file),

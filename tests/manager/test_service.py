@@ -17,12 +17,13 @@ from nni_manager.service import TrainingService, create_training_service
 from nni_manager.store import Store
 from nni_manager.types import HyperParameters, TrialJobApplicationForm, TrialJobMetric, TrialJobStatus
 from tests.support.manager.helpers import form, kill_tree, param_record, until, wait_status
+from tests.support.bounded import run_bounded
 
 TERMINAL = ("SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED")
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 90))
+    return run_bounded(coro, 90)
 
 
 def values(metrics: list[TrialJobMetric], trial_id: str) -> list[tuple[str, int, str]]:

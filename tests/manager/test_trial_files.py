@@ -3,7 +3,6 @@ text and binary files, whole directories, every refusal as its TrainingServiceEr
 agent that is gone."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from nni_manager.errors import (
 )
 from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 FILES_TRIAL = r'''
 import os, sys
@@ -44,7 +44,7 @@ MODEL = bytes(range(256)) * 2000
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 90))
+    return run_bounded(coro, 90)
 
 
 @pytest.fixture

@@ -17,12 +17,13 @@ from nni_manager.service import create_training_service
 from tests.support.job_platforms import JobPlatform
 from tests.support.manager.helpers import check_resumed, form, message_with, release, sigkill_after_metrics, sleeper, \
     start_manager, wait_status
+from tests.support.bounded import run_bounded
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 def test_manager_sigkill_and_restart_reattaches_running_jobs(job_platform: JobPlatform, request: pytest.FixtureRequest,

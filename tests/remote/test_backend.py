@@ -4,7 +4,6 @@ production gRPC hub and agent registry (tests/support/agent/prodhub.py: per-agen
 through the SSH tunnel."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import secrets
@@ -21,6 +20,7 @@ from nni_manager.config import ExperimentConfig, TrainingServiceConfig
 from nni_manager.hub.tls import experiment_tls
 from tests.support.agent.prodhub import HubContext, ProdHub
 from tests.support.remote.fixtures import processes_with
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 
@@ -60,7 +60,7 @@ def steady_trial(path: Path, n: int) -> Path:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
+    return run_bounded(coro, 120)
 
 
 def test_three_hosts_connect_through_tunnels_and_stop_cleanly(netns_hosts, short_dir):

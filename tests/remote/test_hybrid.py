@@ -3,7 +3,6 @@ placementConstraint Device and GPUNumber across them; trial files and trial.log 
 the SSH agent over its stream, and shown by `nni-manager logs`."""
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobApplicationForm
 from tests.support.manager.helpers import TRIAL, form, until, wait_status
 from tests.support.remote.fixtures import processes_with
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_local_plus_remote_one_pool_constraints_and_files(plain_sshd, short_dir)
             assert collected.read_text() == "log from trial\n"
             return ts.experiment_dir, on_remote.id, done[on_remote.id].working_directory
 
-    exp_dir, trial_id, remote_dir = asyncio.run(asyncio.wait_for(body(), 180))
+    exp_dir, trial_id, remote_dir = run_bounded(body(), 180)
     shutil.rmtree(remote_dir)  # as if on another machine: `logs` can only use what was streamed
     out = subprocess.run([sys.executable, "-m", "nni_manager", "logs", str(exp_dir), trial_id],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -5,7 +5,6 @@ file and Python (the config's `host`/`user` name a machine on port 22 with Pytho
 the AML entry its endpoint override; nothing else changes. Trials run on all three platforms."""
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from nni_manager.service import create_training_service
 from tests.support.aml.fixtures import aml, aml_factory  # noqa: F401 (fixtures)
 from tests.support.manager.helpers import form, until, wait_status
 from tests.support.remote.fixtures import processes_with
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 NNI_CONFIG = (Path(__file__).resolve().parents[1] / "experiment" / "nni_configs" / "examples" / "trials" /
@@ -66,7 +66,7 @@ def test_nni_hybrid_config_runs_on_local_remote_and_aml(plain_sshd: Any, aml: An
             assert outputs <= {"ran on local", "ran on remote", "ran on aml"}, outputs
             return ts.experiment_id, where
 
-    experiment_id, where = asyncio.run(asyncio.wait_for(body(), 240))
+    experiment_id, where = run_bounded(body(), 240)
     assert where == {"local", "remote", "aml"}, where
     assert processes_with(f"NNI_EXP_ID={experiment_id}".encode()) == []
     aml.wait_for(lambda: not aml.live_pids(), 60, what="no AML job process left")

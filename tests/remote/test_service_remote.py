@@ -17,6 +17,7 @@ from nni_manager.service import create_training_service
 from nni_manager.types import TrialJobMetric
 from tests.support.manager.helpers import TRIAL, form, until, wait_status
 from tests.support.remote.fixtures import processes_with
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 
@@ -64,7 +65,7 @@ def test_three_hosts_gpu_placement_link_drop_metrics_once_and_clean_up(netns_hos
             experiment_id = ts.experiment_id
         return experiment_id
 
-    experiment_id = asyncio.run(asyncio.wait_for(body(), 150))
+    experiment_id = run_bounded(body(), 150)
     by_trial: dict[str, list[object]] = {}
     for m in metrics:
         by_trial.setdefault(m.id, []).append(json.loads(json.loads(m.data)["value"]))

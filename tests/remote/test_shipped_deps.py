@@ -4,7 +4,6 @@ reaches no package index: the manager resolves wheels for that Python (from
 experiment finds them installed on the worker and ships nothing."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import shutil
@@ -23,6 +22,7 @@ from nni_manager.service import create_training_service
 from tests.support import trial_isolation
 from tests.support.manager.helpers import TRIAL, form, wait_status
 from tests.support.remote.fixtures import readable_dir
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 STOCK = Path("/usr/bin/python3")
@@ -58,7 +58,7 @@ def _experiment(code: Path, exps: Path, machine, trials: int, command: str = "py
             done = [await wait_status(ts, j.id, "SUCCEEDED", "FAILED", timeout=120) for j in jobs]
             return ts.experiment_id, [f"{d.status.value} {d.message}" for d in done]
 
-    return asyncio.run(asyncio.wait_for(body(), 240))
+    return run_bounded(body(), 240)
 
 
 def test_bare_worker_runs_trials_with_dependencies_shipped_by_the_manager(

@@ -4,7 +4,6 @@ SUCCEEDS. The agent's dependencies are on that Python's path through a .pth file
 distribution's python3-grpcio / python3-psutil packages would put them."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from nni_manager.service import create_training_service
 from tests.support.manager.helpers import TRIAL, form, wait_status
 from tests.support.remote.fixtures import readable_dir
 from tests.support.worker_python import link_distributions, requirements_closure
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.ssh
 STOCK = Path("/usr/bin/python3")
@@ -83,7 +83,7 @@ def test_trial_with_code_bundle_succeeds_on_the_stock_python(plain_sshd, stock_p
             return ts.experiment_id, str(await ts.get_trial_file(done.id, "trial.stdout"))
 
     try:
-        experiment_id, stdout = asyncio.run(asyncio.wait_for(body(), 150))
+        experiment_id, stdout = run_bounded(body(), 150)
     finally:
         shutil.rmtree(short, ignore_errors=True)
     lines = stdout.splitlines()

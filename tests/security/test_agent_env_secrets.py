@@ -5,7 +5,6 @@ variables but not the secret; the trials still get it, over the agent's authenti
 the agent process's own environment never holds it."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from nni_manager.service import create_training_service
 from tests.support.manager.helpers import form, wait_status
 from tests.support.dry_run import ALGORITHM, dry_run_env
 from tests.support.security.platforms import PLATFORMS, SECRET
+from tests.support.bounded import run_bounded
 
 AGENT_ENV = {"WANDB_API_KEY": SECRET, "CUDA_HOME": "/opt/cuda-kept"}
 
@@ -59,7 +59,7 @@ def test_trials_get_the_secret_over_the_stream_and_the_agent_never_holds_it(shor
             environs = [Path(f"/proc/{p.pid}/environ").read_bytes() for p in agents]
             return str(await ts.get_trial_file(done.id, "trial.stdout")), environs
 
-    stdout, environs = asyncio.run(asyncio.wait_for(body(), 60))
+    stdout, environs = run_bounded(body(), 60)
     assert f"key {hashlib.sha256(SECRET.encode()).hexdigest()}" in stdout.splitlines()
     assert "cuda /opt/cuda-kept" in stdout.splitlines()
     assert all(SECRET.encode() not in e and b"CUDA_HOME=/opt/cuda-kept" in e for e in environs)

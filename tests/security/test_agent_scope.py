@@ -31,6 +31,7 @@ from tests.support.security.agentkit import (
     passwd_readable,
     stored_webui,
 )
+from tests.support.bounded import run_bounded
 
 pytestmark = pytest.mark.skipif(not passwd_readable(), reason="needs a readable /etc/passwd to prove nothing leaks")
 
@@ -202,4 +203,4 @@ def test_every_member_of_an_environment_reports_for_its_trial_and_no_other_agent
             done = await wait_status(ts, job.id, "USER_CANCELED", "SYS_CANCELED", timeout=60)
             assert done.status == TrialJobStatus.USER_CANCELED, done.message
 
-    asyncio.run(asyncio.wait_for(body(), 150))
+    run_bounded(body(), 150)

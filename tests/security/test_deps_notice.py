@@ -6,7 +6,6 @@ sshd), OpenPAI and AML (their emulators), with bare images or a bare Python, dow
 empty wheel cache, as in every test. (Slurm: tests/slurm/test_slurm_deps.py.)"""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import shutil
@@ -28,6 +27,7 @@ from tests.support.manager.helpers import TRIAL, form, wait_status
 from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
 from tests.support.remote.fixtures import plain_sshd, ssh_keys, ssh_user  # noqa: F401 (fixtures)
 from tests.support.storage.fixtures import azurite  # noqa: F401 (fixture)
+from tests.support.bounded import run_bounded
 
 SAID = "cannot ship the agent's dependencies"
 STOCK = Path("/usr/bin/python3")
@@ -43,7 +43,7 @@ def _messages(cfg: ExperimentConfig, trials: int = 2) -> list[str]:
                 return [(await wait_status(ts, t.id, "SUCCEEDED", "FAILED", "SYS_CANCELED", timeout=120)).message
                         for t in jobs]
 
-        return asyncio.run(asyncio.wait_for(body(), 240))
+        return run_bounded(body(), 240)
     finally:
         for h in [h for h in notices.log.handlers if getattr(h, "nni_console", False)]:
             notices.log.removeHandler(h)

@@ -40,6 +40,7 @@ from tests.support.agent.prodhub import HubContext, ProdHub
 from tests.support.manager.helpers import until
 from tests.support.manager.hub_tls import Recorder
 from tests.support.remote.fixtures import plain_sshd, processes_with, ssh_keys, ssh_user  # noqa: F401
+from tests.support.bounded import run_bounded
 
 CONNECT = "/nni_agent.v1.AgentHub/Connect"
 
@@ -212,7 +213,7 @@ def test_remote_agent_gives_a_squatter_on_its_worker_port_neither_token_nor_obed
         assert not evidence.exists()
         assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []
 
-    asyncio.run(asyncio.wait_for(scenario(), 240))
+    run_bounded(scenario(), 240)
 
 
 def test_a_running_agent_that_does_not_verify_the_hub_is_replaced_not_reattached(
@@ -259,7 +260,7 @@ def test_a_running_agent_that_does_not_verify_the_hub_is_replaced_not_reattached
             await hub.close()
         assert processes_with(f"NNI_AGENT_REMOTE_RUN={experiment_id}/".encode()) == []
 
-    asyncio.run(asyncio.wait_for(scenario(), 180))
+    run_bounded(scenario(), 180)
 
 
 def _gone(pid: int) -> bool:

@@ -10,7 +10,6 @@ own, the flood's as another tenant's pod would be; the manager's loopback out of
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from tests.support.kube.fixtures import kube_factory  # noqa: F401 - the Kuberne
 from tests.support.kube.harness import config, pods_service
 from tests.support.kube.pods import pod_body
 from tests.support.manager.helpers import form, until, wait_status
+from tests.support.bounded import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "default"
@@ -92,7 +92,7 @@ def test_a_flood_from_another_pod_does_not_stop_a_new_agent_s_trial(kube_factory
             # the manager's streams carried the new agent's connections only: a few, not the flood's hundreds
             assert ts._backend._tunnel.paired - paired <= 4, (ts._backend._tunnel.paired - paired, counts)
 
-    asyncio.run(asyncio.wait_for(main(), 400))
+    run_bounded(main(), 400)
 
 
 def test_the_relay_pod_runs_only_the_program_its_command_names(tmp_path: Path) -> None:
@@ -161,4 +161,4 @@ def test_a_relay_program_planted_under_its_configmap_s_name_never_runs(kube_fact
             program = core.read_namespaced_config_map(name, NS)
             assert program.immutable is True and program.data == {tunnel.RELAY_FILE: tunnel.relay_program()}
 
-    asyncio.run(asyncio.wait_for(main(), 400))
+    run_bounded(main(), 400)

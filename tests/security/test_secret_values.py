@@ -4,7 +4,6 @@ its userinfo, a `*_PROXY` with credentials, and environment names with `TOKEN`, 
 as the other secrets do, to the trial over the agent's authenticated stream."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from nni_manager.service import create_training_service
 from tests.support.dry_run import ALGORITHM, dry_run_env
 from tests.support.security.platforms import PLATFORMS
 from tests.support.manager.helpers import form, wait_status
+from tests.support.bounded import run_bounded
 
 PW = "pw-" + hashlib.sha256(b"by value").hexdigest()[:12]
 SECRET_ENV = {
@@ -83,7 +83,7 @@ def test_the_trial_gets_them_and_the_store_does_not(short_dir: Path) -> None:
             assert done.status.value == "SUCCEEDED", done.message
             return str(await ts.get_trial_file(done.id, "trial.stdout")), ts.experiment_dir
 
-    stdout, experiment_dir = asyncio.run(asyncio.wait_for(body(), 60))
+    stdout, experiment_dir = run_bounded(body(), 60)
     assert stdout.splitlines() == ["True"], stdout
     for path in experiment_dir.rglob("*"):
         if path.is_file() and not path.name.startswith("trial."):

@@ -32,6 +32,7 @@ from tests.support.storage.fixtures import azurite  # noqa: F401 (fixture)
 from tests.support.openpai.experiments import base  # noqa: F401 (fixture)
 from tests.support.openpai.fixtures import pai_factory  # noqa: F401 (fixture)
 from tests.support.security.planted import OtherUser, other_user, planted_wheel, shared_dir  # noqa: F401 (fixtures)
+from tests.support.bounded import run_bounded
 
 STOCK = Path("/usr/bin/python3")
 WHEELHOUSE = Path(__file__).resolve().parents[2] / ".venv" / "agent-wheelhouse"  # scripts/test.sh fills it
@@ -287,7 +288,7 @@ def test_kubernetes_configmaps_replaced_by_a_configmap_only_account_never_run(
             d2 = await wait_status(ts, t2.id, "SUCCEEDED", "FAILED", timeout=90)
             return f"{d2.status.value} {d2.message}"
 
-    second_trial = asyncio.run(asyncio.wait_for(first(), 240))
+    second_trial = run_bounded(first(), 240)
     assert not marker.exists(), marker.read_text()
     status, _, message = second_trial.partition(" ")
     assert status == "FAILED" and "(exit 3): nni-agent: the shipped file nni_agent-" in message, second_trial
@@ -301,7 +302,7 @@ def test_kubernetes_configmaps_replaced_by_a_configmap_only_account_never_run(
             d = await wait_status(ts, t.id, "SUCCEEDED", "FAILED", timeout=90)
             return f"{d.status.value} {d.message}"
 
-    assert asyncio.run(asyncio.wait_for(again(), 240)) == "SUCCEEDED "
+    assert run_bounded(again(), 240) == "SUCCEEDED "
     assert not marker.exists(), marker.read_text()
     deps = [c for c in mallory.list_namespaced_config_map("default", label_selector="app=nni-agent-deps").items]
     assert deps and all(c.immutable for c in deps)  # hers were replaced by the manager's own

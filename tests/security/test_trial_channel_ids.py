@@ -21,6 +21,7 @@ from nni_agent.v1 import agent_pb2 as pb
 from tests.support.agent.trialkit import AGENT_KEY, python_command, run_trial
 from tests.support.security.rest_server import stored  # noqa: F401  (the fixture)
 from tests.support.webui.fixtures import ServerThread as Served
+from tests.support.bounded import run_bounded
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -70,7 +71,7 @@ def test_channel_serves_only_the_url_given_to_the_trial() -> None:
             while not handler.commands:
                 await asyncio.sleep(0.01)
 
-        asyncio.run(asyncio.wait_for(body(), 30))
+        run_bounded(body(), 30)
         assert handler.commands == [_metric(0.5)]
     finally:
         server.close()

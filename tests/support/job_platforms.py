@@ -8,7 +8,6 @@ one platform does stays in that platform's folder. A new platform joins by subcl
 jobs.py's `nni_exp_<id>_...` it says so in `job_prefix` and `job_of` (the Kubernetes platforms)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import urllib.request
@@ -18,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.support.manager.helpers import TRIAL
+from tests.support.bounded import run_bounded
 
 STUCK_IMAGE = "stuck/image:1"
 BARE_IMAGE = "bare/python:3"
@@ -26,7 +26,7 @@ T = 90.0  # the scenarios' polling timeout: generous, two cores shared with othe
 
 def run(coro: Any) -> Any:
     """A scenario's body, bounded: a hung one fails instead of holding the run."""
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 def _code(base: Path) -> Path:

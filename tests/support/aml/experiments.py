@@ -1,7 +1,6 @@
 """AML experiment configs and a run-to-completion driver shared by the AML platform tests."""
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,10 +8,11 @@ from typing import Any
 import pytest
 
 from tests.support.manager.helpers import TRIAL
+from tests.support.bounded import run_bounded
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 @pytest.fixture

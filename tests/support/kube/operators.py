@@ -1,7 +1,6 @@
 """Operator-platform (Kubeflow, FrameworkController) experiment configs and a trial that reports per replica."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from pathlib import Path
@@ -12,6 +11,7 @@ import psutil
 from nni_manager.loader import load_config
 from tests.support.kube.fixtures import namespace_of
 from tests.support.manager.helpers import until
+from tests.support.bounded import run_bounded
 
 
 PY = "nni-test/python:3.11"
@@ -90,7 +90,7 @@ def run_async(test: Any) -> Any:
     """Run an async test body on its own loop (with an overall limit)."""
     @functools.wraps(test)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(asyncio.wait_for(test(*args, **kwargs), 150))
+        return run_bounded(test(*args, **kwargs), 150)
 
     return wrapper
 

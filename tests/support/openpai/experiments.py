@@ -1,7 +1,6 @@
 """OpenPAI experiment configs, a run-to-completion driver and the no-leftovers check."""
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ import pytest
 
 from nni_manager.loader import load_config
 from tests.support.manager.helpers import TRIAL
+from tests.support.bounded import run_bounded
 
 
 PEERS = r'''
@@ -24,7 +24,7 @@ report_final_result(int(os.environ["PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX"]))
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
 """Slurm experiment configs, a run-to-completion driver and the no-leftovers check."""
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
 from nni_manager.loader import load_config
 from tests.support.manager.helpers import TRIAL
+from tests.support.bounded import run_bounded
 
 
 T = 90.0  # generous polling timeout: two cores shared with other test runs
@@ -25,7 +25,7 @@ report_final_result(int(os.environ["SLURM_PROCID"]))
 
 
 def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 240))
+    return run_bounded(coro, 240)
 
 
 def config(base: Path, training_service: dict[str, Any] | None = None, **top: Any):  # -> ExperimentConfig
