@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.support.manager.helpers import until
 
 
-def _recording_relay() -> tuple[socket.socket, list[bytes]]:
+def _recording_relay() -> tuple[socket.socket, list[bytes], threading.Thread]:
     server = socket.create_server(("127.0.0.1", 0))
     heads: list[bytes] = []
 
@@ -40,12 +40,13 @@ def _recording_relay() -> tuple[socket.socket, list[bytes]]:
                     pass
                 heads.append(data)
 
-    threading.Thread(target=serve, daemon=True).start()
-    return server, heads
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, heads, thread
 
 
 def test_the_agent_proves_the_relay_token_even_where_no_proxy_names_the_relay(tmp_path: Path) -> None:
-    server, heads = _recording_relay()
+    server, heads, thread = _recording_relay()
     port = server.getsockname()[1]
     token_file, relay_file = tmp_path / "agent.token", tmp_path / "relay.token"
     token_file.write_text("agent-token\n")
@@ -61,7 +62,10 @@ def test_the_agent_proves_the_relay_token_even_where_no_proxy_names_the_relay(tm
     finally:
         agent.kill()
         agent.wait(10)
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone leaves it blocked for good on Linux)
         server.close()
+        thread.join(10)
+    assert not thread.is_alive()  # no thread of this test outlives it
     proof = base64.b64encode(b"nni:the-experiments-relay-token-0123456789")
     for head in heads[:2]:
         assert head.startswith(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n".encode()), head
