@@ -1,7 +1,8 @@
 """What the agent needs from Pythons older than the manager's: it runs on 3.8 and later.
 
 Workers keep old interpreters (Ubuntu 20.04 and `msranni/nni:latest` ship 3.8), so the agent
-avoids newer library calls, and takes these two from here; everything else it uses exists in 3.8.
+avoids newer library calls, and takes these from here; everything else it uses exists in 3.8.
+`wait_for` is here for the manager too: asyncio's own swallows a cancellation before 3.12.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import contextvars
 import functools
 import os
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, Optional, TypeVar
 
 from nni_agent.boot import MIN_PYTHON  # the oldest Python the agent runs on; the boot step checks it
 
@@ -31,3 +32,24 @@ def waitstatus_to_exitcode(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
     raise ValueError(f"invalid wait status: {status!r}")
+
+
+async def wait_for(aw: Awaitable[T], timeout: Optional[float]) -> T:
+    """asyncio.wait_for without its bug before Python 3.12 (gh-86296): a cancellation that lands
+    while `aw` has just completed is swallowed there, the result returned as if nothing happened.
+    A loop waiting on an event with a timeout then never stops: a cancelled experiment ran its
+    trials to the end, and a stopped platform poller kept polling while stop-all waited for it.
+    Here a cancellation always propagates (and cancels `aw`); a timeout cancels `aw` and raises
+    asyncio.TimeoutError, unless `aw` completed meanwhile (its result is then kept, never lost)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})  # a cancellation of ours propagates from here too
+        if task.cancelled():
+            raise asyncio.TimeoutError
+    return task.result()

@@ -34,6 +34,7 @@ import grpc
 from nni_agent import __version__
 from nni_agent import files
 from nni_agent.bundles import BundleCache
+from nni_agent.compat import wait_for
 from nni_agent.keeper import Keeper
 from nni_agent.outbox import Outbox
 from nni_agent.v1 import PROTOCOL_MAJOR, PROTOCOL_MINOR
@@ -456,14 +457,14 @@ class Connection:
         await self.keeper.shutdown(reason, state, cause)
         if self.connected.is_set() or drain_timeout is None or offline_too:  # let the final records reach the manager
             try:
-                await asyncio.wait_for(self.outbox.wait_drained(), timeout=drain_timeout)
+                await wait_for(self.outbox.wait_drained(), timeout=drain_timeout)
             except asyncio.TimeoutError:
                 log.warning("stopping with %d records unacknowledged", self.outbox.last_seq - self.outbox.acked_seq)
         self._done.set()
 
     async def _sleep_or_done(self, seconds: float) -> None:
         try:
-            await asyncio.wait_for(self._done.wait(), timeout=seconds)
+            await wait_for(self._done.wait(), timeout=seconds)
         except asyncio.TimeoutError:
             pass
 

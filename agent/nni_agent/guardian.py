@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 
-from nni_agent.compat import to_thread
+from nni_agent.compat import to_thread, wait_for
 from nni_agent.process import MARKER_ENV, child_reaper
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Guardian:
         os.close(self._write_fd)
         self._write_fd = None
         try:
-            await asyncio.wait_for(asyncio.shield(self._exited), EXIT_TIMEOUT_S)
+            await wait_for(asyncio.shield(self._exited), EXIT_TIMEOUT_S)
         except asyncio.TimeoutError:
             log.warning("the guardian (pid %d) is still looking for trial processes", self.pid)
 

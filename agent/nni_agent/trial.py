@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from nni_agent.compat import waitstatus_to_exitcode
+from nni_agent.compat import wait_for, waitstatus_to_exitcode
 from nni_agent.http_channel import HttpChannelServer
 from nni_agent.logtail import TrialTail
 from nni_agent import mounts, trial_path
@@ -284,7 +284,7 @@ class Trial:
         try:
             max_s = self.spec.limits.max_duration_ms / 1000
             try:
-                wait_status = await asyncio.wait_for(asyncio.shield(exit_status), max_s if max_s > 0 else None)
+                wait_status = await wait_for(asyncio.shield(exit_status), max_s if max_s > 0 else None)
             except asyncio.TimeoutError:
                 self._request_stop(pb.TRIAL_STATE_EARLY_STOPPED,
                                    f"exceeded the maximum trial duration of {max_s:g}s", pb.END_CAUSE_TIME_LIMIT)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nni_agent.compat import wait_for
 from nni_manager.config import ExperimentConfig, SecretFormatter, secret_values
 from nni_manager.dispatcher import Dispatcher, DispatcherError, check_algorithms, make_dispatcher, optimize_mode
 from nni_manager.dispatcher.base import parameter_record
@@ -287,7 +288,7 @@ class Experiment:
                 self.status = "NO_MORE_TRIAL"
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self._poll_interval)
+                await wait_for(self._wake.wait(), self._poll_interval)
             except asyncio.TimeoutError:
                 pass
 

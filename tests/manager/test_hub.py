@@ -11,9 +11,8 @@ from nni_agent.v1 import PROTOCOL_MAJOR
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.bundle import pack
 from nni_manager.hub import server
-from nni_manager.store import Store
 from tests.support.manager.helpers import until
-from tests.support.manager.hubkit import Agent, records, run, started_hub
+from tests.support.manager.hubkit import Agent, records, run, started_hub, stored_agent
 
 
 def test_wrong_token_refused_without_echo(short_dir: Path) -> None:
@@ -76,7 +75,7 @@ def test_records_deduplicated_acked_and_logs_written(short_dir: Path) -> None:
         assert rec.events.count(("hello", True)) == 1
         await agent.close()
         await hub.stop()
-        assert Store.open(short_dir).agent_by_name("a1")["boot_id"] == "boot2"
+        assert stored_agent(short_dir, "a1")["boot_id"] == "boot2"
 
     run(body())
 
@@ -103,7 +102,7 @@ def test_commands_resent_until_acked_and_new_stream_replaces_old(short_dir: Path
         assert (cmd.cmd_seq, cmd.cancel_trial.trial_id) == (2, "t2")
         await second.send(command_ack=pb.CommandAck(cmd_seq=2))
         await until(lambda: not hub.pending_commands("a1"), what="ack of command 2")
-        assert Store.open(short_dir).agent_by_name("a1")["next_cmd_seq"] == 3
+        assert stored_agent(short_dir, "a1")["next_cmd_seq"] == 3
         await first.close()
         await second.close()
         await hub.stop()

@@ -15,6 +15,7 @@ from nni_manager.hub.tls import experiment_tls
 from nni_manager.store import Store
 from tests.support.manager.helpers import until
 from tests.support.manager.hub_tls import Recorder, TOKEN, agent
+from tests.support.manager.hubkit import StoreOwningHub
 
 
 async def tls_hub(exp_dir: Path) -> tuple[Hub, Recorder, Path]:
@@ -22,7 +23,7 @@ async def tls_hub(exp_dir: Path) -> tuple[Hub, Recorder, Path]:
     store.add_agent("a1", "a1", TOKEN, {})
     material = experiment_tls(exp_dir / "tls", ["127.0.0.1"], "ExpTls1")
     rec = Recorder(exp_dir)
-    hub = Hub(experiment_id="ExpTls1", experiment_dir=exp_dir, store=store, handler=rec, tcp="127.0.0.1:0",
+    hub = StoreOwningHub(experiment_id="ExpTls1", experiment_dir=exp_dir, store=store, handler=rec, tcp="127.0.0.1:0",
               tls=material)
     hub.register("a1", TOKEN)
     await hub.start()
@@ -111,8 +112,8 @@ def test_a_remembered_port_held_for_a_while_is_waited_for(tmp_path: Path, caplog
         exp_dir = tmp_path / "exp"
         holder, port = _holder()
         asyncio.get_running_loop().call_later(1.5, holder.close)
-        hub = Hub(experiment_id="ExpPort1", experiment_dir=exp_dir, store=Store.open(exp_dir), handler=Recorder(exp_dir),
-                  tcp=f"127.0.0.1:{port}")
+        hub = StoreOwningHub(experiment_id="ExpPort1", experiment_dir=exp_dir, store=Store.open(exp_dir),
+                             handler=Recorder(exp_dir), tcp=f"127.0.0.1:{port}")
         await hub.start()
         try:
             assert hub.address == f"127.0.0.1:{port}"
@@ -131,7 +132,8 @@ def test_a_port_held_past_the_wait_is_one_clear_error(tmp_path: Path) -> None:
     async def body() -> None:
         exp_dir = tmp_path / "exp"
         holder, port = _holder()
-        hub = Hub(experiment_id="ExpPort2", experiment_dir=exp_dir, store=Store.open(exp_dir), handler=Recorder(exp_dir),
+        store = Store.open(exp_dir)
+        hub = Hub(experiment_id="ExpPort2", experiment_dir=exp_dir, store=store, handler=Recorder(exp_dir),
                   tcp=f"127.0.0.1:{port}")
         hub.rebind_wait = 1.0
         try:
@@ -139,6 +141,7 @@ def test_a_port_held_past_the_wait_is_one_clear_error(tmp_path: Path) -> None:
                 await hub.start()
         finally:
             holder.close()
+            store.close()
         assert str(e.value) == (f"the hub cannot listen on 127.0.0.1:{port}: the port is taken or the address is not "
                                 "on this machine (free the port, or set trainingService.hubPort / nniManagerIp)")
 

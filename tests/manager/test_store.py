@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def test_trials_metrics_and_readonly(tmp_path: Path) -> None:
                                 "timestamp": 13}
     with pytest.raises(sqlite3.OperationalError):
         ro.set_experiment_status("STOPPED")
+    ro.close()
+    store.close()
 
 
 def test_transaction_rolls_back(tmp_path: Path) -> None:
@@ -44,6 +47,7 @@ def test_transaction_rolls_back(tmp_path: Path) -> None:
         store.add_metric("aB3de", "a", "b", 1, 1, "{}", 1)
         raise RuntimeError("boom")
     assert store.metrics() == []
+    store.close()
 
 
 def test_agent_progress(tmp_path: Path) -> None:
@@ -51,7 +55,9 @@ def test_agent_progress(tmp_path: Path) -> None:
     store.add_agent("local", "local", "secret", {"use_active_gpu": False})
     store.set_agent_progress("local", "boot9", 42)
     store.set_next_cmd_seq("local", 7)
-    again = Store.open(tmp_path).agent_by_name("local")
+    store.close()
+    with closing(Store.open(tmp_path)) as reopened:
+        again = reopened.agent_by_name("local")
     assert again is not None
     assert (again["boot_id"], again["applied_seq"], again["next_cmd_seq"]) == ("boot9", 42, 7)
     assert again["hints"] == {"use_active_gpu": False}

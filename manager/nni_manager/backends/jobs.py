@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, cast
 
+from nni_agent.compat import wait_for
 from nni_manager.backends.base import BackendContext, BackendError, ElasticBackend, EnvironmentRequest, RequestT
 
 if TYPE_CHECKING:
@@ -489,7 +490,7 @@ class JobBackend(ElasticBackend[JobOptionsT, RequestT]):
         last = time.monotonic()
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._poked.wait(), self.poll_interval)
+                await wait_for(self._poked.wait(), self.poll_interval)
             self._poked.clear()
             # an agent dialling before its job was seen running (a poke) gets a look now, yet the
             # platform is listed at most once a second (or once a pollInterval, when shorter)

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 
+from nni_agent.compat import wait_for
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.errors import AgentUnavailableError
 from nni_manager.version import __version__
@@ -50,7 +51,7 @@ class FileFetches:
             post(pb.ManagerMessage(file_request=request))
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), idle_timeout)
+                    item = await wait_for(queue.get(), idle_timeout)
                 except asyncio.TimeoutError:
                     raise AgentUnavailableError(
                         f"agent {agent_id} sent nothing for {idle_timeout:g} s while answering a file request"

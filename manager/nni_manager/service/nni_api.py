@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nni_agent.compat import wait_for
 from nni_agent.v1 import agent_pb2 as pb
 from nni_manager.annotations import expand_annotations
 from nni_manager.backends.base import Backend, EnvironmentRequest
@@ -157,7 +158,7 @@ class TrainingService:
         core = self.core
         while not core.stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                await wait_for(self._wake.wait(), timeout=1.0)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()

@@ -10,6 +10,7 @@ from nni_manager.hub import Hub
 from nni_manager.hub.tls import experiment_tls
 from nni_manager.store import Store
 from tests.support.manager.hub_tls import Recorder
+from tests.support.manager.hubkit import StoreOwningHub
 
 
 CREDENTIAL = "enrol-credential-0123456789"
@@ -25,7 +26,7 @@ async def enrol_hub(exp_dir: Path, port: int = 0) -> tuple[Hub, Recorder, Path, 
     a = known["a1"]
     material = experiment_tls(exp_dir / "tls", ["127.0.0.1"], "ExpEnrol1")
     rec = Recorder(exp_dir)
-    hub = Hub(experiment_id="ExpEnrol1", experiment_dir=exp_dir, store=store, handler=rec, tcp=f"127.0.0.1:{port}",
+    hub = StoreOwningHub(experiment_id="ExpEnrol1", experiment_dir=exp_dir, store=store, handler=rec, tcp=f"127.0.0.1:{port}",
               tls=material)
     hub.register("a1", a["token"], enrol=bool(a["enrol"]), spent=a["spent"])
     await hub.start()

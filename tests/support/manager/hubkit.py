@@ -90,11 +90,33 @@ def records(*items: tuple[int, dict[str, Any]]) -> pb.RecordBatch:
     return pb.RecordBatch(records=[pb.Record(seq=seq, **body) for seq, body in items])
 
 
+class StoreOwningHub(Hub):
+    """The production hub whose stop() also closes its store, as the training service does after
+    it (a store left open keeps its checkpoint thread in the test worker for the rest of the run)."""
+
+    def __init__(self, *, store: Store, **kw: Any) -> None:
+        super().__init__(store=store, **kw)
+        self.owned_store = store
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await super().stop(grace)
+        self.owned_store.close()
+
+
+def stored_agent(store_dir: Path, name: str) -> Any:
+    """The agent's row as experiment.db holds it now (read-only, closed again)."""
+    store = Store.open_readonly(store_dir)
+    try:
+        return store.agent_by_name(name)
+    finally:
+        store.close()
+
+
 async def started_hub(tmp: Path, **kw: Any) -> tuple[Hub, Recorder]:
     store = Store.open(tmp)
     store.add_agent("a1", "a1", TOKEN, {})
     rec = Recorder(store, tmp)
-    hub = Hub(experiment_id="Exp12345", experiment_dir=tmp, store=store, handler=rec, **kw)
+    hub = StoreOwningHub(experiment_id="Exp12345", experiment_dir=tmp, store=store, handler=rec, **kw)
     hub.register("a1", TOKEN)
     await hub.start()
     return hub, rec

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import nni_agent
-from nni_agent.compat import MIN_PYTHON_TEXT
+from nni_agent.compat import MIN_PYTHON_TEXT, wait_for
 import paramiko
 
 from nni_manager.backends.base import ORPHAN_MARGIN_S, AgentSpec, BackendContext, FixedBackend, DryRun, PlacementHints
@@ -221,7 +221,7 @@ class _Machine:
         if transport is None:
             return False
         try:  # OpenSSH answers this global request (with a failure): a round trip through sshd
-            await asyncio.wait_for(asyncio.to_thread(transport.global_request, "keepalive@openssh.com"), timeout)
+            await wait_for(asyncio.to_thread(transport.global_request, "keepalive@openssh.com"), timeout)
         except asyncio.TimeoutError:
             return False  # the blocked thread ends when close() deactivates the transport
         return True
@@ -229,7 +229,7 @@ class _Machine:
     async def _sleep(self) -> bool:
         """Wait one poll period; True if agent_lost woke us."""
         try:
-            await asyncio.wait_for(self.wake.wait(), POLL_S)
+            await wait_for(self.wake.wait(), POLL_S)
         except asyncio.TimeoutError:
             return False
         self.wake.clear()

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from nni_agent.compat import wait_for
+
 COMMAND_TIMEOUT = 60.0
 LOG_TAIL = 4000  # bytes of a job's log read for an error message
 
@@ -74,8 +76,8 @@ class LocalHost:
         except FileNotFoundError:
             return 127, "", f"{argv[0]}: command not found (are the Slurm client commands on PATH?)"
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin is not None else None),
-                                              COMMAND_TIMEOUT)
+            out, err = await wait_for(proc.communicate(stdin.encode() if stdin is not None else None),
+                                      COMMAND_TIMEOUT)
         except asyncio.TimeoutError:
             proc.kill()
             await proc.wait()
