@@ -17,8 +17,9 @@ RECORD_KEYS = {"parameter_id", "parameter_source", "parameters", "parameter_inde
                "version_info"}
 
 
-def _mixed(directory: Path) -> Synthetic:
-    """Five trials of every kind, NaN and non-ASCII included, a sequence gap to be closed."""
+def _mixed(directory: Path) -> None:
+    """Five trials of every kind, NaN and non-ASCII included, a sequence gap to be closed; the
+    store is closed again (the server reads the directory)."""
     s = Synthetic(directory)
     s.trial("Succ1", S.SUCCEEDED, {"x": 1, "lr": 0.07102170416433433}, intermediates=[{"default": 2.0, "loss": 1.0}, 3.5],
             final={"default": 0.2, "loss": 0.5})
@@ -30,7 +31,7 @@ def _mixed(directory: Path) -> Synthetic:
     s.trial("Runn5", S.RUNNING, {"x": 1, "lr": 0.03}, intermediates=[0.1, 0.2])
     s.logs("Succ1", b"hello \xc3\xa4\n", b"")
     s.logs("Fail3", b"", b"Traceback: boom\n")
-    return s
+    s.store.close()
 
 
 def test_trial_jobs_and_metrics_have_nni_shapes(tmp_path: Path) -> None:
@@ -144,6 +145,7 @@ def test_zero_and_one_trial(tmp_path: Path) -> None:
         s.add_metric("Only1", "PERIODICAL", 1, 7)  # only the new row is read: the latest moves on
         latest = get_json(srv.api + "/metric-data-latest")
         assert latest[-1]["sequence"] == 1 and json.loads(json.loads(latest[-1]["data"])) == 7
+    s.store.close()
 
 
 def test_150_trials_range_chunks_cover_every_metric(tmp_path: Path) -> None:
@@ -181,6 +183,7 @@ def test_150_trials_range_chunks_cover_every_metric(tmp_path: Path) -> None:
         status, fresh = ranged(etag)
         assert status == 200 and fresh != etag
         assert ranged(None)[1] == fresh and ranged(fresh)[0] == 304
+    s.store.close()
 
 
 def test_trial_file_names_and_traversal(tmp_path: Path) -> None:
