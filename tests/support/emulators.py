@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tests.support import fork_server
+from tests.support.fork_server import ServedProcess
 from tests.support.polling import intervals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,15 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_emulator_process(module: str, state: Path, args: list[str], *, what: str,
                            drop_env: tuple[str, ...] = (), state_flag: str = "--state",
-                           timeout: float = 90.0) -> subprocess.Popen[bytes]:
+                           timeout: float = 90.0) -> subprocess.Popen[bytes] | ServedProcess:
     """`python -m module --state STATE *args`, its output in STATE/emulator.log, without the
     environment variables whose names start with one of `drop_env`; returns once STATE/port exists.
     An emulator takes about 2 s to start on an idle machine; the suite's parallel workers (and whatever
     else shares the cores) can stretch its imports past 20 s, hence the generous bound."""
     env = {k: v for k, v in os.environ.items() if not any(k.startswith(p) for p in drop_env)}
-    with open(state / "emulator.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, state_flag, str(state), *args], cwd=str(ROOT),
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc: subprocess.Popen[bytes] | ServedProcess
+    if fork_server.enabled():  # forked from a server that imported the emulator once (fork_server.py)
+        proc = fork_server.server().start(module, [state_flag, str(state), *args], env=env, cwd=str(ROOT),
+                                          log=str(state / "emulator.log"))
+    else:
+        with open(state / "emulator.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", module, state_flag, str(state), *args], cwd=str(ROOT),
+                                    stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + timeout
     while not (state / "port").exists():
         if proc.poll() is not None:
@@ -93,7 +100,7 @@ class EmulatorHandle:
     marker: ClassVar[str]
     stop_wait: ClassVar[float] = 15.0  # seconds the emulator gets to end its tasks after SIGTERM
     kill_leftovers_on_stop: ClassVar[bool] = True  # belt and braces; the factory still fails on them
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ServedProcess
     instance: str
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,

@@ -55,7 +55,7 @@ SYSTEM_TESTS = (
     "security/test_shell_values.py::test_python_path_in_the_probe_runs_nothing",
     "security/test_shell_values.py::test_the_agent_s_private_directory_is_made_in_the_job_s_tmpdir_when_usable",
     "storage/test_mounts.py", "storage/test_storage_experiment.py",
-    "test_agent_min_python.py", "test_boot.py", "test_dependency_range.py", "test_fresh_clone.py",
+    "test_agent_min_python.py", "test_boot.py", "test_dependency_range.py", "test_fork_server.py", "test_fresh_clone.py",
     "test_parallel.py::test_a_crashed_worker_fails_its_test_and_the_run_still_ends",
     "test_proto_current.py", "test_quickstart_serving.py",
     "test_system_marker.py::test_every_test_using_a_process_fixture_is_marked_system",
