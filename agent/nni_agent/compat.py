@@ -41,6 +41,8 @@ async def wait_for(aw: Awaitable[T], timeout: Optional[float]) -> T:
     trials to the end, and a stopped platform poller kept polling while stop-all waited for it.
     Here a cancellation always propagates (and cancels `aw`); a timeout cancels `aw` and raises
     asyncio.TimeoutError, unless `aw` completed meanwhile (its result is then kept, never lost)."""
+    if timeout is None:  # nothing to race: awaited as is (a trial's exit, once per trial)
+        return await aw
     task = asyncio.ensure_future(aw)
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)

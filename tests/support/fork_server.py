@@ -128,13 +128,9 @@ class ForkServer:
         return self._proc.poll() is None
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        from tests.support.stopping import terminate
+
+        terminate(self._proc)
         try:
             os.unlink(self._path)
             os.rmdir(self._dir)

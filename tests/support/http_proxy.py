@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.stopping import terminate
+
 BINARY = shutil.which("tinyproxy") or "/usr/bin/tinyproxy"
 
 
@@ -68,13 +70,7 @@ class TinyProxy:
 
     def close(self) -> None:
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait(10)
+            terminate(self._proc)
             if self._proc.stderr is not None:
                 self._proc.stderr.close()
             self._proc = None

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from nni_manager.backends.remote.config import MachineConfig
+from tests.support.stopping import terminate
 
 SSHD = "/usr/sbin/sshd"
 ROOT_PYTHON_DIR = str(Path(sys.executable).parent)  # the test Python has the agent's dependencies (for root)
@@ -139,13 +140,7 @@ def _wait_listening(netns: str | None, port: int, proc: subprocess.Popen[bytes])
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate(proc, 5)
 
 
 @pytest.fixture(scope="session")
