@@ -39,8 +39,9 @@ async def wait_for(aw: Awaitable[T], timeout: Optional[float]) -> T:
     while `aw` has just completed is swallowed there, the result returned as if nothing happened.
     A loop waiting on an event with a timeout then never stops: a cancelled experiment ran its
     trials to the end, and a stopped platform poller kept polling while stop-all waited for it.
-    Here a cancellation always propagates (and cancels `aw`); a timeout cancels `aw` and raises
-    asyncio.TimeoutError, unless `aw` completed meanwhile (its result is then kept, never lost)."""
+    Here a cancellation always propagates (once `aw`, cancelled too, has ended); a timeout cancels
+    `aw` and raises asyncio.TimeoutError, unless `aw` completed meanwhile (its result is then kept,
+    never lost)."""
     if timeout is None:  # nothing to race: awaited as is (a trial's exit, once per trial)
         return await aw
     task = asyncio.ensure_future(aw)
@@ -48,6 +49,7 @@ async def wait_for(aw: Awaitable[T], timeout: Optional[float]) -> T:
         done, _ = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
         task.cancel()
+        await asyncio.wait({task})  # `aw` has ended when the caller sees its cancellation, as with asyncio's
         raise
     if not done:
         task.cancel()

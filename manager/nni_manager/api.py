@@ -39,6 +39,7 @@ from nni_manager.experiment import Experiment as _Loop
 from nni_manager.experiment import ExperimentResult
 
 if TYPE_CHECKING:
+    from nni_manager.webui.runner import LiveWebUI
     from nni_manager.webui.server import WebServer
 
 __all__ = ["Experiment", "TrialHyperParameters", "TrialJob", "TrialMetricData", "TrialResult"]
@@ -157,6 +158,7 @@ class Experiment:
         self._thread: threading.Thread | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
         self._stop_cb: Callable[[], None] | None = None
+        self._web: LiveWebUI | None = None  # the running experiment's WebUI (its manifest entry)
         self._error: BaseException | None = None
         self._result: ExperimentResult | None = None
         self._sigterm: Callable[[int, FrameType | None], None] | None = None
@@ -193,9 +195,22 @@ class Experiment:
             if self._error is not None and not isinstance(self._error, asyncio.CancelledError):
                 raise self._error
             raise RuntimeError(f"experiment {self.id} ended while starting")
+        self._sync_manifest()
         if getattr(run_mode, "value", run_mode) != "detach":
             _stop_at_exit(self)
         self._catch_sigterm()
+
+    def _sync_manifest(self) -> None:
+        """The manifest says RUNNING before start() returns: `nni-manager list` and `nnictl experiment
+        list` right after it show the experiment running, not the INITIALIZED the WebUI registered it
+        as (the WebUI writes a change within a second, which a script that lists at once beats)."""
+        web, aio = self._web, self._aio
+        if web is None or web.server is None or aio is None or aio.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(web.server.sync_manifest(), aio).result(30)
+        except Exception as exc:  # noqa: BLE001 - a full or read-only home must not fail the start
+            log.warning("cannot update the experiments manifest: %s", exc)
 
     def _main(self, port: int, ready: threading.Event) -> None:
         try:
@@ -212,7 +227,7 @@ class Experiment:
         """The CLI's run, with the WebUI: run, then keep serving (as NNI's manager does) until stop()."""
         from nni_manager.dispatcher import DispatcherError
         from nni_manager.experiment import NoWorkerError
-        from nni_manager.webui.runner import LiveWebUI, WebOptions, live_webui
+        from nni_manager.webui.runner import WebOptions, live_webui
 
         experiment = self._loop_obj
         assert experiment is not None and self.id is not None
@@ -233,6 +248,7 @@ class Experiment:
             serving.append(webui)
             assert webui.server is not None
             self.port = webui.server.port
+            self._web = webui
             ready.set()
             reopened = True
             while reopened and not released.is_set():  # a DONE experiment whose limit is raised runs on

@@ -96,3 +96,30 @@ def test_results_exceptions_and_no_timeout_pass_through() -> None:
             await wait_for(fails(), 1)
 
     asyncio.run(main())
+
+
+def test_what_it_waited_for_has_ended_when_the_cancellation_arrives() -> None:
+    """As with asyncio.wait_for: the caller's clean-up runs after the awaited work's own."""
+    async def main() -> None:
+        order: list[str] = []
+
+        async def work() -> None:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                await asyncio.sleep(0.01)  # its own clean-up takes a moment
+                order.append("work ended")
+
+        async def caller() -> None:
+            try:
+                await wait_for(work(), 30)
+            finally:
+                order.append("caller cleans up")
+
+        task = asyncio.ensure_future(caller())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.wait({task})
+        assert task.cancelled() and order == ["work ended", "caller cleans up"]
+
+    asyncio.run(main())

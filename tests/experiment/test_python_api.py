@@ -281,6 +281,10 @@ def test_connect_updates_kill_and_stop(tmp_path: Path, home: Path) -> None:
     owner = Experiment(_config(tmp_path, max_trial_number=3, trial_concurrency=1, search_space=space), "apitest3")
     owner.start(port=0)
     try:
+        from nni_manager.webui import manifest
+
+        # what `nni-manager list` and `nnictl experiment list` read, right after start() returned
+        assert manifest.read()["apitest3"]["status"] == "RUNNING"
         connected = Experiment.connect(owner.port)  # as NNI's python_api_connect.ipynb does
         assert connected.id == "apitest3" and connected.get_status() == "RUNNING"
         connected.update_trial_concurrency(2)
