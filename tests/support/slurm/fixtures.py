@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -81,20 +82,27 @@ class Slurm:
         # one line per node and partition (debug, high): each node once
         return sorted({line.split()[0] for line in out if line.strip() and line.split()[1] == "idle"})
 
-    def job_processes(self) -> list[int]:
+    def job_processes(self, steps: bool = False) -> list[int]:
         """Processes started by slurmd for jobs (their environment carries SLURM_JOB_ID and our SLURM_CONF
-        or cluster name), i.e. what a job left behind."""
+        or cluster name), i.e. what a job left behind; with `steps`, the job steps (slurmstepd) too."""
+        want = f"SLURM_CONF={self.conf}".encode()
         out = []
         for d in os.listdir("/proc"):
-            if not d.isdigit():
+            if not d.isdigit() or int(d) == os.getpid():
                 continue
             try:
                 with open(f"/proc/{d}/environ", "rb") as f:
                     env = f.read().split(b"\0")
+                if want not in env:
+                    continue
+                if any(e.startswith(b"SLURM_JOB_ID=") for e in env):
+                    out.append(int(d))
+                elif steps:
+                    with open(f"/proc/{d}/comm", "rb") as f:
+                        if f.read().strip() == b"slurmstepd":
+                            out.append(int(d))
             except OSError:
                 continue
-            if any(e.startswith(b"SLURM_JOB_ID=") for e in env) and f"SLURM_CONF={self.conf}".encode() in env:
-                out.append(int(d))
         return out
 
     def restart_controller(self) -> None:
@@ -126,6 +134,22 @@ class Slurm:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+        self.kill_leftovers()
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL what outlived the daemons: job steps and the jobs' processes. A failed test can leave
+        them running, and nothing else would ever end them. Returns the pids it killed."""
+        killed = []
+        for pid in self.job_processes(steps=True):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+        if killed:
+            print(f"slurm fixture: killed {len(killed)} leftover process(es) of the test cluster: {killed}",
+                  file=sys.stderr)
+        return killed
 
 
 def _gone(pid: int) -> bool:
