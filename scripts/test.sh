@@ -69,10 +69,11 @@ export PATH="$PWD/.venv/bin:$PATH"   # trials run `python ...` with the venv's P
 python -m compileall -q -j 0 agent manager tests scripts >/dev/null
 env -u PYTHONDONTWRITEBYTECODE python -m pytest -q -p no:cacheprovider --collect-only tests >/dev/null 2>&1 || true
 # The 25 slowest tests, then the suite's own wall time (docs/testing.md: the layers and their times).
-# Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: two per core by
-# default, at most 8 (each runs its own emulators); NNI_TEST_WORKERS overrides the count (0: one process,
-# no xdist). The Slurm tests and the two that log in as root share one worker (tests/support/parallel.py).
-default_workers=$((2 * $(nproc)))
+# Most tests wait on processes, sleeps and sockets, so more workers than cores pay off: three per core by
+# default, at most 8 (each runs its own emulators; on 2 cores: 4 workers 983 s, 6 workers 877 s, 8 workers
+# 906 s, docs/testing.md); NNI_TEST_WORKERS overrides the count (0: one process, no xdist). The Slurm tests
+# and the two that log in as root share one worker (tests/support/parallel.py).
+default_workers=$((3 * $(nproc)))
 [ "$default_workers" -le 8 ] || default_workers=8
 workers=${NNI_TEST_WORKERS:-$default_workers}
 started=$SECONDS

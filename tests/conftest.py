@@ -54,11 +54,13 @@ def code_dir(short_dir: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py)."""
-    from tests.support.parallel import write_groups
+    """`system` on every test that starts a process, a server or an emulator (tests/support/system_marker.py);
+    the `slow` tests first (tests/support/parallel.py: slow_first)."""
+    from tests.support.parallel import slow_first, write_groups
     from tests.support.system_marker import mark_system
 
     mark_system(items)
+    slow_first(items)
     write_groups(config, items)
 
 

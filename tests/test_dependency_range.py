@@ -202,6 +202,7 @@ async def _until(cond, what: str, timeout: float = 30.0):
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("interpreter", ["this", "oldest"])
 @pytest.mark.parametrize("end", ["oldest", "newest"])

@@ -32,6 +32,7 @@ def _pytest(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_the_whole_suite_is_collected_without_the_schemas(tmp_path: Path) -> None:
     r = _pytest(_clone_without_schemas(tmp_path), "--collect-only")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

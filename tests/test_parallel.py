@@ -15,6 +15,7 @@ from tests.support.parallel import (
     is_worker,
     make_scheduler,
     restore_home,
+    slow_first,
     snapshot_home,
     write_groups,
 )
@@ -59,6 +60,15 @@ def test_a_parameter_that_picks_a_grouped_fixture_at_run_time_carries_its_group(
     param.add_marker(pytest.mark.xdist_group("root-home"))
     assert group_of(param) == "root-home"  # type: ignore[arg-type]
     assert group_of(FakeItem("job_platform")) is None  # type: ignore[arg-type]
+
+
+def test_slow_tests_go_first_and_the_rest_keep_their_order() -> None:
+    """The workers ask for tests in collection order: the longest first leaves short ones for the end."""
+    items = [FakeItem(nodeid=n) for n in ("a", "b", "c", "d", "e")]
+    for slow in (items[1], items[4]):
+        slow.add_marker(pytest.mark.slow)
+    slow_first(items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == ["b", "e", "a", "c", "d"]
 
 
 def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Path,

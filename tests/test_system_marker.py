@@ -68,6 +68,7 @@ def test_the_audit_fails_an_unmarked_test_that_starts_a_process(tmp_path: Path) 
     assert "test_sneaky is not marked `system` but starts a process" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_the_inner_loop_starts_no_process(tmp_path: Path) -> None:
     """The whole inner loop under the audit: every test `-m "not system"` selects runs without
     starting a process or a server (a new test that does fails here, naming where to mark it)."""

@@ -39,6 +39,7 @@ def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProc
                           timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NNICTL is None, reason="nnictl (pip install nni==3.0) is not installed")
 def test_nnictl_view_opens_our_stopped_experiment(make_config, tmp_path: Path) -> None:
     why = node_why_not()
@@ -93,6 +94,7 @@ def test_resume_detach_prints_this_runs_webui(make_config, tmp_path: Path) -> No
             proc.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NNICTL is None, reason="nnictl (pip install nni==3.0) is not installed")
 def test_nnictl_resume_hands_over_to_nni_and_ours_is_refused_meanwhile(make_config, tmp_path: Path) -> None:
     """`nnictl resume ID` starts NNI's own manager on the NNI database we write at stop (nnictl's

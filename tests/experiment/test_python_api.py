@@ -89,6 +89,7 @@ def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
+@pytest.mark.slow
 def test_nni_python_api_start_notebook_runs_with_one_import_changed(tmp_path: Path) -> None:
     pytest.importorskip("sklearn")
     work = tmp_path / "classification"

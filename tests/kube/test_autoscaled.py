@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from nni_manager.store import DB_NAME, Store
@@ -86,6 +87,7 @@ def _scheduled_on(kube: Any, prefix: str) -> list[str]:
             if e.reason == "Scheduled" and e.involved_object.name.startswith(prefix)]
 
 
+@pytest.mark.slow
 def test_a_gpu_trial_waits_for_the_node_the_autoscaler_adds(kube_factory, short_dir: Path) -> None:
     kube = kube_factory(pod_network="bridged", nodes=["cpu-0=4,8192,0"])
     set_policy(kube, nodeGroups=[GPU_POOL])

@@ -115,6 +115,7 @@ def _sigkilled_experiment(kube: Any, base: Path, platform: str, experiment_id: s
     return left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["id", "all-orphans"])
 @pytest.mark.parametrize("platform", ["kubernetes", "kubeflow", "trainer", "frameworkcontroller"])
 def test_cleanup_after_a_manager_sigkill_leaves_nothing(kube_factory, short_dir: Path, platform: str,
@@ -179,6 +180,7 @@ def _relay(kube: Any, experiment_id: str) -> Any:
     return kube.core().read_namespaced_pod(f"nni-relay-{experiment_id.lower()}", NS)
 
 
+@pytest.mark.slow
 def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_factory, short_dir: Path) -> None:
     """While the manager runs, the relay runs past reconnectWindow; once the manager is SIGKILLed
     the relay exits by itself after reconnectWindow (its pod Succeeded, holding nothing), saying why;
@@ -227,6 +229,7 @@ def test_the_relay_ends_once_its_manager_is_gone_for_the_reconnect_window(kube_f
     assert again.returncode == 0 and "nothing of it is left" in again.stdout, again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_a_finished_tfjob_goes_after_its_ttl_without_the_manager(kube_factory, short_dir: Path) -> None:
     """runPolicy.ttlSecondsAfterFinished (the v1 schema's field; the emulated operator honours it as
     the training operator does): after a manager SIGKILL the agents give up after reconnectWindow,

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from nni_manager.backends.kubernetes import tunnel
@@ -67,6 +68,7 @@ def _metric_count(base: Path) -> int:
         store.close()
 
 
+@pytest.mark.slow
 def test_an_evicted_relay_is_recreated_and_no_metric_is_lost(kube_factory, short_dir: Path) -> None:
     kube = kube_factory(pod_network="bridged")
     base = short_dir

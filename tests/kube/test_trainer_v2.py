@@ -174,6 +174,7 @@ async def test_pod_spec_a_trainjob_cannot_carry_is_one_line_at_start(kube_v2, tm
     assert custom_api(kube_v2).list_namespaced_custom_object(*TRAINER, namespace_of(kube_v2), "trainjobs")["items"] == []
 
 
+@pytest.mark.slow
 @run_async
 async def test_trainjob_failing_node_fails_the_trial(kube_v2, tmp_path):
     kube = kube_v2

@@ -104,6 +104,7 @@ def _all_gone(kube: Any, where: Path) -> None:
     assert processes_under(where) == []
 
 
+@pytest.mark.slow
 def test_tpe_and_median_pruner_on_pods_through_the_tunnel(kube_factory, study_dir: Path) -> None:  # noqa: F811
     kube, python = _cluster(kube_factory, study_dir)
     with Laptop(f"laptop-{secrets.token_hex(4)}") as laptop:
@@ -126,6 +127,7 @@ def _pod_of(kube: Any, pid: int) -> str:
     raise AssertionError(f"no pod runs pid {pid}")
 
 
+@pytest.mark.slow
 def test_a_pod_deleted_mid_trial_leaves_its_optuna_trial_fail(kube_factory, study_dir: Path) -> None:  # noqa: F811
     """The pod running Optuna trial 0 is deleted while its objective sleeps: that trial ends FAIL in
     the study (never RUNNING), the others COMPLETE, and n_trials counts it (docs/optuna.md)."""

@@ -357,6 +357,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_optuna_and_its_dashboard_see_the_study_while_it_runs(study_dir: Path) -> None:
     """Optuna's own API (optuna.load_study on the same SQLite) and optuna-dashboard's app (its JSON
     API on loopback) show trials COMPLETE appear while the experiment is still running."""
@@ -491,6 +492,7 @@ def test_without_optuna_the_command_says_how_to_get_it(study_dir: Path, tmp_path
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_detached_study_is_an_ordinary_experiment(study_dir: Path, tmp_path: Path) -> None:
     """--detach, then `list`, `trials`, `logs` and `stop` as for any experiment; the stop leaves no
     Optuna trial RUNNING."""

@@ -17,6 +17,7 @@ from tests.support.job_platforms import T, JobPlatform, run
 from tests.support.manager.helpers import form, release, sleeper, wait_status
 
 
+@pytest.mark.slow
 def test_rest_faults_for_a_while_lose_nothing(job_platform: JobPlatform, request: pytest.FixtureRequest,
                                              short_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Two trials run when the API starts failing: they keep RUNNING (their agents talk to the hub,

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from nni_agent import metric_check
 from nni_agent.metrics import LOGGED_REFUSALS
 from nni_agent.v1 import agent_pb2 as pb
@@ -78,6 +80,7 @@ def _flood_record(trial_id: str, seq: int) -> str:
     return json.dumps({"parameter_id": 0, "trial_job_id": trial_id, "type": "PERIODICAL", "sequence": seq, "value": "1"})
 
 
+@pytest.mark.slow
 def test_the_agent_refuses_hostile_values_and_a_flood(short_dir: Path) -> None:
     """Count-based, whatever the machine's speed: every metric sent is stored once, in order, or
     counted as refused; the burst is stored whole; past it, no more than the refill rate for the
@@ -124,6 +127,7 @@ def test_the_agent_refuses_hostile_values_and_a_flood(short_dir: Path) -> None:
     assert view.returncode == 0 and trial_id in view.stdout, view.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_manager_refuses_what_an_agent_did_not(short_dir: Path) -> None:
     """An agent that skips the check (here one speaking the protocol by hand, with its own valid
     token) gets the same refusals at the manager, and a trial's metric volume is bounded there too."""

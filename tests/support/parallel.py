@@ -88,6 +88,14 @@ def end_groups(config: pytest.Config) -> None:
         Path(path).unlink(missing_ok=True)
 
 
+def slow_first(items: list[pytest.Item]) -> None:
+    """The tests marked `slow` (20 s or more each, as measured here) go first, in their own order. The
+    workers ask for tests in collection order, so a long test collected last (the top-level tests/test_*.py
+    come last) ran alone at the end while the other workers had finished: the longest first leaves
+    short tests to even out the end. Every worker sorts alike, so their collections still agree."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Worker, after collection (before it reports its collection): every worker collects the same
     tests, so each writes the same map; written whole and renamed, never seen half-written."""

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+import pytest
 
 from nni_manager.webui import manifest
 
@@ -62,6 +63,7 @@ def test_nnictl_and_connect_on_a_finished_experiment(tmp_path: Path, home: Path)
         exp.close()
 
 
+@pytest.mark.slow
 def test_writes_kill_and_nnictl_stop_on_a_running_experiment(tmp_path: Path, home: Path) -> None:
     exp = RunningExperiment(tmp_path, home, "sleepy.py", trialConcurrency=1, maxTrialNumber=3)
     try:

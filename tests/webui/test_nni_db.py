@@ -142,6 +142,7 @@ def _strip(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in j.items() if k not in ("logPath", "stderrPath", "envId")} for j in jobs]
 
 
+@pytest.mark.slow
 @needs_nni
 def test_nnictl_view_serves_the_export(tmp_path: Path, home: Path) -> None:
     why = node_why_not()
