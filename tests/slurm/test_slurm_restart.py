@@ -4,6 +4,7 @@ trials are re-attached. (The plain restart, every job platform alike: tests/plat
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,7 +39,14 @@ def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_nod
     assert len(relays) == 1, relays  # the relay outlives its manager (agents keep its address)
 
     second = start_manager("SlurmLoginRestart1", "resume", 2, "--config", str(config), "--step-sleep", "0.3")
-    out2, err2 = second.communicate(timeout=150)
+    try:
+        out2, err2 = second.communicate(timeout=150)
+    except subprocess.TimeoutExpired as e:  # say where it stands: the jobs, the store, every log on both sides
+        second.kill()
+        out2, err2 = second.communicate()
+        raise AssertionError(f"the resumed manager did not end in 150 s\nits stdout: {(e.output or '')[-2000:]}"
+                             f"{out2[-2000:]}\nits stderr: {err2[-3000:]}\n"
+                             f"{_state(slurm, exp_dir, login_node.home / 'nni-experiments' / 'SlurmLoginRestart1')}") from None
     assert second.returncode == 0, err2[-3000:]
     trials = check_resumed(exp_dir, out2, before)
     assert {t.environment_id for t in trials} == {"env1", "env2"}
@@ -49,3 +57,20 @@ def test_manager_restart_through_the_login_node_keeps_the_relay(slurm, login_nod
     slurm.wait_for(lambda: not slurm.live_jobs("nni_exp_SlurmLoginRestart1_"), 60, "no live job")
     slurm.wait_for(lambda: not slurm.job_processes(), 60, "no process left by a job")
     slurm.wait_for(lambda: not relay_processes(), 30, "the relay to stop")
+
+
+def _state(slurm, exp_dir: Path, login_dir: Path) -> str:  # noqa: ANN001 (the slurm fixture)
+    """The experiment's jobs, its trials in the store, and the last lines of every log on both sides."""
+    from nni_manager.store import Store
+
+    lines = [f"jobs: {slurm.jobs('nni_exp_SlurmLoginRestart1_')}"]
+    try:
+        store = Store.open_readonly(exp_dir)
+        lines.append(f"trials: {[(t.id, t.status.value, t.environment_id, t.message) for t in store.trials()]}")
+        store.close()
+    except Exception as e:  # what there is to see, whatever is missing
+        lines.append(f"store: {e!r}")
+    for where in (exp_dir, login_dir):
+        for log in sorted(where.rglob("*.log")) if where.is_dir() else []:
+            lines.append(f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    return "\n".join(lines)
