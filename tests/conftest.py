@@ -82,21 +82,23 @@ _HOME = pytest.StashKey[dict]()  # tests/support/parallel.py: HomeSnapshot
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under xdist the controller (not a worker) owns the cleanup of the SSH user's home (tests/support/parallel.py)."""
-    from tests.support.parallel import is_worker, snapshot_home, start_groups
+    """The outermost pytest (the controller under xdist; not a worker, nor a pytest a test starts) owns the
+    cleanup of root's home (tests/support/parallel.py: owns_home)."""
+    from tests.support.parallel import owns_home, snapshot_home, start_groups
 
-    if not is_worker(config):
+    if owns_home(config):
         config.stash[_HOME] = snapshot_home()
     start_groups(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from tests.support.parallel import end_groups, restore_home
+    from tests.support.parallel import HOME_OWNER_ENV, end_groups, restore_home
 
     end_groups(config)
     before = config.stash.get(_HOME, None)
     if before is not None:
         restore_home(before)
+        os.environ.pop(HOME_OWNER_ENV, None)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it

@@ -1,6 +1,7 @@
 """Running the suite on xdist workers (tests/support/parallel.py, scripts/test.sh)."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,10 +11,12 @@ import pytest
 
 from tests.support.parallel import (
     GROUPS_ENV,
+    HOME_OWNER_ENV,
     ONE_WORKER,
     group_items,
     is_worker,
     make_scheduler,
+    owns_home,
     restore_home,
     slow_first,
     snapshot_home,
@@ -92,6 +95,12 @@ def test_the_controller_schedules_the_groups_the_workers_collected(tmp_path: Pat
 def test_only_the_controller_or_a_plain_run_cleans_the_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not is_worker(SimpleNamespace())  # type: ignore[arg-type]
     assert is_worker(SimpleNamespace(workerinput={"workerid": "gw0"}))  # type: ignore[arg-type]
+    # the outermost pytest owns it; a worker does not, nor does a pytest that a test starts (it inherits the mark)
+    monkeypatch.delenv(HOME_OWNER_ENV, raising=False)
+    assert not owns_home(SimpleNamespace(workerinput={"workerid": "gw0"}))  # type: ignore[arg-type]
+    assert owns_home(SimpleNamespace())  # type: ignore[arg-type]
+    assert os.environ[HOME_OWNER_ENV] == str(os.getpid())
+    assert not owns_home(SimpleNamespace())  # type: ignore[arg-type]
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "nni-experiments" / "kept").mkdir(parents=True)
     before = snapshot_home()

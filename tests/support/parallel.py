@@ -27,7 +27,8 @@ its loadgroup spreads a group over every worker. Instead each worker writes the 
 (`GroupScheduling`, from `pytest_xdist_make_scheduler`) reads them; the marker is set as well. What the
 suite leaves in root's home is removed once, by the controller after every worker finished
 (`snapshot_home` / `restore_home`): a worker that cleaned up at its own end would delete what another
-worker's running test just made (a loginNode's experiment dirs). Each worker's SSH user home goes with
+worker's running test just made (a loginNode's experiment dirs). So would a pytest that a test starts
+(`owns_home`: only the outermost run cleans up). Each worker's SSH user home goes with
 that worker's session (`ssh_user`)."""
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ HomeSnapshot = Dict[Path, Optional[Set[Path]]]
 def is_worker(config: pytest.Config) -> bool:
     """This process is an xdist worker (not the controller, nor a plain `-n 0` run)."""
     return hasattr(config, "workerinput")
+
+
+HOME_OWNER_ENV = "NNI_TEST_HOME_OWNER"  # set by the outermost pytest: its pid; every process below inherits it
+
+
+def owns_home(config: pytest.Config) -> bool:
+    """This pytest cleans root's home at its end: the outermost run only (the controller, or a plain
+    run), never a worker, nor a pytest that a test starts (the marker audit, the fresh clone's
+    collection, the crash check). Such a nested run would remove what the suite's other workers made
+    meanwhile: a live Slurm experiment's directory on the login node, seen gone mid-test once the
+    nested runs were scheduled beside the Slurm tests. Marks this process the owner."""
+    if is_worker(config) or os.environ.get(HOME_OWNER_ENV):
+        return False
+    os.environ[HOME_OWNER_ENV] = str(os.getpid())
+    return True
 
 
 GROUPS_ENV = "NNI_TEST_XDIST_GROUPS"  # the file where workers put nodeid -> group for the controller
